@@ -1,0 +1,2 @@
+//! The `hindsight` binary.
+fn main() {}

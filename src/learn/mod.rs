@@ -1,0 +1,1 @@
+//! learn (to be written).

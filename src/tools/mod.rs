@@ -1,0 +1,1 @@
+//! tools (to be written).

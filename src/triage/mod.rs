@@ -1,0 +1,1 @@
+//! triage (to be written).
