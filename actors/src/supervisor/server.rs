@@ -151,7 +151,8 @@ impl Supervisor {
             let options = options.clone();
             let children = children.clone();
             async move {
-                let (sup, _join) = Supervisor::spawn_linked(None, options, children, parent).await?;
+                let (sup, _join) =
+                    Supervisor::spawn_linked(None, options, children, parent).await?;
                 Ok(sup.get_cell())
             }
         })
@@ -182,7 +183,9 @@ impl Supervisor {
     }
 
     /// Asks `sup` for its children (default call timeout).
-    pub async fn which_children(sup: &ActorRef<SupervisorMsg>) -> Result<Vec<ChildInfo>, CallError> {
+    pub async fn which_children(
+        sup: &ActorRef<SupervisorMsg>,
+    ) -> Result<Vec<ChildInfo>, CallError> {
         sup.call_bounded(SupervisorMsg::WhichChildren).await
     }
 }
