@@ -59,12 +59,13 @@ mod tests {
         assert!(w.record(t0));
         assert!(w.record(t0 + Duration::from_secs(1)));
         assert!(!w.record(t0 + Duration::from_secs(2)));
-        // Seven seconds later the first three have left the window.
+        // A restart at least one period old has left the window.
         let mut w = RestartWindow::new(2, Duration::from_secs(5));
         assert!(w.record(t0));
-        assert!(w.record(t0 + Duration::from_secs(1)));
-        assert!(w.record(t0 + Duration::from_secs(6)));
+        assert!(w.record(t0 + Duration::from_secs(2)));
+        assert!(w.record(t0 + Duration::from_secs(5)));
         assert_eq!(w.len(), 2);
+        assert!(!w.record(t0 + Duration::from_secs(6)));
     }
 
     #[test]
