@@ -1,1 +1,20 @@
-//! learn (to be written).
+//! learn: the learning algorithms of hindsight: the contextual Thompson-sampling policy over
+//! `(tool, strategy)` arms, its posteriors, task clusters and drift detection, off-policy
+//! evaluation, distillation into a stable ranker, SOP promotion with its statistics, and the
+//! core-level learning simulation.
+
+pub mod bandit;
+pub mod cluster;
+pub mod distill;
+pub mod drift;
+pub mod ope;
+pub mod posterior;
+pub mod sim_run;
+pub mod sop;
+pub mod stats;
+// (room for the `memory` helper's `adaptive` and `reflector` modules)
+
+pub use bandit::{
+    Arm, Choice, ChosenArm, Observation, Policy, PolicyConfig, PolicyError, PolicySnapshot,
+    RewardParams, StageArms, StageObservation, StageOutcome, UpdateSummary,
+};

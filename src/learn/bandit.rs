@@ -1,0 +1,1164 @@
+//! bandit: the policy: contextual Thompson sampling over `(tool, strategy)` arms per stage that
+//! chooses a whole plan (one arm per stage) to maximise the expected reward, with hierarchical
+//! pooling across task clusters, discounting and change detection for drift, propensities by
+//! resampling, and snapshots that survive restarts.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use crate::learn::cluster::{Lattice, cluster_key, key_hash};
+use crate::learn::posterior::{ArmStats, sample_beta};
+use crate::record::ArmChoice;
+use crate::taxonomy::FailureCategory;
+
+/// The reward function of FORMAT.md:
+/// `success - latency * min(1, L / sla_ms) - cost * min(1, C / max_cost)` when the task passes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RewardParams {
+    /// Earned when the task passes.
+    pub success: f64,
+    /// Weight of the latency penalty.
+    pub latency: f64,
+    /// Weight of the cost penalty.
+    pub cost: f64,
+    /// Cost at which the cost penalty is full.
+    pub max_cost: f64,
+    /// Latency (ms) at which the latency penalty is full.
+    pub sla_ms: f64,
+}
+
+impl Default for RewardParams {
+    fn default() -> Self {
+        RewardParams {
+            success: 1.0,
+            latency: 0.2,
+            cost: 0.1,
+            max_cost: 0.1,
+            sla_ms: 20_000.0,
+        }
+    }
+}
+
+impl RewardParams {
+    /// The reward of a passed task with total latency `latency_ms` and total cost `cost`,
+    /// clamped to [0, 1].
+    pub fn passed_value(&self, latency_ms: f64, cost: f64) -> f64 {
+        let lat = if self.sla_ms > 0.0 {
+            (latency_ms / self.sla_ms).min(1.0)
+        } else {
+            1.0
+        };
+        let c = if self.max_cost > 0.0 {
+            (cost / self.max_cost).min(1.0)
+        } else {
+            1.0
+        };
+        (self.success - self.latency * lat.max(0.0) - self.cost * c.max(0.0)).clamp(0.0, 1.0)
+    }
+}
+
+/// Configuration of the policy (serde, with defaults).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PolicyConfig {
+    /// The reward to maximise.
+    pub reward: RewardParams,
+    /// Beta prior of the global node: pseudo-successes.
+    pub prior_alpha: f64,
+    /// Beta prior of the global node: pseudo-failures.
+    pub prior_beta: f64,
+    /// Cap on the pseudo-count a node inherits from its parents (hierarchical pooling).
+    pub pool_strength: f64,
+    /// Pseudo-observations of latency and cost a node inherits from its parents.
+    pub pool_latency_strength: f64,
+    /// Discount of success counts per visit of a node (1 = none).
+    pub discount: f64,
+    /// Discount of latency and cost per observation (1 = none).
+    pub latency_discount: f64,
+    /// Page-Hinkley tolerance per observation.
+    pub change_delta: f64,
+    /// Page-Hinkley threshold.
+    pub change_lambda: f64,
+    /// Observations before the change detector may fire.
+    pub change_min_obs: u32,
+    /// Pseudo-observations kept (at the recent success rate) when a change is detected; the
+    /// node's finer clusters forget the arm the same way.
+    pub change_keep: f64,
+    /// Rate of the fast moving average of success that the kept evidence is centred on.
+    pub recent_rate: f64,
+    /// Weight of a failure whose category is `Unknown` (infrastructure ones weigh 0, always).
+    pub unknown_weight: f64,
+    /// Posterior draws used to estimate a choice's propensity.
+    pub propensity_draws: usize,
+    /// Plans enumerated exhaustively up to this number; coordinate ascent beyond.
+    pub max_enumerate: usize,
+    /// Every feature subset is a pooling node up to this many features; beyond, only the
+    /// global node, single features and the exact cluster.
+    pub full_lattice_max_features: usize,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            reward: RewardParams::default(),
+            prior_alpha: 1.0,
+            prior_beta: 1.0,
+            pool_strength: 4.0,
+            pool_latency_strength: 2.0,
+            discount: 0.995,
+            latency_discount: 0.95,
+            change_delta: 0.05,
+            change_lambda: 5.0,
+            change_min_obs: 8,
+            change_keep: 2.0,
+            recent_rate: 0.3,
+            unknown_weight: 0.5,
+            propensity_draws: 64,
+            max_enumerate: 4096,
+            full_lattice_max_features: 4,
+        }
+    }
+}
+
+/// A `(tool, strategy)` pair.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Arm {
+    /// The tool (the registry's name).
+    pub tool: String,
+    /// The strategy (a parameterised way of using it).
+    pub strategy: String,
+}
+
+impl Arm {
+    /// A new arm.
+    pub fn new(tool: impl Into<String>, strategy: impl Into<String>) -> Arm {
+        Arm {
+            tool: tool.into(),
+            strategy: strategy.into(),
+        }
+    }
+}
+
+/// The candidate arms of one stage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageArms {
+    /// The stage's name.
+    pub stage: String,
+    /// Its arms (at least one).
+    pub arms: Vec<Arm>,
+}
+
+/// Errors of the policy.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PolicyError {
+    /// The stage list is empty or a stage has no arms.
+    #[error("policy stages: {0}")]
+    BadStages(String),
+    /// A configuration value is out of range.
+    #[error("policy config field `{field}`: {reason}")]
+    BadConfig {
+        /// The field.
+        field: &'static str,
+        /// What was expected.
+        reason: String,
+    },
+    /// A snapshot does not fit.
+    #[error("policy snapshot: {0}")]
+    BadSnapshot(String),
+}
+
+/// How one stage of an attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StageOutcome {
+    /// The tool returned and the output passed validation.
+    Valid,
+    /// The tool returned but validation found the output invalid.
+    Invalid,
+    /// The call failed; the category says whose fault (infrastructure is never learned from).
+    Failed(FailureCategory),
+}
+
+/// What happened on one stage the attempt reached.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageObservation {
+    /// The stage.
+    pub stage: String,
+    /// The arm used.
+    pub arm: Arm,
+    /// How it ended.
+    pub outcome: StageOutcome,
+    /// Latency of the call (ms).
+    pub latency_ms: f64,
+    /// Cost of the call.
+    pub cost: f64,
+}
+
+/// What the orchestrator reports after an attempt (or a whole run): the task's features and one
+/// entry per stage call it made.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Observation {
+    /// The task's features.
+    pub features: BTreeMap<String, String>,
+    /// Per stage call, in order.
+    pub stages: Vec<StageObservation>,
+}
+
+/// What an update did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpdateSummary {
+    /// Stage observations learned from.
+    pub learned: u32,
+    /// Infrastructure failures ignored.
+    pub infra_ignored: u32,
+    /// Observations naming an unknown stage or arm (ignored).
+    pub unknown_arm: u32,
+    /// Changes detected (evidence forgotten) across the cluster nodes.
+    pub changes_detected: u32,
+}
+
+/// One stage of a chosen plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChosenArm {
+    /// The stage.
+    pub stage: String,
+    /// The arm.
+    pub arm: Arm,
+    /// Probability of this arm given the arms chosen for the earlier stages, so that the
+    /// product over stages is the plan's propensity.
+    pub propensity: f64,
+    /// Posterior mean of "succeeds and is valid" in the task's cluster.
+    pub p_mean: f64,
+    /// Posterior standard deviation of it.
+    pub p_std: f64,
+}
+
+/// A plan chosen by the policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Choice {
+    /// The exact cluster's key.
+    pub cluster: String,
+    /// One arm per stage, in stage order.
+    pub plan: Vec<ChosenArm>,
+    /// Probability the policy had of choosing this plan (estimated by resampling).
+    pub plan_propensity: f64,
+    /// Expected reward of the plan under the posterior means.
+    pub mean_value: f64,
+    /// Whether the plan is also the greedy (posterior-mean) plan; `false` = exploration.
+    pub greedy: bool,
+    /// Arm index per stage (into the policy's stage arms).
+    pub indices: Vec<usize>,
+}
+
+impl Choice {
+    /// The plan as the experience log's [`ArmChoice`] list.
+    pub fn arm_choices(&self) -> Vec<ArmChoice> {
+        self.plan
+            .iter()
+            .map(|c| ArmChoice {
+                stage: c.stage.clone(),
+                tool: c.arm.tool.clone(),
+                strategy: c.arm.strategy.clone(),
+                propensity: c.propensity,
+            })
+            .collect()
+    }
+
+    /// The plan as `(tool, strategy)` pairs.
+    pub fn arms(&self) -> Vec<(String, String)> {
+        self.plan
+            .iter()
+            .map(|c| (c.arm.tool.clone(), c.arm.strategy.clone()))
+            .collect()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Node {
+    key: String,
+    visits: u64,
+    arms: Vec<ArmStats>,
+}
+
+/// The persistent state of a policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicySnapshot {
+    /// Format version.
+    pub version: u32,
+    /// The configuration.
+    pub config: PolicyConfig,
+    /// The stages and their arms.
+    pub stages: Vec<StageArms>,
+    /// Per cluster node: key, visits, per-arm evidence (flat arm order).
+    pub nodes: Vec<(String, u64, Vec<ArmStats>)>,
+    /// Stage observations learned from.
+    pub learned: u64,
+    /// Infrastructure failures ignored.
+    pub infra_ignored: u64,
+    /// Infrastructure failures learned from (always 0; kept as a checked KPI).
+    pub infra_learned: u64,
+    /// Changes detected.
+    pub changes: u64,
+}
+
+/// Effective per-arm posterior in a task's exact cluster.
+#[derive(Debug, Clone, Copy, Default)]
+struct Effective {
+    alpha: f64,
+    beta: f64,
+    latency: f64,
+    cost: f64,
+}
+
+/// The contextual Thompson-sampling policy.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    config: PolicyConfig,
+    stages: Vec<StageArms>,
+    /// Flat arm index of stage `s`, arm `a` = offsets[s] + a.
+    offsets: Vec<usize>,
+    n_arms: usize,
+    arm_index: HashMap<(String, Arm), usize>,
+    nodes: HashMap<u64, Node>,
+    learned: u64,
+    infra_ignored: u64,
+    infra_learned: u64,
+    changes: u64,
+}
+
+fn check_config(c: &PolicyConfig) -> Result<(), PolicyError> {
+    let bad = |field: &'static str, reason: &str| {
+        Err(PolicyError::BadConfig {
+            field,
+            reason: reason.to_string(),
+        })
+    };
+    if !(c.prior_alpha > 0.0 && c.prior_beta > 0.0) {
+        return bad("prior_alpha/prior_beta", "must be > 0");
+    }
+    if !(c.discount > 0.0 && c.discount <= 1.0) {
+        return bad("discount", "must be in (0, 1]");
+    }
+    if !(c.latency_discount > 0.0 && c.latency_discount <= 1.0) {
+        return bad("latency_discount", "must be in (0, 1]");
+    }
+    if !(c.pool_strength >= 0.0 && c.pool_latency_strength >= 0.0) {
+        return bad("pool_strength", "must be >= 0");
+    }
+    if !(c.unknown_weight >= 0.0 && c.unknown_weight <= 1.0) {
+        return bad("unknown_weight", "must be in [0, 1]");
+    }
+    if !(c.change_keep >= 0.0 && c.recent_rate > 0.0 && c.recent_rate <= 1.0) {
+        return bad("change_keep/recent_rate", "must be >= 0 and in (0, 1]");
+    }
+    if c.propensity_draws == 0 {
+        return bad("propensity_draws", "must be >= 1");
+    }
+    if c.max_enumerate == 0 {
+        return bad("max_enumerate", "must be >= 1");
+    }
+    if !(c.reward.sla_ms > 0.0 && c.reward.max_cost > 0.0) {
+        return bad("reward.sla_ms/reward.max_cost", "must be > 0");
+    }
+    Ok(())
+}
+
+impl Policy {
+    /// A policy with no evidence over `stages`.
+    pub fn new(config: PolicyConfig, stages: Vec<StageArms>) -> Result<Policy, PolicyError> {
+        check_config(&config)?;
+        if stages.is_empty() {
+            return Err(PolicyError::BadStages("no stage".into()));
+        }
+        let mut offsets = Vec::with_capacity(stages.len());
+        let mut arm_index = HashMap::new();
+        let mut n = 0;
+        for s in &stages {
+            if s.arms.is_empty() {
+                return Err(PolicyError::BadStages(format!(
+                    "stage `{}` has no arm",
+                    s.stage
+                )));
+            }
+            offsets.push(n);
+            for (i, a) in s.arms.iter().enumerate() {
+                if arm_index
+                    .insert((s.stage.clone(), a.clone()), n + i)
+                    .is_some()
+                {
+                    return Err(PolicyError::BadStages(format!(
+                        "stage `{}` lists {}/{} twice",
+                        s.stage, a.tool, a.strategy
+                    )));
+                }
+            }
+            n += s.arms.len();
+        }
+        Ok(Policy {
+            config,
+            stages,
+            offsets,
+            n_arms: n,
+            arm_index,
+            nodes: HashMap::new(),
+            learned: 0,
+            infra_ignored: 0,
+            infra_learned: 0,
+            changes: 0,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &PolicyConfig {
+        &self.config
+    }
+
+    /// The stages and their arms.
+    pub fn stages(&self) -> &[StageArms] {
+        &self.stages
+    }
+
+    /// Stage observations learned from so far.
+    pub fn learned(&self) -> u64 {
+        self.learned
+    }
+
+    /// Infrastructure failures seen and ignored so far.
+    pub fn infra_ignored(&self) -> u64 {
+        self.infra_ignored
+    }
+
+    /// Infrastructure failures learned from (the `infra_failures_learned_from` KPI; always 0).
+    pub fn infra_learned(&self) -> u64 {
+        self.infra_learned
+    }
+
+    /// Changes detected so far (evidence forgotten).
+    pub fn changes_detected(&self) -> u64 {
+        self.changes
+    }
+
+    /// Number of plans (product of the arm counts per stage), saturating.
+    pub fn plan_count(&self) -> usize {
+        self.stages
+            .iter()
+            .fold(1usize, |acc, s| acc.saturating_mul(s.arms.len()))
+    }
+
+    fn effective(&self, features: &BTreeMap<String, String>) -> Vec<Effective> {
+        let lattice = Lattice::new(features, self.config.full_lattice_max_features);
+        let c = &self.config;
+        let n_nodes = lattice.nodes.len();
+        let found: Vec<Option<&Node>> = lattice
+            .nodes
+            .iter()
+            .map(|n| self.nodes.get(&n.hash))
+            .collect();
+        let prior_mean = c.prior_alpha / (c.prior_alpha + c.prior_beta);
+        let prior_strength = c.prior_alpha + c.prior_beta;
+        let mut out = Vec::with_capacity(self.n_arms);
+        // Per node: (mean, strength, latency mean (log), latency strength, cost, cost strength)
+        let mut mean = vec![0.0; n_nodes];
+        let mut strength = vec![0.0; n_nodes];
+        let mut lat: Vec<Option<f64>> = vec![None; n_nodes];
+        let mut cost: Vec<Option<f64>> = vec![None; n_nodes];
+        for j in 0..self.n_arms {
+            for (i, ln) in lattice.nodes.iter().enumerate() {
+                let (pm, ps, pl, pc) = if ln.parents.is_empty() {
+                    (prior_mean, prior_strength, None, None)
+                } else {
+                    let k = ln.parents.len() as f64;
+                    let mut m = 0.0;
+                    let mut s = 0.0;
+                    let (mut l_sum, mut l_n, mut c_sum, mut c_n) = (0.0, 0.0, 0.0, 0.0);
+                    for &p in &ln.parents {
+                        m += mean[p];
+                        s += strength[p];
+                        if let Some(v) = lat[p] {
+                            l_sum += v;
+                            l_n += 1.0;
+                        }
+                        if let Some(v) = cost[p] {
+                            c_sum += v;
+                            c_n += 1.0;
+                        }
+                    }
+                    (
+                        m / k,
+                        (s / k).min(c.pool_strength),
+                        (l_n > 0.0).then(|| l_sum / l_n),
+                        (c_n > 0.0).then(|| c_sum / c_n),
+                    )
+                };
+                let (succ, fail, lw, ls, cw, cs) = match found[i].and_then(|n| {
+                    n.arms.get(j).map(|a| {
+                        let (s, f) = a.counts_at(n.visits, c.discount);
+                        (
+                            s,
+                            f,
+                            a.latency_weight,
+                            a.latency_log_sum,
+                            a.cost_weight,
+                            a.cost_sum,
+                        )
+                    })
+                }) {
+                    Some(t) => t,
+                    None => (0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
+                };
+                let total = ps + succ + fail;
+                mean[i] = if total > 0.0 {
+                    (ps * pm + succ) / total
+                } else {
+                    pm
+                };
+                strength[i] = total;
+                let pls = c.pool_latency_strength;
+                lat[i] = match pl {
+                    Some(p) => Some((pls * p + ls) / (pls + lw)),
+                    None if lw > 0.0 => Some(ls / lw),
+                    None => None,
+                };
+                cost[i] = match pc {
+                    Some(p) => Some((pls * p + cs) / (pls + cw)),
+                    None if cw > 0.0 => Some(cs / cw),
+                    None => None,
+                };
+            }
+            let last = n_nodes - 1;
+            let m = mean[last].clamp(1e-6, 1.0 - 1e-6);
+            let s = strength[last].max(1e-3);
+            out.push(Effective {
+                alpha: m * s,
+                beta: (1.0 - m) * s,
+                // Unknown latency or cost: optimistic (0), so that the arm gets tried.
+                latency: lat[last].map(f64::exp).unwrap_or(0.0),
+                cost: cost[last].unwrap_or(0.0),
+            });
+        }
+        out
+    }
+
+    fn plan_value(&self, p: &[f64], eff: &[Effective], plan: &[usize]) -> f64 {
+        let mut prob = 1.0;
+        let mut l = 0.0;
+        let mut cst = 0.0;
+        for (s, &a) in plan.iter().enumerate() {
+            let j = self.offsets[s] + a;
+            prob *= p[j];
+            l += eff[j].latency;
+            cst += eff[j].cost;
+        }
+        (prob * self.config.reward.passed_value(l, cst)).clamp(0.0, 1.0)
+    }
+
+    /// The best plan for the success probabilities `p` (flat arm order).
+    fn best_plan(&self, p: &[f64], eff: &[Effective], plan: &mut Vec<usize>) -> f64 {
+        let n_stages = self.stages.len();
+        plan.clear();
+        plan.resize(n_stages, 0);
+        if self.plan_count() <= self.config.max_enumerate {
+            let mut cur = vec![0usize; n_stages];
+            let mut best = f64::NEG_INFINITY;
+            loop {
+                let v = self.plan_value(p, eff, &cur);
+                if v > best {
+                    best = v;
+                    plan.copy_from_slice(&cur);
+                }
+                // Mixed-radix increment.
+                let mut s = 0;
+                loop {
+                    if s == n_stages {
+                        return best;
+                    }
+                    cur[s] += 1;
+                    if cur[s] < self.stages[s].arms.len() {
+                        break;
+                    }
+                    cur[s] = 0;
+                    s += 1;
+                }
+            }
+        }
+        // Coordinate ascent from the per-stage best standalone arm.
+        for (s, st) in self.stages.iter().enumerate() {
+            let mut best = (f64::NEG_INFINITY, 0);
+            for a in 0..st.arms.len() {
+                let j = self.offsets[s] + a;
+                let v = p[j] * self.config.reward.passed_value(eff[j].latency, eff[j].cost);
+                if v > best.0 {
+                    best = (v, a);
+                }
+            }
+            plan[s] = best.1;
+        }
+        let mut value = self.plan_value(p, eff, plan);
+        for _ in 0..10 {
+            let mut improved = false;
+            for s in 0..n_stages {
+                let mut best_a = plan[s];
+                for a in 0..self.stages[s].arms.len() {
+                    plan[s] = a;
+                    let v = self.plan_value(p, eff, plan);
+                    if v > value + 1e-12 {
+                        value = v;
+                        best_a = a;
+                        improved = true;
+                    }
+                }
+                plan[s] = best_a;
+            }
+            if !improved {
+                break;
+            }
+        }
+        value
+    }
+
+    /// Chooses a plan for a task with `features`: samples the posteriors, takes the plan with the
+    /// highest sampled expected reward, and estimates its propensity by resampling.
+    pub fn choose(&self, features: &BTreeMap<String, String>, rng: &mut fastrand::Rng) -> Choice {
+        let eff = self.effective(features);
+        let mut p = vec![0.0; self.n_arms];
+        let sample = |rng: &mut fastrand::Rng, p: &mut Vec<f64>| {
+            for (j, e) in eff.iter().enumerate() {
+                p[j] = sample_beta(rng, e.alpha, e.beta);
+            }
+        };
+        sample(rng, &mut p);
+        let mut chosen = Vec::new();
+        self.best_plan(&p, &eff, &mut chosen);
+        // Propensity: the chosen draw plus `propensity_draws` more; per stage the frequency of
+        // the chosen arm given that the earlier stages matched (the product is the plan's).
+        let n_stages = self.stages.len();
+        let draws = self.config.propensity_draws;
+        let mut prefix = vec![1usize; n_stages];
+        let mut other = Vec::new();
+        for _ in 0..draws {
+            sample(rng, &mut p);
+            self.best_plan(&p, &eff, &mut other);
+            for s in 0..n_stages {
+                if other[s] != chosen[s] {
+                    break;
+                }
+                prefix[s] += 1;
+            }
+        }
+        let total = (draws + 1) as f64;
+        let means: Vec<f64> = eff.iter().map(|e| e.alpha / (e.alpha + e.beta)).collect();
+        let mut greedy = Vec::new();
+        self.best_plan(&means, &eff, &mut greedy);
+        let mean_value = self.plan_value(&means, &eff, &chosen);
+        let greedy_value = self.plan_value(&means, &eff, &greedy);
+        let mut plan = Vec::with_capacity(n_stages);
+        let mut prev = total;
+        let mut plan_propensity = 1.0;
+        for (s, &a) in chosen.iter().enumerate() {
+            let j = self.offsets[s] + a;
+            let e = eff[j];
+            let n = e.alpha + e.beta;
+            let m = e.alpha / n;
+            let prop = prefix[s] as f64 / prev;
+            prev = prefix[s] as f64;
+            plan_propensity *= prop;
+            plan.push(ChosenArm {
+                stage: self.stages[s].stage.clone(),
+                arm: self.stages[s].arms[a].clone(),
+                propensity: prop,
+                p_mean: m,
+                p_std: (m * (1.0 - m) / (n + 1.0)).sqrt(),
+            });
+        }
+        Choice {
+            cluster: cluster_key(features),
+            plan,
+            plan_propensity,
+            mean_value,
+            greedy: chosen == greedy || mean_value >= greedy_value - 1e-12,
+            indices: chosen,
+        }
+    }
+
+    /// The greedy plan (posterior means, no sampling) and its expected value.
+    pub fn greedy(&self, features: &BTreeMap<String, String>) -> (Vec<usize>, f64) {
+        let eff = self.effective(features);
+        let means: Vec<f64> = eff.iter().map(|e| e.alpha / (e.alpha + e.beta)).collect();
+        let mut plan = Vec::new();
+        let v = self.best_plan(&means, &eff, &mut plan);
+        (plan, v)
+    }
+
+    /// The policy's estimate of a plan's expected reward (posterior means) for `features`.
+    pub fn plan_mean_value(&self, features: &BTreeMap<String, String>, plan: &[usize]) -> f64 {
+        if plan.len() != self.stages.len()
+            || plan
+                .iter()
+                .zip(&self.stages)
+                .any(|(&a, s)| a >= s.arms.len())
+        {
+            return 0.0;
+        }
+        let eff = self.effective(features);
+        let means: Vec<f64> = eff.iter().map(|e| e.alpha / (e.alpha + e.beta)).collect();
+        self.plan_value(&means, &eff, plan)
+    }
+
+    /// Ranked arms of one stage for `features`: `(arm index, posterior mean of success, its
+    /// standard deviation, standalone expected value)`, best first.
+    pub fn rank_stage(
+        &self,
+        features: &BTreeMap<String, String>,
+        stage: usize,
+    ) -> Vec<(usize, f64, f64, f64)> {
+        let Some(st) = self.stages.get(stage) else {
+            return Vec::new();
+        };
+        let eff = self.effective(features);
+        let mut out: Vec<(usize, f64, f64, f64)> = (0..st.arms.len())
+            .map(|a| {
+                let e = eff[self.offsets[stage] + a];
+                let n = e.alpha + e.beta;
+                let m = e.alpha / n;
+                let v = m * self.config.reward.passed_value(e.latency, e.cost);
+                (a, m, (m * (1.0 - m) / (n + 1.0)).sqrt(), v)
+            })
+            .collect();
+        out.sort_by(|x, y| y.3.total_cmp(&x.3));
+        out
+    }
+
+    /// A fallback arm for a stage that failed: Thompson sampling over the stage's arms not in
+    /// `tried` (by standalone sampled value); `None` when every arm was tried.
+    pub fn fallback(
+        &self,
+        features: &BTreeMap<String, String>,
+        stage: usize,
+        tried: &[usize],
+        rng: &mut fastrand::Rng,
+    ) -> Option<usize> {
+        let st = self.stages.get(stage)?;
+        let eff = self.effective(features);
+        let mut best: Option<(f64, usize)> = None;
+        for a in 0..st.arms.len() {
+            if tried.contains(&a) {
+                continue;
+            }
+            let e = eff[self.offsets[stage] + a];
+            let v = sample_beta(rng, e.alpha, e.beta)
+                * self.config.reward.passed_value(e.latency, e.cost);
+            if best.is_none_or(|(b, _)| v > b) {
+                best = Some((v, a));
+            }
+        }
+        best.map(|(_, a)| a)
+    }
+
+    /// The flat index of `(stage, arm)`, if known.
+    pub fn arm_index(&self, stage: &str, arm: &Arm) -> Option<usize> {
+        self.arm_index
+            .get(&(stage.to_string(), arm.clone()))
+            .copied()
+    }
+
+    /// Learns from an observation. Infrastructure failures never touch the posterior: they are
+    /// counted and ignored. Unknown stages or arms are counted and ignored.
+    pub fn update(&mut self, obs: &Observation) -> UpdateSummary {
+        let mut summary = UpdateSummary::default();
+        let mut items: Vec<(usize, f64, f64, f64, f64)> = Vec::with_capacity(obs.stages.len());
+        for so in &obs.stages {
+            let weight_fail = match so.outcome {
+                StageOutcome::Valid => 0.0,
+                StageOutcome::Invalid | StageOutcome::Failed(FailureCategory::Strategy) => 1.0,
+                StageOutcome::Failed(FailureCategory::Unknown) => self.config.unknown_weight,
+                StageOutcome::Failed(FailureCategory::Infrastructure) => {
+                    summary.infra_ignored += 1;
+                    continue;
+                }
+            };
+            let Some(j) = self.arm_index(&so.stage, &so.arm) else {
+                summary.unknown_arm += 1;
+                continue;
+            };
+            let x = if so.outcome == StageOutcome::Valid {
+                1.0
+            } else {
+                0.0
+            };
+            if weight_fail == 0.0 && x == 0.0 {
+                continue;
+            }
+            items.push((j, x, weight_fail, so.latency_ms, so.cost));
+            summary.learned += 1;
+        }
+        self.infra_ignored += u64::from(summary.infra_ignored);
+        if items.is_empty() {
+            return summary;
+        }
+        let lattice = Lattice::new(&obs.features, self.config.full_lattice_max_features);
+        let c = self.config.clone();
+        let mut fired: Vec<(u64, usize)> = Vec::new();
+        for (i, ln) in lattice.nodes.iter().enumerate() {
+            let n_arms = self.n_arms;
+            let node = self.nodes.entry(ln.hash).or_insert_with(|| Node {
+                key: lattice.key(&obs.features, i),
+                visits: 0,
+                arms: vec![ArmStats::default(); n_arms],
+            });
+            node.visits += 1;
+            let visits = node.visits;
+            for &(j, x, weight_fail, lat, cost) in &items {
+                let Some(a) = node.arms.get_mut(j) else {
+                    continue;
+                };
+                a.age_to(visits, c.discount);
+                a.observe_recent(x, c.recent_rate);
+                if a.detector
+                    .observe(x, c.change_delta, c.change_lambda, c.change_min_obs)
+                {
+                    a.forget(c.change_keep);
+                    fired.push((ln.hash, j));
+                    summary.changes_detected += 1;
+                }
+                if x > 0.0 {
+                    a.successes += 1.0;
+                } else {
+                    a.failures += weight_fail;
+                }
+                a.observations += 1;
+                a.add_latency_cost(lat, cost, c.latency_discount);
+            }
+        }
+        for (hash, j) in fired {
+            self.forget_descendants(hash, j);
+        }
+        self.learned += u64::from(summary.learned);
+        self.changes += u64::from(summary.changes_detected);
+        summary
+    }
+
+    /// After a change on arm `j` at node `hash`, the finer clusters under it forget the arm too
+    /// (their own counts would otherwise outweigh the pooled evidence for a long time).
+    fn forget_descendants(&mut self, hash: u64, j: usize) {
+        let Some(parent_key) = self.nodes.get(&hash).map(|n| n.key.clone()) else {
+            return;
+        };
+        let parent_pairs: Vec<&str> = if parent_key == crate::learn::cluster::GLOBAL_KEY {
+            Vec::new()
+        } else {
+            parent_key.split('|').collect()
+        };
+        let keep = self.config.change_keep;
+        for (h, node) in self.nodes.iter_mut() {
+            if *h == hash || node.key == crate::learn::cluster::GLOBAL_KEY {
+                continue;
+            }
+            let is_descendant = parent_pairs
+                .iter()
+                .all(|p| node.key.split('|').any(|q| q == *p));
+            if is_descendant && let Some(a) = node.arms.get_mut(j) {
+                a.forget(keep);
+            }
+        }
+    }
+
+    /// The persistent state (serde).
+    pub fn snapshot(&self) -> PolicySnapshot {
+        let mut nodes: Vec<(String, u64, Vec<ArmStats>)> = self
+            .nodes
+            .values()
+            .map(|n| (n.key.clone(), n.visits, n.arms.clone()))
+            .collect();
+        nodes.sort_by(|a, b| a.0.cmp(&b.0));
+        PolicySnapshot {
+            version: 1,
+            config: self.config.clone(),
+            stages: self.stages.clone(),
+            nodes,
+            learned: self.learned,
+            infra_ignored: self.infra_ignored,
+            infra_learned: self.infra_learned,
+            changes: self.changes,
+        }
+    }
+
+    /// A policy from a snapshot.
+    pub fn restore(snapshot: PolicySnapshot) -> Result<Policy, PolicyError> {
+        if snapshot.version != 1 {
+            return Err(PolicyError::BadSnapshot(format!(
+                "version {} (expected 1)",
+                snapshot.version
+            )));
+        }
+        let mut p = Policy::new(snapshot.config, snapshot.stages)?;
+        for (key, visits, arms) in snapshot.nodes {
+            if arms.len() != p.n_arms {
+                return Err(PolicyError::BadSnapshot(format!(
+                    "node `{key}` has {} arms, the stages have {}",
+                    arms.len(),
+                    p.n_arms
+                )));
+            }
+            p.nodes.insert(key_hash(&key), Node { key, visits, arms });
+        }
+        p.learned = snapshot.learned;
+        p.infra_ignored = snapshot.infra_ignored;
+        p.infra_learned = snapshot.infra_learned;
+        p.changes = snapshot.changes;
+        Ok(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feats(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// Stage 1: "cheap" (p 0.9, fast, cheap) vs "premium" (p 0.99, slow, expensive);
+    /// stage 2: "a" (p 0.95) vs "b" (p 0.6).
+    fn policy() -> Policy {
+        Policy::new(
+            PolicyConfig::default(),
+            vec![
+                StageArms {
+                    stage: "extract".into(),
+                    arms: vec![Arm::new("cheap", "x"), Arm::new("premium", "x")],
+                },
+                StageArms {
+                    stage: "normalize".into(),
+                    arms: vec![Arm::new("a", "s"), Arm::new("b", "s")],
+                },
+            ],
+        )
+        .unwrap()
+    }
+
+    fn simulate(p: &mut Policy, f: &BTreeMap<String, String>, rng: &mut fastrand::Rng) -> Choice {
+        let c = p.choose(f, rng);
+        let truth = [
+            [(0.9, 400.0, 0.001), (0.99, 12000.0, 0.08)],
+            [(0.95, 200.0, 0.001), (0.6, 200.0, 0.001)],
+        ];
+        let mut stages = Vec::new();
+        for (s, &a) in c.indices.iter().enumerate() {
+            let (ps, lat, cost) = truth[s][a];
+            let outcome = if rng.f64() < 0.1 {
+                StageOutcome::Failed(FailureCategory::Infrastructure)
+            } else if rng.f64() < ps {
+                StageOutcome::Valid
+            } else {
+                StageOutcome::Failed(FailureCategory::Strategy)
+            };
+            stages.push(StageObservation {
+                stage: p.stages()[s].stage.clone(),
+                arm: p.stages()[s].arms[a].clone(),
+                outcome,
+                latency_ms: lat,
+                cost,
+            });
+        }
+        p.update(&Observation {
+            features: f.clone(),
+            stages,
+        });
+        c
+    }
+
+    #[test]
+    fn learns_the_reward_best_plan_not_the_success_best_arm() {
+        let mut p = policy();
+        let mut rng = fastrand::Rng::with_seed(11);
+        let f = feats(&[("filetype", "pdf")]);
+        let mut last = Vec::new();
+        for i in 0..400 {
+            let c = simulate(&mut p, &f, &mut rng);
+            if i >= 300 {
+                last.push(c.indices.clone());
+            }
+        }
+        let best = last.iter().filter(|pl| **pl == vec![0, 0]).count();
+        assert!(best >= 90, "best plan chosen {best}/100 times");
+        assert_eq!(p.greedy(&f).0, vec![0, 0]);
+        assert_eq!(p.infra_learned(), 0);
+        assert!(p.infra_ignored() > 0);
+    }
+
+    #[test]
+    fn infrastructure_failures_never_change_the_posterior() {
+        let mut p = policy();
+        let mut rng = fastrand::Rng::with_seed(5);
+        let f = feats(&[("tenant", "A")]);
+        for _ in 0..20 {
+            simulate(&mut p, &f, &mut rng);
+        }
+        let before = p.snapshot();
+        let obs = Observation {
+            features: f.clone(),
+            stages: vec![StageObservation {
+                stage: "extract".into(),
+                arm: Arm::new("cheap", "x"),
+                outcome: StageOutcome::Failed(FailureCategory::Infrastructure),
+                latency_ms: 30000.0,
+                cost: 1.0,
+            }],
+        };
+        for _ in 0..50 {
+            let s = p.update(&obs);
+            assert_eq!(s.infra_ignored, 1);
+            assert_eq!(s.learned, 0);
+        }
+        let after = p.snapshot();
+        assert_eq!(before.nodes, after.nodes);
+        assert_eq!(after.infra_learned, 0);
+        assert_eq!(after.infra_ignored, before.infra_ignored + 50);
+    }
+
+    #[test]
+    fn choices_are_deterministic_given_the_seed_and_propensities_are_probabilities() {
+        let mut p1 = policy();
+        let mut p2 = policy();
+        let f = feats(&[("tenant", "B")]);
+        let (mut r1, mut r2) = (fastrand::Rng::with_seed(9), fastrand::Rng::with_seed(9));
+        for _ in 0..50 {
+            let a = simulate(&mut p1, &f, &mut r1);
+            let b = simulate(&mut p2, &f, &mut r2);
+            assert_eq!(a, b);
+            assert!(a.plan_propensity > 0.0 && a.plan_propensity <= 1.0);
+            let prod: f64 = a.plan.iter().map(|c| c.propensity).product();
+            assert!((prod - a.plan_propensity).abs() < 1e-12);
+        }
+    }
+
+    #[test]
+    fn snapshot_round_trips_through_json_and_restores_the_same_choices() {
+        let mut p = policy();
+        let mut rng = fastrand::Rng::with_seed(2);
+        let f = feats(&[("tenant", "B"), ("size", "big")]);
+        for _ in 0..60 {
+            simulate(&mut p, &f, &mut rng);
+        }
+        let json = serde_json::to_string(&p.snapshot()).unwrap();
+        let q = Policy::restore(serde_json::from_str(&json).unwrap()).unwrap();
+        assert_eq!(q.snapshot(), p.snapshot());
+        let (mut r1, mut r2) = (fastrand::Rng::with_seed(4), fastrand::Rng::with_seed(4));
+        assert_eq!(p.choose(&f, &mut r1), q.choose(&f, &mut r2));
+        let mut bad = p.snapshot();
+        bad.nodes[0].2.pop();
+        assert!(matches!(
+            Policy::restore(bad),
+            Err(PolicyError::BadSnapshot(_))
+        ));
+    }
+
+    #[test]
+    fn a_new_cluster_starts_from_what_similar_ones_taught() {
+        let mut p = policy();
+        let mut rng = fastrand::Rng::with_seed(8);
+        for t in ["A", "B", "C"] {
+            let f = feats(&[("filetype", "pdf"), ("tenant", t)]);
+            for _ in 0..80 {
+                simulate(&mut p, &f, &mut rng);
+            }
+        }
+        let fresh = feats(&[("filetype", "pdf"), ("tenant", "Z")]);
+        assert_eq!(p.greedy(&fresh).0, vec![0, 0]);
+        let r = p.rank_stage(&fresh, 1);
+        assert_eq!(r[0].0, 0);
+        assert!(r[0].1 > 0.8, "pooled prior mean {}", r[0].1);
+    }
+
+    #[test]
+    fn a_drop_is_detected_and_the_policy_switches() {
+        let mut p = policy();
+        let f = feats(&[("tenant", "A")]);
+        let mut rng = fastrand::Rng::with_seed(21);
+        let obs = |arm: usize, ok: bool| Observation {
+            features: f.clone(),
+            stages: vec![StageObservation {
+                stage: "normalize".into(),
+                arm: Arm::new(if arm == 0 { "a" } else { "b" }, "s"),
+                outcome: if ok {
+                    StageOutcome::Valid
+                } else {
+                    StageOutcome::Failed(FailureCategory::Strategy)
+                },
+                latency_ms: 200.0,
+                cost: 0.001,
+            }],
+        };
+        for i in 0..200 {
+            p.update(&obs(0, i % 20 != 0));
+            p.update(&obs(1, i % 3 != 0));
+        }
+        assert_eq!(p.greedy(&f).0[1], 0);
+        for _ in 0..15 {
+            p.update(&obs(0, rng.f64() < 0.1));
+        }
+        assert!(p.changes_detected() > 0);
+        assert_eq!(p.greedy(&f).0[1], 1, "switched after the drop");
+    }
+
+    #[test]
+    fn coordinate_ascent_handles_many_plans() {
+        let stages: Vec<StageArms> = (0..6)
+            .map(|s| StageArms {
+                stage: format!("s{s}"),
+                arms: (0..5).map(|a| Arm::new(format!("t{a}"), "x")).collect(),
+            })
+            .collect();
+        let cfg = PolicyConfig {
+            max_enumerate: 100,
+            ..PolicyConfig::default()
+        };
+        let mut p = Policy::new(cfg, stages).unwrap();
+        assert_eq!(p.plan_count(), 15625);
+        let f = feats(&[("k", "v")]);
+        for _ in 0..30 {
+            let mut so = Vec::new();
+            for s in 0..6 {
+                for a in 0..5 {
+                    so.push(StageObservation {
+                        stage: format!("s{s}"),
+                        arm: Arm::new(format!("t{a}"), "x"),
+                        outcome: if a == s % 5 {
+                            StageOutcome::Valid
+                        } else {
+                            StageOutcome::Invalid
+                        },
+                        latency_ms: 100.0,
+                        cost: 0.001,
+                    });
+                }
+            }
+            p.update(&Observation {
+                features: f.clone(),
+                stages: so,
+            });
+        }
+        let (plan, _) = p.greedy(&f);
+        assert_eq!(plan, vec![0, 1, 2, 3, 4, 0]);
+        let mut rng = fastrand::Rng::with_seed(1);
+        assert_eq!(p.choose(&f, &mut rng).indices.len(), 6);
+    }
+
+    #[test]
+    fn config_and_stage_errors_name_the_field() {
+        let cfg = PolicyConfig {
+            discount: 1.5,
+            ..PolicyConfig::default()
+        };
+        let e = Policy::new(cfg, policy().stages().to_vec()).unwrap_err();
+        assert!(e.to_string().contains("discount"));
+        assert!(Policy::new(PolicyConfig::default(), vec![]).is_err());
+        let cfg: PolicyConfig = serde_json::from_str("{\"discount\": 0.9}").unwrap();
+        assert_eq!(cfg.propensity_draws, 64);
+    }
+}

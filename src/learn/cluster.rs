@@ -1,0 +1,187 @@
+//! cluster: task clusters from a task's features and the hierarchy that pools them (the exact
+//! cluster, coarser feature subsets, the global node), with stable keys for persistence.
+
+use std::collections::BTreeMap;
+
+/// The name of the global node (no feature fixed).
+pub const GLOBAL_KEY: &str = "*";
+
+/// FNV-1a, 64 bits: a stable hash (the same on every build) for node keys.
+fn fnv(bytes: &[u8], mut h: u64) -> u64 {
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// One node of the hierarchy for a task: a subset of its features.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LatticeNode {
+    /// Bit `i` set: the task's `i`-th feature (in name order) is fixed.
+    pub mask: u32,
+    /// Stable hash of the fixed `name=value` pairs.
+    pub hash: u64,
+    /// Indices (into the lattice's node list) of the parents: the coarser nodes it pools from.
+    pub parents: Vec<usize>,
+}
+
+/// The hierarchy of a task's clusters, coarsest first: node 0 is global, the last node is the
+/// exact cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lattice {
+    /// Nodes ordered by the number of fixed features (parents always come first).
+    pub nodes: Vec<LatticeNode>,
+}
+
+impl Lattice {
+    /// The hierarchy for `features`: every subset when there are at most `full_max` features,
+    /// else the global node, the single features and the exact cluster.
+    pub fn new(features: &BTreeMap<String, String>, full_max: usize) -> Lattice {
+        let pairs: Vec<(&str, &str)> = features
+            .iter()
+            .take(31)
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let k = pairs.len();
+        let masks: Vec<u32> = if k <= full_max {
+            let mut all: Vec<u32> = (0..(1u32 << k)).collect();
+            all.sort_by_key(|m| (m.count_ones(), *m));
+            all
+        } else {
+            let mut v = vec![0u32];
+            v.extend((0..k).map(|i| 1u32 << i));
+            v.push(((1u64 << k) - 1) as u32);
+            v
+        };
+        let mut nodes: Vec<LatticeNode> = Vec::with_capacity(masks.len());
+        for &mask in &masks {
+            let hash = mask_hash(&pairs, mask);
+            let parents = if mask == 0 {
+                Vec::new()
+            } else {
+                // Parents: the strict subsets in the lattice with the most features.
+                let best = nodes
+                    .iter()
+                    .filter(|n| n.mask & mask == n.mask && n.mask != mask)
+                    .map(|n| n.mask.count_ones())
+                    .max()
+                    .unwrap_or(0);
+                nodes
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, n)| {
+                        n.mask & mask == n.mask && n.mask != mask && n.mask.count_ones() == best
+                    })
+                    .map(|(i, _)| i)
+                    .collect()
+            };
+            nodes.push(LatticeNode {
+                mask,
+                hash,
+                parents,
+            });
+        }
+        Lattice { nodes }
+    }
+
+    /// The readable key of node `i` for `features` (`"filetype=pdf|tenant=B"`, `"*"` for global).
+    pub fn key(&self, features: &BTreeMap<String, String>, i: usize) -> String {
+        let mask = self.nodes.get(i).map(|n| n.mask).unwrap_or(0);
+        mask_key(features, mask)
+    }
+}
+
+/// The readable key of a feature subset.
+pub fn mask_key(features: &BTreeMap<String, String>, mask: u32) -> String {
+    if mask == 0 {
+        return GLOBAL_KEY.to_string();
+    }
+    let parts: Vec<String> = features
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i < 32 && mask & (1u32 << i) != 0)
+        .map(|(_, (k, v))| format!("{k}={v}"))
+        .collect();
+    parts.join("|")
+}
+
+/// The stable hash of a readable key (the same as the lattice's node hash).
+pub fn key_hash(key: &str) -> u64 {
+    if key == GLOBAL_KEY {
+        return FNV_OFFSET;
+    }
+    let mut h = FNV_OFFSET;
+    for (i, part) in key.split('|').enumerate() {
+        if i > 0 {
+            h = fnv(b"|", h);
+        }
+        h = fnv(part.as_bytes(), h);
+    }
+    h
+}
+
+fn mask_hash(pairs: &[(&str, &str)], mask: u32) -> u64 {
+    let mut h = FNV_OFFSET;
+    let mut first = true;
+    for (i, (k, v)) in pairs.iter().enumerate() {
+        if mask & (1u32 << i) == 0 {
+            continue;
+        }
+        if !first {
+            h = fnv(b"|", h);
+        }
+        first = false;
+        h = fnv(k.as_bytes(), h);
+        h = fnv(b"=", h);
+        h = fnv(v.as_bytes(), h);
+    }
+    h
+}
+
+/// The exact cluster's readable key for `features`.
+pub fn cluster_key(features: &BTreeMap<String, String>) -> String {
+    let k = features.len().min(31);
+    mask_key(features, ((1u64 << k) - 1) as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feats(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn full_lattice_orders_parents_first_and_hashes_match_keys() {
+        let f = feats(&[("filetype", "pdf"), ("size", "big"), ("tenant", "B")]);
+        let lat = Lattice::new(&f, 4);
+        assert_eq!(lat.nodes.len(), 8);
+        assert_eq!(lat.nodes[0].mask, 0);
+        assert_eq!(lat.nodes[7].parents.len(), 3);
+        for (i, n) in lat.nodes.iter().enumerate() {
+            for &p in &n.parents {
+                assert!(p < i);
+            }
+            assert_eq!(n.hash, key_hash(&lat.key(&f, i)), "node {i}");
+        }
+        assert_eq!(lat.key(&f, 7), "filetype=pdf|size=big|tenant=B");
+        assert_eq!(cluster_key(&f), "filetype=pdf|size=big|tenant=B");
+    }
+
+    #[test]
+    fn wide_features_use_a_sparse_lattice() {
+        let f = feats(&[("a", "1"), ("b", "2"), ("c", "3"), ("d", "4"), ("e", "5")]);
+        let lat = Lattice::new(&f, 4);
+        assert_eq!(lat.nodes.len(), 7);
+        assert_eq!(lat.nodes[6].parents.len(), 5);
+        let empty = Lattice::new(&BTreeMap::new(), 4);
+        assert_eq!(empty.nodes.len(), 1);
+    }
+}

@@ -1,0 +1,1 @@
+//! ope (in progress).

@@ -1,0 +1,168 @@
+//! posterior: the per-arm evidence of one cluster node (discounted Beta counts of "stage
+//! succeeded and was valid", running latency and cost estimates, a change detector) and the
+//! random variates (normal, gamma, beta) that Thompson sampling draws from a seeded RNG.
+
+use serde::{Deserialize, Serialize};
+
+use crate::learn::drift::PageHinkley;
+
+/// A standard normal variate (Box-Muller).
+pub fn sample_normal(rng: &mut fastrand::Rng) -> f64 {
+    let u1 = 1.0 - rng.f64(); // in (0, 1]
+    let u2 = rng.f64();
+    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+}
+
+/// A Gamma(shape, 1) variate (Marsaglia-Tsang; boosted for shape < 1).
+pub fn sample_gamma(rng: &mut fastrand::Rng, shape: f64) -> f64 {
+    let shape = if shape.is_finite() && shape > 1e-6 {
+        shape
+    } else {
+        1e-6
+    };
+    if shape < 1.0 {
+        let u = 1.0 - rng.f64();
+        return sample_gamma(rng, shape + 1.0) * u.powf(1.0 / shape);
+    }
+    let d = shape - 1.0 / 3.0;
+    let c = 1.0 / (9.0 * d).sqrt();
+    loop {
+        let x = sample_normal(rng);
+        let v = 1.0 + c * x;
+        if v <= 0.0 {
+            continue;
+        }
+        let v = v * v * v;
+        let u = 1.0 - rng.f64();
+        let x2 = x * x;
+        if u < 1.0 - 0.0331 * x2 * x2 || u.ln() < 0.5 * x2 + d * (1.0 - v + v.ln()) {
+            return d * v;
+        }
+    }
+}
+
+/// A Beta(alpha, beta) variate.
+pub fn sample_beta(rng: &mut fastrand::Rng, alpha: f64, beta: f64) -> f64 {
+    let x = sample_gamma(rng, alpha);
+    let y = sample_gamma(rng, beta);
+    let s = x + y;
+    if s > 0.0 { x / s } else { 0.5 }
+}
+
+/// The evidence about one arm in one cluster node.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ArmStats {
+    /// Discounted count of stage successes that were valid.
+    pub successes: f64,
+    /// Discounted count of strategy failures and invalid outputs.
+    pub failures: f64,
+    /// The node's visit count when the counts were last discounted.
+    pub last_visit: u64,
+    /// Discounted weight of the latency observations.
+    pub latency_weight: f64,
+    /// Discounted sum of ln(latency_ms) (so that exp(mean) estimates the median).
+    pub latency_log_sum: f64,
+    /// Discounted weight of the cost observations.
+    pub cost_weight: f64,
+    /// Discounted sum of the costs.
+    pub cost_sum: f64,
+    /// Observations learned from, ever (not discounted).
+    pub observations: u64,
+    /// Changes detected on this arm in this node.
+    pub changes: u32,
+    /// The change detector on the success indicator.
+    pub detector: PageHinkley,
+    /// Fast moving average of the success indicator (what the arm does lately).
+    pub recent: f64,
+}
+
+impl ArmStats {
+    /// The success and failure counts discounted to the node's current visit count.
+    pub fn counts_at(&self, visits: u64, discount: f64) -> (f64, f64) {
+        let age = visits.saturating_sub(self.last_visit);
+        if age == 0 || discount >= 1.0 {
+            return (self.successes, self.failures);
+        }
+        let factor = discount.powi(age.min(i32::MAX as u64) as i32);
+        (self.successes * factor, self.failures * factor)
+    }
+
+    /// Applies the discount up to `visits`.
+    pub fn age_to(&mut self, visits: u64, discount: f64) {
+        let (s, f) = self.counts_at(visits, discount);
+        self.successes = s;
+        self.failures = f;
+        self.last_visit = visits;
+    }
+
+    /// Adds latency and cost evidence with a per-observation discount.
+    pub fn add_latency_cost(&mut self, latency_ms: f64, cost: f64, discount: f64) {
+        if latency_ms.is_finite() && latency_ms >= 0.0 {
+            self.latency_weight = self.latency_weight * discount + 1.0;
+            self.latency_log_sum = self.latency_log_sum * discount + latency_ms.max(1e-3).ln();
+        }
+        if cost.is_finite() && cost >= 0.0 {
+            self.cost_weight = self.cost_weight * discount + 1.0;
+            self.cost_sum = self.cost_sum * discount + cost;
+        }
+    }
+
+    /// Feeds the fast moving average of the success indicator.
+    pub fn observe_recent(&mut self, x: f64, rate: f64) {
+        if self.observations == 0 {
+            self.recent = x;
+        } else {
+            self.recent += rate * (x - self.recent);
+        }
+    }
+
+    /// Forgets the success evidence after a detected change: what is left is `keep` pseudo-
+    /// observations at the recent success rate; latency and cost keep a fifth of their weight.
+    pub fn forget(&mut self, keep: f64) {
+        let r = self.recent.clamp(0.0, 1.0);
+        if self.successes + self.failures > keep {
+            self.successes = keep * r;
+            self.failures = keep * (1.0 - r);
+        }
+        self.detector = PageHinkley::default();
+        self.changes += 1;
+        // Latency and cost may have moved with the change: keep only a little of them.
+        let keep = 0.2;
+        self.latency_weight *= keep;
+        self.latency_log_sum *= keep;
+        self.cost_weight *= keep;
+        self.cost_sum *= keep;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn beta_samples_have_the_right_mean() {
+        let mut rng = fastrand::Rng::with_seed(3);
+        for &(a, b) in &[(1.0, 1.0), (0.3, 0.7), (20.0, 5.0), (2.0, 50.0)] {
+            let n = 20_000;
+            let mean: f64 = (0..n).map(|_| sample_beta(&mut rng, a, b)).sum::<f64>() / n as f64;
+            let want = a / (a + b);
+            assert!(
+                (mean - want).abs() < 0.01,
+                "Beta({a},{b}): {mean} vs {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn discounting_decays_counts_with_age() {
+        let s = ArmStats {
+            successes: 10.0,
+            failures: 10.0,
+            last_visit: 0,
+            ..ArmStats::default()
+        };
+        let (a, b) = s.counts_at(100, 0.99);
+        assert!((a - 10.0 * 0.99f64.powi(100)).abs() < 1e-9);
+        assert!((b - a).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,1 @@
+//! sim_run (in progress).

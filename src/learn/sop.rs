@@ -1,0 +1,1 @@
+//! sop (in progress).
