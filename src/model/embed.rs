@@ -165,7 +165,11 @@ mod tests {
             ),
             (
                 "Check the date argument format before calling the statement parser tool",
-                "Check the date argument formats before calling the statements parser tool",
+                "check the date argument format before calling the statement-parser tool!",
+            ),
+            (
+                "Use camelot lattice for scanned PDF statements larger than 10 MB",
+                "Use camelot lattice for scanned PDF statement larger than 10 MB",
             ),
         ];
         for (a, b) in pairs {
