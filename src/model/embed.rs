@@ -62,9 +62,9 @@ impl Embedder for HashEmbedder {
     }
 
     fn embed<'a>(&'a self, texts: &'a [String]) -> ModelFuture<'a, Vec<Vec<f32>>> {
-        Box::pin(async move {
-            Ok::<_, ModelError>(texts.iter().map(|t| self.embed_text(t)).collect())
-        })
+        Box::pin(
+            async move { Ok::<_, ModelError>(texts.iter().map(|t| self.embed_text(t)).collect()) },
+        )
     }
 }
 
