@@ -1,1 +1,0 @@
-//! guard (to be written).

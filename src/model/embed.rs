@@ -1,0 +1,190 @@
+//! The offline deterministic embedder: hashed word unigrams, word bigrams and character 3-5-grams
+//! folded into a fixed dimension with a stable hash (FNV-1a), sublinear term frequency and L2
+//! normalisation, so that cosine similarity detects near-duplicates without any model.
+
+use std::collections::HashMap;
+
+use unicode_normalization::UnicodeNormalization;
+
+use super::{Embedder, ModelError, ModelFuture};
+
+/// The default dimension of [`HashEmbedder`] vectors.
+pub const DEFAULT_DIMENSION: usize = 384;
+
+/// Weight of a word unigram relative to a character n-gram.
+const WORD_WEIGHT: f32 = 0.5;
+/// Weight of a word bigram.
+const BIGRAM_WEIGHT: f32 = 0.3;
+/// Weight of a character n-gram.
+const CHAR_WEIGHT: f32 = 0.35;
+
+/// FNV-1a over bytes, 64 bits: stable across runs, platforms and processes.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        hash ^= u64::from(*b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
+/// An offline, deterministic [`Embedder`] over hashed n-grams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HashEmbedder {
+    dimension: usize,
+}
+
+impl Default for HashEmbedder {
+    fn default() -> Self {
+        HashEmbedder {
+            dimension: DEFAULT_DIMENSION,
+        }
+    }
+}
+
+impl HashEmbedder {
+    /// An embedder of the given dimension (at least 1; 0 is raised to 1).
+    pub fn new(dimension: usize) -> HashEmbedder {
+        HashEmbedder {
+            dimension: dimension.max(1),
+        }
+    }
+
+    /// Embeds one text synchronously (the embedder is pure).
+    pub fn embed_text(&self, text: &str) -> Vec<f32> {
+        embed_with_dimension(text, self.dimension)
+    }
+}
+
+impl Embedder for HashEmbedder {
+    fn dimension(&self) -> usize {
+        self.dimension
+    }
+
+    fn embed<'a>(&'a self, texts: &'a [String]) -> ModelFuture<'a, Vec<Vec<f32>>> {
+        Box::pin(
+            async move { Ok::<_, ModelError>(texts.iter().map(|t| self.embed_text(t)).collect()) },
+        )
+    }
+}
+
+/// Embeds one text with the default dimension ([`DEFAULT_DIMENSION`]).
+pub fn embed_one(text: &str) -> Vec<f32> {
+    embed_with_dimension(text, DEFAULT_DIMENSION)
+}
+
+/// Lowercased, NFKC-normalised words (runs of alphanumeric characters).
+fn words(text: &str) -> Vec<String> {
+    let norm: String = text.nfkc().collect::<String>().to_lowercase();
+    norm.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Embeds `text` into `dimension` buckets. An empty text gives the zero vector.
+pub fn embed_with_dimension(text: &str, dimension: usize) -> Vec<f32> {
+    let dimension = dimension.max(1);
+    let words = words(text);
+    let mut counts: HashMap<(u8, String), u32> = HashMap::new();
+    for w in &words {
+        *counts.entry((b'w', w.clone())).or_insert(0) += 1;
+    }
+    for pair in words.windows(2) {
+        *counts
+            .entry((b'b', format!("{} {}", pair[0], pair[1])))
+            .or_insert(0) += 1;
+    }
+    // Character n-grams over the words joined by single spaces, padded at both ends.
+    let joined: Vec<char> = format!(" {} ", words.join(" ")).chars().collect();
+    for n in 3..=5 {
+        if joined.len() < n {
+            continue;
+        }
+        for gram in joined.windows(n) {
+            let g: String = gram.iter().collect();
+            if g.trim().is_empty() {
+                continue;
+            }
+            *counts.entry((b'c', g)).or_insert(0) += 1;
+        }
+    }
+    let mut v = vec![0.0f32; dimension];
+    for ((kind, gram), tf) in &counts {
+        let weight = match kind {
+            b'w' => WORD_WEIGHT,
+            b'b' => BIGRAM_WEIGHT,
+            _ => CHAR_WEIGHT,
+        };
+        let mut bytes = Vec::with_capacity(gram.len() + 1);
+        bytes.push(*kind);
+        bytes.extend_from_slice(gram.as_bytes());
+        let h = fnv1a(&bytes);
+        let bucket = (h % dimension as u64) as usize;
+        let sign = if (h >> 63) & 1 == 1 { -1.0 } else { 1.0 };
+        let sublinear = 1.0 + (*tf as f32).ln();
+        v[bucket] += sign * weight * sublinear;
+    }
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    if norm > 0.0 {
+        for x in &mut v {
+            *x /= norm;
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::cosine;
+
+    #[test]
+    fn deterministic_and_normalised() {
+        let a = embed_one("avoid pdfminer for png files");
+        let b = embed_one("avoid pdfminer for png files");
+        assert_eq!(a, b);
+        let norm: f32 = a.iter().map(|x| x * x).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-4);
+        assert_eq!(a.len(), DEFAULT_DIMENSION);
+        assert!(embed_one("").iter().all(|x| *x == 0.0));
+    }
+
+    #[test]
+    fn fnv_known_vector() {
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+
+    #[test]
+    fn paraphrase_high_unrelated_low() {
+        let pairs = [
+            (
+                "For PNG files avoid pdfminer direct extraction: it fails with ToolNotFit 9 of 10",
+                "For png files, avoid pdfminer direct extraction; it fails with ToolNotFit 9 of 10 times",
+            ),
+            (
+                "Check the date argument format before calling the statement parser tool",
+                "check the date argument format before calling the statement-parser tool!",
+            ),
+            (
+                "Use camelot lattice for scanned PDF statements larger than 10 MB",
+                "Use camelot lattice for scanned PDF statement larger than 10 MB",
+            ),
+        ];
+        for (a, b) in pairs {
+            let s = cosine(&embed_one(a), &embed_one(b));
+            assert!(s > 0.92, "{s} for {a:?} / {b:?}");
+        }
+        let reworded = cosine(
+            &embed_one("Check the date argument format before calling the statement parser tool"),
+            &embed_one("Check the date argument format before you call the statement parser tool"),
+        );
+        assert!(reworded > 0.8, "{reworded}");
+        let s = cosine(
+            &embed_one("For PNG files avoid pdfminer direct extraction"),
+            &embed_one("The weather in Lisbon is sunny and warm today"),
+        );
+        assert!(s < 0.5, "{s}");
+    }
+}
