@@ -636,10 +636,10 @@ fn describe(path: String, message: String) -> (String, String) {
             .unwrap_or_else(|| "a known value".to_string());
         return (key, format!("expected {expected}, found `{found}`"));
     }
-    if let Some(rest) = message.strip_prefix("invalid type: ") {
-        if let Some((found, expected)) = rest.split_once(", expected ") {
-            return (key, format!("expected {expected}, found {found}"));
-        }
+    if let Some(rest) = message.strip_prefix("invalid type: ")
+        && let Some((found, expected)) = rest.split_once(", expected ")
+    {
+        return (key, format!("expected {expected}, found {found}"));
     }
     (key, message)
 }
