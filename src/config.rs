@@ -1,1 +1,923 @@
-//! config (to be written).
+//! Typed configuration of hindsight: the [`Config`] tree, loaded from a TOML file with
+//! `HINDSIGHT_*` environment overrides, validated, with errors that name the file, key and reason.
+//!
+//! Every field has a default, so an empty file (or no file) is a valid configuration; unknown keys
+//! are errors so that typos are reported. `config/hindsight.toml` documents every key.
+//!
+//! Environment overrides: `HINDSIGHT_STORE__DURABILITY=none` sets `store.durability`; a double
+//! underscore separates nesting levels and names are lower-cased. The value is read as a TOML value
+//! when it parses as one (`3`, `true`, `["a", "b"]`, `[{ name = "x" }]`) and as a string otherwise.
+//! `HINDSIGHT_CONFIG` is reserved for the path of the file and is not an override.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// Prefix of the environment variables that override configuration keys.
+pub const ENV_PREFIX: &str = "HINDSIGHT_";
+
+/// Environment variable naming the configuration file (not an override).
+pub const ENV_CONFIG_FILE: &str = "HINDSIGHT_CONFIG";
+
+/// The default ReflectRetry template (issue 5's seed semantics).
+pub const DEFAULT_REFLECT_TEMPLATE: &str = "[Reflect & Retry - Attempt {attempt}/{max}] {reason}\n\nPlease try again, adjusting your approach.";
+
+/// A configuration that could not be loaded: names where (file or environment variable), the key
+/// and the reason.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{path}: cannot read: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML.
+    #[error("{origin}: invalid TOML: {message}")]
+    Syntax {
+        /// The file (or environment variable) at fault.
+        origin: String,
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// A key has a bad value, is unknown, or conflicts with another.
+    #[error("{origin}: key `{key}`: {reason}")]
+    Invalid {
+        /// The file or environment variable the value came from.
+        origin: String,
+        /// The dotted key (`store.durability`, `api.tenants[0].key_sha256`).
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Directory of the database and reports.
+    pub data_dir: PathBuf,
+    /// Durable storage.
+    pub store: StoreConfig,
+    /// The contextual bandit (owned by the learning module).
+    pub policy: PolicyConfig,
+    /// Failure triage and recovery caps.
+    pub triage: TriageConfig,
+    /// The ReflectRetry plugin.
+    pub reflect_retry: ReflectRetryConfig,
+    /// Adaptive strategies (lessons from failures, human corrections).
+    pub adaptive: AdaptiveConfig,
+    /// Where tools come from.
+    pub tools: ToolsConfig,
+    /// The HTTP API.
+    pub api: ApiConfig,
+    /// Fault injection.
+    pub chaos: ChaosConfig,
+    /// The language model.
+    pub model: ModelConfig,
+    /// Logging.
+    pub log: LogConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            data_dir: PathBuf::from("./hindsight-data"),
+            store: StoreConfig::default(),
+            policy: PolicyConfig::default(),
+            triage: TriageConfig::default(),
+            reflect_retry: ReflectRetryConfig::default(),
+            adaptive: AdaptiveConfig::default(),
+            tools: ToolsConfig::default(),
+            api: ApiConfig::default(),
+            chaos: ChaosConfig::default(),
+            model: ModelConfig::default(),
+            log: LogConfig::default(),
+        }
+    }
+}
+
+/// When a write is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DurabilityConfig {
+    /// After the transaction is fsynced (the default).
+    #[default]
+    Immediate,
+    /// After the transaction is committed in memory (fast, lost on a machine crash).
+    None,
+}
+
+/// `[store]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `immediate` or `none`.
+    pub durability: DurabilityConfig,
+    /// Checkpoints kept per unfinished run.
+    pub checkpoints_per_run: usize,
+    /// Days a diary entry is kept; 0 keeps it forever.
+    pub diary_ttl_days: u64,
+    /// Days an experience tuple is kept; 0 keeps it forever.
+    pub experience_ttl_days: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            durability: DurabilityConfig::Immediate,
+            checkpoints_per_run: 3,
+            diary_ttl_days: 0,
+            experience_ttl_days: 0,
+        }
+    }
+}
+
+const DAY_MS: u64 = 24 * 60 * 60 * 1000;
+
+impl StoreConfig {
+    /// The diary TTL in milliseconds, `None` for forever.
+    pub fn diary_ttl_ms(&self) -> Option<u64> {
+        (self.diary_ttl_days > 0).then(|| self.diary_ttl_days.saturating_mul(DAY_MS))
+    }
+
+    /// The experience TTL in milliseconds, `None` for forever.
+    pub fn experience_ttl_ms(&self) -> Option<u64> {
+        (self.experience_ttl_days > 0).then(|| self.experience_ttl_days.saturating_mul(DAY_MS))
+    }
+}
+
+/// `[policy]`: the contextual Thompson-sampling bandit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// Seed of the policy's random number generator.
+    pub seed: u64,
+    /// Posterior resamples used to estimate the propensity of a choice.
+    pub propensity_samples: u32,
+    /// Discount applied to old evidence per update (1.0 = none), to follow drift.
+    pub discount: f64,
+    /// Pseudo-observations a cluster's prior borrows from its parent cluster (pooling strength).
+    pub prior_strength: f64,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            seed: 42,
+            propensity_samples: 200,
+            discount: 0.995,
+            prior_strength: 2.0,
+        }
+    }
+}
+
+/// `[triage]`: recovery caps and the failure policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TriageConfig {
+    /// Recovery attempts per failure type before escalation.
+    pub max_recovery_attempts: u32,
+    /// Attempts per run, all causes together.
+    pub max_total_attempts: u32,
+    /// A failure-policy file; absent = the built-in policy.
+    pub policy_file: Option<PathBuf>,
+}
+
+impl Default for TriageConfig {
+    fn default() -> Self {
+        TriageConfig {
+            max_recovery_attempts: 3,
+            max_total_attempts: 5,
+            policy_file: None,
+        }
+    }
+}
+
+/// `[reflect_retry]`: the ReflectRetry plugin.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReflectRetryConfig {
+    /// Whether the plugin is registered.
+    pub enabled: bool,
+    /// Reflections per run before the last attempt's result stands.
+    pub max_retries: u32,
+    /// The reflection message; `{attempt}`, `{max}` and `{reason}` are substituted.
+    pub template: String,
+}
+
+impl Default for ReflectRetryConfig {
+    fn default() -> Self {
+        ReflectRetryConfig {
+            enabled: true,
+            max_retries: 2,
+            template: DEFAULT_REFLECT_TEMPLATE.to_string(),
+        }
+    }
+}
+
+/// Whose lessons a run sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScopeConfig {
+    /// Lessons belong to the user (the default).
+    #[default]
+    PerUser,
+    /// Lessons are shared within a tenant.
+    PerTenant,
+    /// Lessons are shared by everyone.
+    Shared,
+    /// Lessons belong to the session.
+    PerSession,
+}
+
+/// `[adaptive]`: lessons synthesised from failures.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdaptiveConfig {
+    /// Strategy failures in a scope that trigger a synthesis.
+    pub synthesis_threshold: u32,
+    /// Failures kept per scope (must be at least `synthesis_threshold`).
+    pub failure_retention: u32,
+    /// Strategies (lessons) kept per scope.
+    pub max_strategies: u32,
+    /// `per_user`, `per_tenant`, `shared` or `per_session`.
+    pub scope: ScopeConfig,
+    /// Days a strategy lives without reinforcement; 0 = forever.
+    pub ttl_days: u64,
+    /// Human corrections accepted per principal per hour.
+    pub corrections_per_hour: u32,
+}
+
+impl Default for AdaptiveConfig {
+    fn default() -> Self {
+        AdaptiveConfig {
+            synthesis_threshold: 5,
+            failure_retention: 50,
+            max_strategies: 20,
+            scope: ScopeConfig::PerUser,
+            ttl_days: 0,
+            corrections_per_hour: 10,
+        }
+    }
+}
+
+/// `[tools]`: MCP servers and simulated environments.
+///
+/// Mirrors `hindsight::tools::config::ToolsConfig` of the tools area; the two are merged at
+/// integration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ToolsConfig {
+    /// Simulated environment files whose tools are registered.
+    pub envs: Vec<PathBuf>,
+    /// MCP servers started as child processes; their tools are registered.
+    pub mcp: Vec<McpServerConfig>,
+}
+
+impl Default for ToolsConfig {
+    fn default() -> Self {
+        ToolsConfig {
+            envs: vec![PathBuf::from("config/envs/bank_statements.toml")],
+            mcp: Vec::new(),
+        }
+    }
+}
+
+/// `[[tools.mcp]]`: one MCP server.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerConfig {
+    /// Name; its tools are registered as `name/tool`.
+    pub name: String,
+    /// The program to start.
+    pub command: String,
+    /// Its arguments.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Extra environment variables.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+/// `[api]`: the HTTP API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApiConfig {
+    /// Socket address to listen on.
+    pub listen: String,
+    /// Largest accepted request body in bytes (413 above).
+    pub body_limit_bytes: usize,
+    /// Seconds in-flight requests get to finish on shutdown.
+    pub shutdown_grace_secs: u64,
+    /// Tenants and their API keys.
+    pub tenants: Vec<TenantConfig>,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            listen: "127.0.0.1:8080".to_string(),
+            body_limit_bytes: 1024 * 1024,
+            shutdown_grace_secs: 30,
+            tenants: Vec::new(),
+        }
+    }
+}
+
+impl ApiConfig {
+    /// The listen address, parsed (validated at load).
+    pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
+        self.listen.parse().map_err(|e| ConfigError::Invalid {
+            origin: "configuration".into(),
+            key: "api.listen".into(),
+            reason: format!("not a socket address ({e}): `{}`", self.listen),
+        })
+    }
+}
+
+/// `[[api.tenants]]`: one tenant's API key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// The tenant's name (the isolation boundary).
+    pub name: String,
+    /// Lower-case hex SHA-256 of the bearer token (see [`hash_key`]); never the token itself.
+    pub key_sha256: String,
+}
+
+/// `[chaos]`: fault injection.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ChaosConfig {
+    /// A fault-plan file; absent = no faults.
+    pub plan: Option<PathBuf>,
+}
+
+/// `[model]`: the language model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Base URL of an OpenAI-compatible API; absent = the offline deterministic model.
+    pub base_url: Option<String>,
+    /// Model name sent to the API.
+    pub model: String,
+    /// Environment variable holding the API key.
+    pub api_key_env: String,
+    /// Request timeout in milliseconds.
+    pub timeout_ms: u64,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            base_url: None,
+            model: "gpt-4o-mini".to_string(),
+            api_key_env: "OPENAI_API_KEY".to_string(),
+            timeout_ms: 30_000,
+        }
+    }
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// Human-readable lines (the default).
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// `text` or `json`.
+    pub format: LogFormat,
+    /// A tracing filter (`info`, `hindsight=debug,warn`); `RUST_LOG` wins when set.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            format: LogFormat::Text,
+            level: "info".to_string(),
+        }
+    }
+}
+
+/// The lower-case hex SHA-256 of an API token, as `api.tenants[].key_sha256` wants it.
+pub fn hash_key(token: &str) -> String {
+    let digest = Sha256::digest(token.as_bytes());
+    let mut out = String::with_capacity(64);
+    for b in digest.iter() {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+impl Config {
+    /// Parses `text` (named `origin` in errors) without environment overrides.
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        Config::parse_with_env(text, origin, std::iter::empty())
+    }
+
+    /// Parses `text` (named `origin` in errors) and applies the `HINDSIGHT_*` overrides in `env`.
+    pub fn parse_with_env<I>(text: &str, origin: &str, env: I) -> Result<Config, ConfigError>
+    where
+        I: IntoIterator<Item = (String, String)>,
+    {
+        let mut table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+            origin: origin.to_string(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        let overrides = apply_env(&mut table, env)?;
+        let value = toml::Value::Table(table);
+        let config: Config = serde_path_to_error::deserialize(value).map_err(|e| {
+            let (key, reason) = describe(e.path().to_string(), e.inner().message().to_string());
+            let origin = overrides
+                .iter()
+                .find(|(k, _)| key == *k || key.starts_with(&format!("{k}.")))
+                .or_else(|| {
+                    overrides
+                        .iter()
+                        .find(|(k, _)| key.starts_with(&format!("{k}[")))
+                })
+                .map(|(_, var)| format!("environment {var}"))
+                .unwrap_or_else(|| origin.to_string());
+            ConfigError::Invalid {
+                origin,
+                key,
+                reason,
+            }
+        })?;
+        config.validate().map_err(|(key, reason)| {
+            let origin = overrides
+                .iter()
+                .find(|(k, _)| key == *k || key.starts_with(&format!("{k}.")))
+                .map(|(_, var)| format!("environment {var}"))
+                .unwrap_or_else(|| origin.to_string());
+            ConfigError::Invalid {
+                origin,
+                key,
+                reason,
+            }
+        })?;
+        Ok(config)
+    }
+
+    /// Loads `path` (or only the defaults when `None`) and applies the process's `HINDSIGHT_*`
+    /// environment overrides.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        Config::load_with_env(path, std::env::vars())
+    }
+
+    /// Loads `path` (or only the defaults when `None`) and applies the overrides in `env`.
+    pub fn load_with_env<I>(path: Option<&Path>, env: I) -> Result<Config, ConfigError>
+    where
+        I: IntoIterator<Item = (String, String)>,
+    {
+        match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                    path: p.display().to_string(),
+                    source,
+                })?;
+                Config::parse_with_env(&text, &p.display().to_string(), env)
+            }
+            None => Config::parse_with_env("", "defaults", env),
+        }
+    }
+
+    /// Checks what types alone cannot: ranges, formats, uniqueness. Returns the key and reason.
+    fn validate(&self) -> Result<(), (String, String)> {
+        fn bad(key: impl Into<String>, reason: impl Into<String>) -> Result<(), (String, String)> {
+            Err((key.into(), reason.into()))
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            return bad("data_dir", "must not be empty");
+        }
+        if self.store.checkpoints_per_run == 0 {
+            return bad("store.checkpoints_per_run", "must be at least 1");
+        }
+        if self.policy.propensity_samples == 0 {
+            return bad("policy.propensity_samples", "must be at least 1");
+        }
+        if !(self.policy.discount > 0.0 && self.policy.discount <= 1.0) {
+            return bad(
+                "policy.discount",
+                format!("must be in (0, 1], found {}", self.policy.discount),
+            );
+        }
+        if !(self.policy.prior_strength.is_finite() && self.policy.prior_strength > 0.0) {
+            return bad(
+                "policy.prior_strength",
+                format!("must be positive, found {}", self.policy.prior_strength),
+            );
+        }
+        if self.triage.max_total_attempts == 0 {
+            return bad("triage.max_total_attempts", "must be at least 1");
+        }
+        if self.adaptive.synthesis_threshold == 0 {
+            return bad("adaptive.synthesis_threshold", "must be at least 1");
+        }
+        if self.adaptive.failure_retention < self.adaptive.synthesis_threshold {
+            return bad(
+                "adaptive.failure_retention",
+                format!(
+                    "{} is below adaptive.synthesis_threshold ({}): synthesis would never fire",
+                    self.adaptive.failure_retention, self.adaptive.synthesis_threshold
+                ),
+            );
+        }
+        if self.adaptive.max_strategies == 0 {
+            return bad("adaptive.max_strategies", "must be at least 1");
+        }
+        let mut names = BTreeSet::new();
+        for (i, server) in self.tools.mcp.iter().enumerate() {
+            if server.name.trim().is_empty() {
+                return bad(format!("tools.mcp[{i}].name"), "must not be empty");
+            }
+            if server.command.trim().is_empty() {
+                return bad(format!("tools.mcp[{i}].command"), "must not be empty");
+            }
+            if !names.insert(server.name.as_str()) {
+                return bad(
+                    format!("tools.mcp[{i}].name"),
+                    format!("duplicate server name `{}`", server.name),
+                );
+            }
+        }
+        if let Err(e) = self.api.listen.parse::<SocketAddr>() {
+            return bad(
+                "api.listen",
+                format!("not a socket address ({e}): `{}`", self.api.listen),
+            );
+        }
+        if self.api.body_limit_bytes == 0 {
+            return bad("api.body_limit_bytes", "must be at least 1");
+        }
+        let mut tenants = BTreeSet::new();
+        let mut keys = BTreeSet::new();
+        for (i, t) in self.api.tenants.iter().enumerate() {
+            if t.name.trim().is_empty() {
+                return bad(format!("api.tenants[{i}].name"), "must not be empty");
+            }
+            if !tenants.insert(t.name.as_str()) {
+                return bad(
+                    format!("api.tenants[{i}].name"),
+                    format!("duplicate tenant `{}`", t.name),
+                );
+            }
+            let ok = t.key_sha256.len() == 64
+                && t.key_sha256
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+            if !ok {
+                return bad(
+                    format!("api.tenants[{i}].key_sha256"),
+                    "expected 64 lower-case hex digits (the SHA-256 of the token, see `hindsight config hash-key`)",
+                );
+            }
+            if !keys.insert(t.key_sha256.as_str()) {
+                return bad(
+                    format!("api.tenants[{i}].key_sha256"),
+                    "the same key is configured for two tenants",
+                );
+            }
+        }
+        if self.log.level.trim().is_empty() {
+            return bad("log.level", "must not be empty");
+        }
+        Ok(())
+    }
+}
+
+/// Turns serde's message into the key at fault and a reason in this module's words.
+fn describe(path: String, message: String) -> (String, String) {
+    let key = if path == "." { String::new() } else { path };
+    let join = |name: &str| {
+        if key == name || key.ends_with(&format!(".{name}")) {
+            key.clone()
+        } else if key.is_empty() {
+            name.to_string()
+        } else {
+            format!("{key}.{name}")
+        }
+    };
+    let quoted = |rest: &str| rest.split('`').next().unwrap_or("").to_string();
+    if let Some(rest) = message.strip_prefix("unknown field `") {
+        let name = quoted(rest);
+        let expected = rest
+            .split_once(", expected ")
+            .map(|(_, e)| format!(" (expected {e})"))
+            .unwrap_or_default();
+        return (join(&name), format!("unknown key{expected}"));
+    }
+    if let Some(rest) = message.strip_prefix("missing field `") {
+        let name = quoted(rest);
+        return (join(&name), "missing (required)".to_string());
+    }
+    if let Some(rest) = message.strip_prefix("unknown variant `") {
+        let found = quoted(rest);
+        let expected = rest
+            .split_once(", expected ")
+            .map(|(_, e)| e.replace("one of ", "one of: "))
+            .unwrap_or_else(|| "a known value".to_string());
+        return (key, format!("expected {expected}, found `{found}`"));
+    }
+    if let Some(rest) = message.strip_prefix("invalid type: ")
+        && let Some((found, expected)) = rest.split_once(", expected ")
+    {
+        return (key, format!("expected {expected}, found {found}"));
+    }
+    (key, message)
+}
+
+/// Applies `HINDSIGHT_*` overrides to `table`; returns the overridden keys with their variables.
+fn apply_env<I>(table: &mut toml::Table, env: I) -> Result<Vec<(String, String)>, ConfigError>
+where
+    I: IntoIterator<Item = (String, String)>,
+{
+    let mut vars: Vec<(String, String)> = env
+        .into_iter()
+        .filter(|(k, _)| k.starts_with(ENV_PREFIX) && k != ENV_CONFIG_FILE)
+        .collect();
+    vars.sort();
+    let mut applied = Vec::new();
+    for (var, raw) in vars {
+        let origin = format!("environment {var}");
+        let rest = &var[ENV_PREFIX.len()..];
+        let segments: Vec<String> = rest.split("__").map(|s| s.to_ascii_lowercase()).collect();
+        if segments.iter().any(|s| s.is_empty()) {
+            return Err(ConfigError::Invalid {
+                origin,
+                key: segments.join("."),
+                reason: "empty key segment (use a double underscore between levels only)".into(),
+            });
+        }
+        let key = segments.join(".");
+        let value = parse_env_value(&raw);
+        let mut node = &mut *table;
+        let (last, parents) = match segments.split_last() {
+            Some(split) => split,
+            None => continue,
+        };
+        for (depth, seg) in parents.iter().enumerate() {
+            let entry = node
+                .entry(seg.clone())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            node = match entry {
+                toml::Value::Table(t) => t,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        origin,
+                        key: segments[..=depth].join("."),
+                        reason: "is not a table, so it cannot have sub-keys".into(),
+                    });
+                }
+            };
+        }
+        node.insert(last.clone(), value);
+        applied.push((key, var));
+    }
+    Ok(applied)
+}
+
+/// Reads an environment value as a TOML value when it is one, else as a string.
+fn parse_env_value(raw: &str) -> toml::Value {
+    let doc = format!("v = {raw}");
+    match toml::from_str::<toml::Table>(&doc) {
+        Ok(mut t) if t.len() == 1 => t
+            .remove("v")
+            .unwrap_or_else(|| toml::Value::String(raw.to_string())),
+        _ => toml::Value::String(raw.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn empty_is_defaults() {
+        assert_eq!(Config::parse("", "x").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn shipped_file_documents_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/hindsight.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let parsed = Config::parse(&text, "config/hindsight.toml").unwrap();
+        assert_eq!(parsed, Config::default());
+        // Every key, uncommented, must parse and equal the default: the comments document them.
+        let uncommented: String = text
+            .lines()
+            .map(|l| {
+                let t = l.trim_start();
+                match t.strip_prefix("# ") {
+                    Some(rest) if rest.contains(" = ") || rest.starts_with('[') => rest,
+                    _ => l,
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let doc: toml::Table = toml::from_str(&uncommented).unwrap();
+        // Every field of the serialized defaults appears in the documented file.
+        let defaults = toml::Table::try_from(Config::default()).unwrap();
+        fn keys(t: &toml::Table, prefix: &str, out: &mut Vec<String>) {
+            for (k, v) in t {
+                let full = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                if let toml::Value::Table(inner) = v {
+                    keys(inner, &full, out);
+                } else {
+                    out.push(full);
+                }
+            }
+        }
+        let (mut want, mut have) = (Vec::new(), Vec::new());
+        keys(&defaults, "", &mut want);
+        keys(&doc, "", &mut have);
+        for k in &want {
+            assert!(
+                have.contains(k),
+                "config/hindsight.toml does not document `{k}`"
+            );
+        }
+        for k in [
+            "triage.policy_file",
+            "chaos.plan",
+            "model.base_url",
+            "api.tenants",
+            "tools.mcp",
+        ] {
+            assert!(have.contains(&k.to_string()), "undocumented `{k}`");
+        }
+    }
+
+    #[test]
+    fn env_overrides_nest_and_parse() {
+        let c = Config::parse_with_env(
+            "[store]\ncheckpoints_per_run = 5\n",
+            "f.toml",
+            env(&[
+                ("HINDSIGHT_STORE__DURABILITY", "none"),
+                ("HINDSIGHT_API__BODY_LIMIT_BYTES", "2048"),
+                ("HINDSIGHT_CONFIG", "ignored.toml"),
+                ("OTHER", "x"),
+                ("HINDSIGHT_TOOLS__ENVS", "[\"a.toml\", \"b.toml\"]"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.store.durability, DurabilityConfig::None);
+        assert_eq!(c.store.checkpoints_per_run, 5);
+        assert_eq!(c.api.body_limit_bytes, 2048);
+        assert_eq!(
+            c.tools.envs,
+            vec![PathBuf::from("a.toml"), PathBuf::from("b.toml")]
+        );
+    }
+
+    #[test]
+    fn bad_variant_names_file_key_and_reason() {
+        let e = Config::parse("[store]\ndurability = \"fast\"\n", "config/hindsight.toml")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "config/hindsight.toml: key `store.durability`: expected `immediate` or `none`, found `fast`"
+        );
+    }
+
+    #[test]
+    fn bad_env_value_names_the_variable() {
+        let e = Config::parse_with_env(
+            "",
+            "f.toml",
+            env(&[("HINDSIGHT_STORE__DURABILITY", "fast")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("environment HINDSIGHT_STORE__DURABILITY: key `store.durability`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unknown_key_is_reported() {
+        let e = Config::parse("[store]\ndurabilty = \"none\"\n", "f.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("f.toml: key `store.durabilty`: unknown key"),
+            "{e}"
+        );
+        let e = Config::parse("nonsense = 1\n", "f.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("f.toml: key `nonsense`: unknown key"), "{e}");
+    }
+
+    #[test]
+    fn wrong_type_is_reported() {
+        let e = Config::parse("[store]\ncheckpoints_per_run = \"three\"\n", "f.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("f.toml: key `store.checkpoints_per_run`: expected"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn syntax_error_names_file() {
+        let e = Config::parse("[store\n", "f.toml").unwrap_err().to_string();
+        assert!(e.starts_with("f.toml: invalid TOML"), "{e}");
+    }
+
+    #[test]
+    fn validation_names_key() {
+        let e = Config::parse(
+            "[adaptive]\nsynthesis_threshold = 5\nfailure_retention = 3\n",
+            "f.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("f.toml: key `adaptive.failure_retention`"),
+            "{e}"
+        );
+        let e = Config::parse(
+            "[[api.tenants]]\nname = \"a\"\nkey_sha256 = \"secret-token\"\n",
+            "f.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("f.toml: key `api.tenants[0].key_sha256`"),
+            "{e}"
+        );
+        let e = Config::parse("[[api.tenants]]\nname = \"a\"\n", "f.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("f.toml: key `api.tenants[0].key_sha256`: missing"),
+            "{e}"
+        );
+        let e = Config::parse("[api]\nlisten = \"nowhere\"\n", "f.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("f.toml: key `api.listen`"), "{e}");
+    }
+
+    #[test]
+    fn env_into_scalar_parent_is_an_error() {
+        let e = Config::parse_with_env(
+            "",
+            "f.toml",
+            env(&[("HINDSIGHT_DATA_DIR__X", "1"), ("HINDSIGHT_DATA_DIR", "d")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("key `data_dir`"), "{e}");
+    }
+
+    #[test]
+    fn hash_key_is_sha256_hex() {
+        assert_eq!(
+            hash_key("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        let c = Config::parse(
+            &format!(
+                "[[api.tenants]]\nname = \"acme\"\nkey_sha256 = \"{}\"\n",
+                hash_key("t0ken")
+            ),
+            "f.toml",
+        )
+        .unwrap();
+        assert_eq!(c.api.tenants[0].name, "acme");
+    }
+}
