@@ -1,0 +1,280 @@
+//! `hindsight bench runtime` and `hindsight bench learning`: throughput of full runs through the
+//! tree next to raw ractor and tokio baselines measured in the same process, and learning KPIs
+//! against the environment's oracle.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use hindsight::store::Durability;
+use hindsight::tools::sim::SimEnv;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use serde::{Deserialize, Serialize};
+
+use crate::runtime::{Runtime, RuntimeError, RuntimeOptions};
+use crate::workload::{self, Summary, TaskRecord};
+
+/// Figures of `hindsight bench runtime`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RuntimeBench {
+    /// Full runs per second, durable store (fsync at every group commit).
+    pub runs_per_sec_durable: f64,
+    /// Full runs per second, no fsync.
+    pub runs_per_sec_no_fsync: f64,
+    /// Runs measured per configuration.
+    pub runs: u64,
+    /// Runs in flight at once.
+    pub concurrency: usize,
+    /// Raw ractor casts per second (one actor counting messages).
+    pub ractor_casts_per_sec: f64,
+    /// Raw ractor call round trips per second.
+    pub ractor_calls_per_sec: f64,
+    /// Raw tokio mpsc messages per second (one consumer task).
+    pub tokio_channel_msgs_per_sec: f64,
+    /// Actor messages per run (estimated), to compare the tree with the raw figures.
+    pub messages_per_run: f64,
+}
+
+struct Counter;
+
+enum CounterMsg {
+    Add,
+    Ping(RpcReplyPort<u64>),
+}
+
+impl Actor for Counter {
+    type Msg = CounterMsg;
+    type State = u64;
+    type Arguments = ();
+
+    async fn pre_start(&self, _: ActorRef<Self::Msg>, _: ()) -> Result<u64, ActorProcessingErr> {
+        Ok(0)
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        n: &mut u64,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            CounterMsg::Add => *n += 1,
+            CounterMsg::Ping(reply) => {
+                let _ = reply.send(*n);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Raw ractor: casts per second into one actor, and call round trips per second.
+pub async fn ractor_baseline(messages: u64) -> Result<(f64, f64), RuntimeError> {
+    let (actor, join) = Actor::spawn(None, Counter, ())
+        .await
+        .map_err(|e| RuntimeError::Spawn(e.to_string()))?;
+    let t = Instant::now();
+    for _ in 0..messages {
+        actor
+            .cast(CounterMsg::Add)
+            .map_err(|e| RuntimeError::Spawn(e.to_string()))?;
+    }
+    // The call is answered after every cast before it was handled.
+    let _ = actor.call(CounterMsg::Ping, None).await;
+    let casts = messages as f64 / t.elapsed().as_secs_f64();
+    let calls_n = messages / 10;
+    let t = Instant::now();
+    for _ in 0..calls_n {
+        let _ = actor.call(CounterMsg::Ping, None).await;
+    }
+    let calls = calls_n as f64 / t.elapsed().as_secs_f64();
+    actor.stop(None);
+    let _ = join.await;
+    Ok((casts, calls))
+}
+
+/// Raw tokio: messages per second through a bounded mpsc channel to one consumer task.
+pub async fn tokio_baseline(messages: u64) -> f64 {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<u64>(1024);
+    let consumer = tokio::spawn(async move {
+        let mut sum = 0u64;
+        while let Some(v) = rx.recv().await {
+            sum = sum.wrapping_add(v);
+        }
+        sum
+    });
+    let t = Instant::now();
+    for i in 0..messages {
+        if tx.send(i).await.is_err() {
+            break;
+        }
+    }
+    drop(tx);
+    let _ = consumer.await;
+    messages as f64 / t.elapsed().as_secs_f64()
+}
+
+/// Full runs per second through a fresh tree in `dir`.
+pub async fn tree_throughput(
+    dir: &Path,
+    env: &SimEnv,
+    durability: Durability,
+    runs: u64,
+    concurrency: usize,
+) -> Result<f64, RuntimeError> {
+    let mut opts = RuntimeOptions::new(dir, env.clone());
+    opts.durability = durability;
+    opts.seed = 1;
+    let rt = Runtime::start(opts).await?;
+    // Warm up (first allocations, table creation) outside the measurement.
+    workload::run_tasks(&rt, env, 1, 50.min(runs), concurrency, |_| {}).await?;
+    let t = Instant::now();
+    workload::run_tasks(&rt, env, 1, runs, concurrency, |_| {}).await?;
+    let rate = runs as f64 / t.elapsed().as_secs_f64();
+    rt.shutdown().await;
+    Ok(rate)
+}
+
+/// `hindsight bench runtime`.
+pub async fn runtime(env: &SimEnv, runs: u64, concurrency: usize) -> Result<RuntimeBench, RuntimeError> {
+    let (ractor_casts_per_sec, ractor_calls_per_sec) = ractor_baseline(2_000_000).await?;
+    let tokio_channel_msgs_per_sec = tokio_baseline(2_000_000).await;
+    let durable_dir = tempdir()?;
+    let runs_per_sec_durable =
+        tree_throughput(durable_dir.path(), env, Durability::Immediate, runs, concurrency).await?;
+    let fast_dir = tempdir()?;
+    let runs_per_sec_no_fsync =
+        tree_throughput(fast_dir.path(), env, Durability::None, runs, concurrency).await?;
+    Ok(RuntimeBench {
+        runs_per_sec_durable,
+        runs_per_sec_no_fsync,
+        runs,
+        concurrency,
+        ractor_casts_per_sec,
+        ractor_calls_per_sec,
+        tokio_channel_msgs_per_sec,
+        // Per stage: an executor call and a checkpoint; per run: retrieval, a plan, five
+        // transitions, validation, ReflectRetry, the end, and three learner casts.
+        messages_per_run: 2.0 * env.stages().len() as f64 + 13.0,
+    })
+}
+
+fn tempdir() -> Result<TempDir, RuntimeError> {
+    TempDir::new().map_err(|e| RuntimeError::Rejected(format!("cannot create a temporary directory: {e}")))
+}
+
+/// A directory removed when dropped.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new() -> std::io::Result<TempDir> {
+        let base = std::env::temp_dir().join(format!(
+            "hindsight-bench-{}-{}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        std::fs::create_dir_all(&base)?;
+        Ok(TempDir(base))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Figures of `hindsight bench learning`: the workload's KPIs plus the learning-specific ones.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LearningBench {
+    /// The workload's KPIs.
+    #[serde(flatten)]
+    pub summary: Summary,
+    /// SOPs promoted to stable during the workload.
+    pub sops_promoted: u64,
+    /// Share of first attempts that repeated a strategy error the same task cluster had already
+    /// shown on the same arm in its previous run.
+    pub repeat_error_rate: f64,
+    /// Infrastructure failures the policy learned from (must be 0).
+    pub infra_failures_learned_from: u64,
+    /// Infrastructure failures the policy saw and ignored.
+    pub infra_failures_ignored: u64,
+    /// Wall time of the workload.
+    pub seconds: f64,
+}
+
+/// Runs `tasks` tasks of `env` through a fresh tree (durability off: the bench measures learning,
+/// not the disk) and returns the KPIs and every task's record.
+pub async fn learning(
+    env: &SimEnv,
+    tasks: u64,
+    seed: u64,
+    concurrency: usize,
+) -> Result<(LearningBench, Vec<TaskRecord>), RuntimeError> {
+    let dir = tempdir()?;
+    let mut opts = RuntimeOptions::new(dir.path(), env.clone());
+    opts.durability = Durability::None;
+    opts.seed = seed;
+    let rt = Runtime::start(opts).await?;
+    let t = Instant::now();
+    let records = workload::run_tasks(&rt, env, seed, tasks, concurrency, |_| {}).await?;
+    let seconds = t.elapsed().as_secs_f64();
+    let stats = rt
+        .ctx()
+        .dir
+        .policy
+        .call_with_timeout(
+            |reply| crate::policy::PolicyMsg::Stats { reply },
+            Duration::from_secs(30),
+        )
+        .await?;
+    let sops_promoted = crate::policy::sops_promoted(rt.store())?;
+    let restarts = rt.restarts();
+    rt.shutdown().await;
+    let summary = workload::summarize(env, &records, restarts);
+    let repeat_error_rate = repeat_error_rate(&records);
+    Ok((
+        LearningBench {
+            summary,
+            sops_promoted,
+            repeat_error_rate,
+            infra_failures_learned_from: stats.2,
+            infra_failures_ignored: stats.1,
+            seconds,
+        },
+        records,
+    ))
+}
+
+/// Share of tasks whose first plan used an arm that failed (strategy error or invalid output)
+/// on the previous task of the same cluster: the error repeated instead of being learned from.
+pub fn repeat_error_rate(records: &[TaskRecord]) -> f64 {
+    use std::collections::HashMap;
+    let mut last_failed: HashMap<String, Vec<String>> = HashMap::new();
+    let (mut repeats, mut chances) = (0u64, 0u64);
+    for r in records {
+        let cluster = r
+            .features
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        if let Some(failed) = last_failed.get(&cluster) {
+            if !failed.is_empty() {
+                chances += 1;
+                if r.plan.iter().any(|p| failed.contains(p)) && !r.passed {
+                    repeats += 1;
+                }
+            }
+        }
+        let failed: Vec<String> = if r.passed { Vec::new() } else { r.plan.clone() };
+        last_failed.insert(cluster, failed);
+    }
+    if chances == 0 {
+        0.0
+    } else {
+        repeats as f64 / chances as f64
+    }
+}

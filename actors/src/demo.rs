@@ -1,0 +1,204 @@
+//! The main job: run a simulated environment through the whole supervision tree on embedded
+//! defaults, with a progress bar, and end with what was learned and the KPIs per window.
+//! Run it again on the same data directory and it goes on from what it learned.
+
+use std::fmt::Write as _;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hindsight::store::Durability;
+use hindsight::tools::sim::SimEnv;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::runtime::{Runtime, RuntimeError, RuntimeOptions};
+use crate::workload::{self, Summary};
+
+/// The bank-statements environment, embedded so the demo runs from any directory.
+pub const BANK_STATEMENTS: &str = include_str!("../../config/envs/bank_statements.toml");
+
+/// The default environment file.
+pub const DEFAULT_ENV: &str = "config/envs/bank_statements.toml";
+
+/// Options of a demo run.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    /// The environment file (`None`: the embedded bank-statements environment).
+    pub env: Option<PathBuf>,
+    /// Tasks to run.
+    pub tasks: u64,
+    /// Seed of the tasks and every choice.
+    pub seed: u64,
+    /// A fault plan, if any.
+    pub chaos: Option<PathBuf>,
+    /// The data directory.
+    pub data_dir: PathBuf,
+    /// Durability of the store.
+    pub durability: Durability,
+    /// Tasks in flight at once.
+    pub concurrency: usize,
+    /// Show a progress bar (only on a terminal).
+    pub progress: bool,
+}
+
+impl Default for DemoOptions {
+    fn default() -> Self {
+        DemoOptions {
+            env: None,
+            tasks: 1000,
+            seed: 7,
+            chaos: None,
+            data_dir: PathBuf::from("./hindsight-data"),
+            durability: Durability::Immediate,
+            concurrency: 8,
+            progress: true,
+        }
+    }
+}
+
+/// Loads the environment: the file given, else `config/envs/bank_statements.toml` if present,
+/// else the embedded copy.
+pub fn load_env(path: Option<&Path>) -> Result<SimEnv, RuntimeError> {
+    match path {
+        Some(p) => Ok(SimEnv::load(p)?),
+        None if Path::new(DEFAULT_ENV).exists() => Ok(SimEnv::load(Path::new(DEFAULT_ENV))?),
+        None => Ok(SimEnv::parse(BANK_STATEMENTS, "(embedded) bank_statements.toml")?),
+    }
+}
+
+/// Runs the demo and returns its KPIs.
+pub async fn run(opts: &DemoOptions) -> Result<Summary, RuntimeError> {
+    let env = load_env(opts.env.as_deref())?;
+    let mut ropts = RuntimeOptions::new(&opts.data_dir, env.clone());
+    ropts.seed = opts.seed;
+    ropts.durability = opts.durability;
+    if let Some(path) = &opts.chaos {
+        let plan = crate::chaos_setup::load(path)?;
+        plan.install(&mut ropts);
+    }
+    let rt = Runtime::start(ropts).await?;
+    let bar = if opts.progress && std::io::stderr().is_terminal() {
+        let bar = ProgressBar::new(opts.tasks);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} tasks  {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar.enable_steady_tick(Duration::from_millis(120));
+        Some(bar)
+    } else {
+        None
+    };
+    let restarts_before = rt.restarts();
+    let passed = std::sync::atomic::AtomicU64::new(0);
+    let records = workload::run_tasks(&rt, &env, opts.seed, opts.tasks, opts.concurrency, |r| {
+        if let Some(bar) = &bar {
+            if r.passed {
+                passed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            bar.inc(1);
+            let done = bar.position().max(1);
+            bar.set_message(format!(
+                "success {:.0}%",
+                100.0 * passed.load(std::sync::atomic::Ordering::Relaxed) as f64 / done as f64
+            ));
+        }
+    })
+    .await;
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    let restarts = rt.restarts() - restarts_before;
+    let records = match records {
+        Ok(r) => r,
+        Err(e) => {
+            rt.shutdown().await;
+            return Err(e);
+        }
+    };
+    let at = records.last().map(|r| r.task).unwrap_or(0);
+    let learned = workload::learned(&rt, &env, at).await;
+    rt.shutdown().await;
+    let mut summary = workload::summarize(&env, &records, restarts);
+    summary.learned = learned?;
+    Ok(summary)
+}
+
+/// The demo's closing table.
+pub fn render_table(s: &Summary) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "hindsight demo: {} tasks of `{}` from task {}",
+        s.tasks, s.env, s.first_task
+    );
+    let _ = writeln!(
+        out,
+        "success {:.1}%   mean reward {:.3}   oracle {:.3}   random {:.3}   regret ratio {:.3}",
+        100.0 * s.success_rate,
+        s.mean_reward,
+        s.oracle_mean_reward,
+        s.random_mean_reward,
+        s.regret_ratio
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{:>8}  {:>6}  {:>8}  {:>8}  {:>8}  {:>8}  {:>8}",
+        "from", "tasks", "success", "reward", "chosen", "oracle", "random"
+    );
+    for w in &s.windows {
+        let _ = writeln!(
+            out,
+            "{:>8}  {:>6}  {:>7.1}%  {:>8.3}  {:>8.3}  {:>8.3}  {:>8.3}",
+            w.from,
+            w.tasks,
+            100.0 * w.success_rate,
+            w.mean_reward,
+            w.chosen_expected_reward,
+            w.oracle_mean_reward,
+            w.random_mean_reward
+        );
+    }
+    if !s.learned.is_empty() {
+        let _ = writeln!(out);
+        let _ = writeln!(out, "what it learned (greedy plan per cluster, expected reward; oracle):");
+        for l in &s.learned {
+            let cluster = l.cluster.values().cloned().collect::<Vec<_>>().join(" ");
+            let mark = if l.plan == l.oracle_plan { "=" } else { " " };
+            let _ = writeln!(
+                out,
+                "  {cluster:<24} {:<40} {:.3} {mark} {:<40} {:.3}",
+                l.plan.join(" + "),
+                l.expected_reward,
+                l.oracle_plan.join(" + "),
+                l.oracle_reward
+            );
+        }
+    }
+    let _ = writeln!(out);
+    let join = |m: &std::collections::BTreeMap<String, u64>| {
+        if m.is_empty() {
+            "none".to_string()
+        } else {
+            m.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
+        }
+    };
+    let _ = writeln!(out, "outcomes:          {}", join(&s.outcomes));
+    let _ = writeln!(out, "recoveries:        {}", join(&s.recoveries));
+    let _ = writeln!(out, "reflect-retries:   {}", s.reflect_retries);
+    let _ = writeln!(out, "actor restarts:    {}", s.actor_restarts);
+    let _ = writeln!(out, "tool calls:        {}", s.tool_calls);
+    let _ = writeln!(out, "tool errors:       {}", join(&s.tool_errors));
+    let _ = writeln!(
+        out,
+        "last 100 tasks:    exploration {:.0}%, SOP coverage {:.0}%",
+        100.0 * s.exploration_rate_last_100,
+        100.0 * s.sop_coverage_last_100
+    );
+    if s.resumed > 0 {
+        let _ = writeln!(out, "resumed after a crash: {}", s.resumed);
+    }
+    out
+}

@@ -1,0 +1,166 @@
+//! Where the live actors of one tree are: a slot per role holding the current `ActorRef`, updated
+//! by each actor as it (re)starts, and calls that survive a restart of the callee.
+//!
+//! ractor gives a restarted actor a new `ActorRef`, and a call whose callee dies mid-message ends
+//! with its reply port dropped. A [`Slot`] lets callers wait for the successor instead of failing
+//! the run, and bounds every call with a timeout (ractor's `call` has none by default).
+
+use std::time::Duration;
+
+use ractor::rpc::CallResult;
+use ractor::{ActorRef, Message, MessagingErr, RpcReplyPort};
+use tokio::sync::watch;
+
+/// The default time a call waits for its reply.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a caller waits for a dead actor's successor before it gives up.
+pub const DEFAULT_RESTART_WAIT: Duration = Duration::from_secs(10);
+
+/// How many times a call is re-sent to a restarted actor.
+pub const MAX_CALL_ATTEMPTS: u32 = 20;
+
+/// Why a call to an actor of the tree failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    /// The role has no live actor and none came back in time.
+    #[error("the {role} actor is not running and was not restarted within {waited_ms} ms")]
+    Unavailable {
+        /// The role.
+        role: &'static str,
+        /// How long the caller waited.
+        waited_ms: u64,
+    },
+    /// The actor did not answer in time.
+    #[error("the {role} actor did not answer within {timeout_ms} ms")]
+    Timeout {
+        /// The role.
+        role: &'static str,
+        /// The timeout.
+        timeout_ms: u64,
+    },
+    /// The actor kept dying while handling the message.
+    #[error("the {role} actor failed {attempts} times while handling the message")]
+    Exhausted {
+        /// The role.
+        role: &'static str,
+        /// Attempts made.
+        attempts: u32,
+    },
+}
+
+/// The current actor of one role.
+pub struct Slot<M: Message> {
+    role: &'static str,
+    tx: watch::Sender<Option<ActorRef<M>>>,
+}
+
+impl<M: Message> Slot<M> {
+    /// An empty slot for `role`.
+    pub fn new(role: &'static str) -> Slot<M> {
+        let (tx, _rx) = watch::channel(None);
+        Slot { role, tx }
+    }
+
+    /// The role's name.
+    pub fn role(&self) -> &'static str {
+        self.role
+    }
+
+    /// Makes `actor` the current actor of the role (called by the actor in `pre_start`).
+    pub fn publish(&self, actor: ActorRef<M>) {
+        self.tx.send_replace(Some(actor));
+    }
+
+    /// The current actor, if one is running.
+    pub fn current(&self) -> Option<ActorRef<M>> {
+        self.tx.borrow().clone()
+    }
+
+    /// Waits until the slot holds an actor other than `dead` (or any actor when `dead` is None).
+    async fn successor(
+        &self,
+        dead: Option<&ActorRef<M>>,
+        wait: Duration,
+    ) -> Result<ActorRef<M>, CallError> {
+        let mut rx = self.tx.subscribe();
+        let found = tokio::time::timeout(wait, async {
+            loop {
+                {
+                    let cur = rx.borrow_and_update();
+                    if let Some(actor) = cur.as_ref() {
+                        let same = dead.is_some_and(|d| d.get_id() == actor.get_id());
+                        if !same && actor.get_status() != ractor::ActorStatus::Stopped {
+                            return Some(actor.clone());
+                        }
+                    }
+                }
+                if rx.changed().await.is_err() {
+                    return None;
+                }
+            }
+        })
+        .await;
+        match found {
+            Ok(Some(actor)) => Ok(actor),
+            _ => Err(CallError::Unavailable {
+                role: self.role,
+                waited_ms: wait.as_millis() as u64,
+            }),
+        }
+    }
+
+    /// Sends a message without waiting for an answer; if the actor is dead, waits for its
+    /// successor and sends it there.
+    pub async fn cast(&self, msg: M) -> Result<(), CallError> {
+        let mut msg = msg;
+        let mut dead: Option<ActorRef<M>> = None;
+        for _ in 0..MAX_CALL_ATTEMPTS {
+            let actor = self.successor(dead.as_ref(), DEFAULT_RESTART_WAIT).await?;
+            match actor.cast(msg) {
+                Ok(()) => return Ok(()),
+                Err(MessagingErr::SendErr(back)) => {
+                    msg = back;
+                    dead = Some(actor);
+                }
+                Err(_) => return Err(CallError::Unavailable { role: self.role, waited_ms: 0 }),
+            }
+        }
+        Err(CallError::Exhausted { role: self.role, attempts: MAX_CALL_ATTEMPTS })
+    }
+
+    /// Calls the actor with the default timeout, re-sending to its successor when it dies.
+    pub async fn call<R, F>(&self, build: F) -> Result<R, CallError>
+    where
+        R: Send + 'static,
+        F: Fn(RpcReplyPort<R>) -> M,
+    {
+        self.call_with_timeout(build, DEFAULT_CALL_TIMEOUT).await
+    }
+
+    /// Calls the actor with `timeout`, re-sending to its successor when it dies mid-message.
+    ///
+    /// The message may therefore be handled more than once when the actor dies after acting on
+    /// it and before answering: every message of the tree is idempotent for that reason.
+    pub async fn call_with_timeout<R, F>(&self, build: F, timeout: Duration) -> Result<R, CallError>
+    where
+        R: Send + 'static,
+        F: Fn(RpcReplyPort<R>) -> M,
+    {
+        let mut dead: Option<ActorRef<M>> = None;
+        for _ in 0..MAX_CALL_ATTEMPTS {
+            let actor = self.successor(dead.as_ref(), DEFAULT_RESTART_WAIT).await?;
+            match actor.call(&build, Some(timeout)).await {
+                Ok(CallResult::Success(reply)) => return Ok(reply),
+                Ok(CallResult::Timeout) => {
+                    return Err(CallError::Timeout {
+                        role: self.role,
+                        timeout_ms: timeout.as_millis() as u64,
+                    });
+                }
+                Ok(CallResult::SenderError) | Err(_) => dead = Some(actor),
+            }
+        }
+        Err(CallError::Exhausted { role: self.role, attempts: MAX_CALL_ATTEMPTS })
+    }
+}

@@ -1,0 +1,337 @@
+//! The Orchestrator actor: accepts tasks, owns every run's state machine (the single source of
+//! truth of run state transitions, each persisted before it is acknowledged), starts a driver per
+//! run, and answers callers once their run has ended. At start it resumes every run that is not
+//! terminal from its last checkpoint.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use hindsight::store::KvTable;
+use hindsight::{Run, RunState, Task, now_ms};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use crate::chaos_hook::ChaosHook;
+use crate::run::{RunOutcome, TreeCtx};
+
+/// Tasks by id, so that a task submitted twice is run once.
+pub const TASKS: KvTable = KvTable::new("tasks");
+/// The final outcome of every finished run.
+pub const OUTCOMES: KvTable = KvTable::new("run_outcomes");
+
+/// What a caller is told when its task could not be run at all.
+pub type SubmitResult = Result<RunOutcome, String>;
+
+/// Changes a driver asks for along with a transition.
+#[derive(Debug, Clone, Default)]
+pub struct RunPatch {
+    /// Attempts started so far.
+    pub attempts: Option<u32>,
+    /// The plan in force.
+    pub plan_id: Option<String>,
+    /// The SOP in force.
+    pub sop_id: Option<String>,
+    /// Why the run ended.
+    pub reason: Option<String>,
+}
+
+/// Messages of the orchestrator.
+pub enum OrchestratorMsg {
+    /// Run a task; answered when its run has ended (or at once if it ended before).
+    Submit {
+        /// The task.
+        task: Box<Task>,
+        /// Where the outcome goes.
+        reply: RpcReplyPort<SubmitResult>,
+    },
+    /// A driver asks to move its run to `next`; answered once the transition is on disk.
+    Transition {
+        /// The run.
+        run_id: String,
+        /// The state asked for.
+        next: RunState,
+        /// Fields to update with it.
+        patch: RunPatch,
+        /// `Err` when the state machine forbids it.
+        reply: RpcReplyPort<Result<Run, String>>,
+    },
+    /// A driver reports its run's final outcome; answered once it is on disk.
+    Finished {
+        /// The outcome (its state is terminal).
+        outcome: Box<RunOutcome>,
+        /// Acknowledgement.
+        reply: RpcReplyPort<Result<(), String>>,
+    },
+    /// The run record, if the run exists.
+    Get {
+        /// The run.
+        run_id: String,
+        /// The answer.
+        reply: RpcReplyPort<Option<Run>>,
+    },
+    /// The outcome of a finished run, if it finished.
+    Outcome {
+        /// The run.
+        run_id: String,
+        /// The answer.
+        reply: RpcReplyPort<Option<RunOutcome>>,
+    },
+    /// Internal: a newly received run is on disk; start its driver.
+    Persisted {
+        /// The run.
+        run: Box<Run>,
+        /// Its task.
+        task: Box<Task>,
+    },
+}
+
+/// The orchestrator actor.
+pub struct Orchestrator;
+
+/// Start-up arguments.
+pub struct OrchestratorArgs {
+    /// Everything a run needs.
+    pub ctx: Arc<TreeCtx>,
+    /// Fault injection, if any.
+    pub chaos: Option<ChaosHook>,
+}
+
+/// The orchestrator's state, reloaded from the store at every (re)start.
+pub struct OrchestratorState {
+    ctx: Arc<TreeCtx>,
+    chaos: Option<ChaosHook>,
+    runs: HashMap<String, Run>,
+    run_of_task: HashMap<String, String>,
+    waiters: HashMap<String, Vec<RpcReplyPort<SubmitResult>>>,
+}
+
+impl Actor for Orchestrator {
+    type Msg = OrchestratorMsg;
+    type State = OrchestratorState;
+    type Arguments = OrchestratorArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let ctx = args.ctx;
+        let mut runs = HashMap::new();
+        let mut run_of_task = HashMap::new();
+        for run in ctx.store.list_runs()? {
+            match run {
+                Ok(run) => {
+                    run_of_task.insert(run.task_id.clone(), run.run_id.clone());
+                    runs.insert(run.run_id.clone(), run);
+                }
+                Err(e) => tracing::error!(error = %e, "a run record cannot be read; skipped"),
+            }
+        }
+        ctx.dir.orchestrator.publish(myself);
+        Ok(OrchestratorState {
+            ctx,
+            chaos: args.chaos,
+            runs,
+            run_of_task,
+            waiters: HashMap::new(),
+        })
+    }
+
+    async fn post_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        // Resume every unfinished run that no live driver is carrying (all of them after a
+        // process restart; none of them after a mere restart of this actor).
+        let unfinished: Vec<Run> = state
+            .runs
+            .values()
+            .filter(|r| !r.state.is_terminal())
+            .cloned()
+            .collect();
+        for run in unfinished {
+            if !state.ctx.live.claim(&run.run_id) {
+                continue;
+            }
+            let task: Option<Task> = state.ctx.store.get(TASKS, &run.task_id)?;
+            match task {
+                Some(task) => crate::run::spawn_driver(state.ctx.clone(), run, task, true),
+                None => {
+                    state.ctx.live.release(&run.run_id);
+                    tracing::error!(run_id = %run.run_id, "unfinished run has no stored task; left as is");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(chaos) = &state.chaos {
+            chaos.on_message();
+        }
+        match msg {
+            OrchestratorMsg::Submit { task, reply } => state.submit(myself, *task, reply)?,
+            OrchestratorMsg::Persisted { run, task } => {
+                if state.ctx.live.claim(&run.run_id) {
+                    crate::run::spawn_driver(state.ctx.clone(), *run, *task, false);
+                }
+            }
+            OrchestratorMsg::Transition {
+                run_id,
+                next,
+                patch,
+                reply,
+            } => state.transition(run_id, next, patch, reply),
+            OrchestratorMsg::Finished { outcome, reply } => state.finished(*outcome, reply),
+            OrchestratorMsg::Get { run_id, reply } => {
+                let _ = reply.send(state.runs.get(&run_id).cloned());
+            }
+            OrchestratorMsg::Outcome { run_id, reply } => {
+                let outcome = state.ctx.store.get(OUTCOMES, &run_id).ok().flatten();
+                let _ = reply.send(outcome);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl OrchestratorState {
+    fn submit(
+        &mut self,
+        myself: ActorRef<OrchestratorMsg>,
+        task: Task,
+        reply: RpcReplyPort<SubmitResult>,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(run_id) = self.run_of_task.get(&task.task_id).cloned() {
+            let terminal = self.runs.get(&run_id).is_some_and(|r| r.state.is_terminal());
+            if terminal {
+                let outcome: Option<RunOutcome> = self.ctx.store.get(OUTCOMES, &run_id)?;
+                let _ = reply.send(outcome.ok_or_else(|| {
+                    format!("run {run_id} of task {} ended but its outcome is not stored", task.task_id)
+                }));
+            } else {
+                self.waiters.entry(run_id).or_default().push(reply);
+            }
+            return Ok(());
+        }
+        let run_id = crate::run::run_id_for(&task);
+        let run = Run::new(run_id.clone(), &task, now_ms());
+        self.run_of_task.insert(task.task_id.clone(), run_id.clone());
+        self.runs.insert(run_id.clone(), run.clone());
+        self.waiters.entry(run_id).or_default().push(reply);
+        let store = self.ctx.store.clone();
+        tokio::spawn(async move {
+            let written = async {
+                store.put(TASKS, &task.task_id, &task).await?;
+                store.put_run(&run).await
+            }
+            .await;
+            match written {
+                Ok(()) => {
+                    let _ = myself.cast(OrchestratorMsg::Persisted {
+                        run: Box::new(run),
+                        task: Box::new(task),
+                    });
+                }
+                Err(e) => {
+                    // Nothing was acknowledged: the caller learns the task was not accepted.
+                    tracing::error!(task_id = %task.task_id, error = %e, "cannot record a new run");
+                    let _ = myself.cast(OrchestratorMsg::Finished {
+                        outcome: Box::new(RunOutcome::rejected(&run, format!("cannot record the run: {e}"))),
+                        reply: ractor::concurrency::oneshot().0.into(),
+                    });
+                }
+            }
+        });
+        Ok(())
+    }
+
+    fn transition(
+        &mut self,
+        run_id: String,
+        next: RunState,
+        patch: RunPatch,
+        reply: RpcReplyPort<Result<Run, String>>,
+    ) {
+        let Some(run) = self.runs.get_mut(&run_id) else {
+            let _ = reply.send(Err(format!("unknown run {run_id}")));
+            return;
+        };
+        // A driver re-sending a transition that already happened (its first answer was lost in
+        // a restart) gets the run as it is.
+        if run.state != next {
+            if let Err(e) = run.transition(next, now_ms()) {
+                let _ = reply.send(Err(e.to_string()));
+                return;
+            }
+        }
+        if let Some(a) = patch.attempts {
+            run.attempts = a;
+        }
+        if patch.plan_id.is_some() {
+            run.plan_id = patch.plan_id;
+        }
+        if patch.sop_id.is_some() {
+            run.sop_id = patch.sop_id;
+        }
+        if patch.reason.is_some() {
+            run.reason = patch.reason;
+        }
+        let snapshot = run.clone();
+        let store = self.ctx.store.clone();
+        tokio::spawn(async move {
+            let answer = match store.put_run(&snapshot).await {
+                Ok(()) => Ok(snapshot),
+                Err(e) => Err(format!("cannot persist run {}: {e}", snapshot.run_id)),
+            };
+            let _ = reply.send(answer);
+        });
+    }
+
+    fn finished(&mut self, outcome: RunOutcome, reply: RpcReplyPort<Result<(), String>>) {
+        let run_id = outcome.run_id.clone();
+        let mut run = match self.runs.get(&run_id) {
+            Some(r) => r.clone(),
+            None => {
+                let _ = reply.send(Err(format!("unknown run {run_id}")));
+                return;
+            }
+        };
+        if !run.state.is_terminal() {
+            if let Err(e) = run.transition(outcome.state, now_ms()) {
+                let _ = reply.send(Err(e.to_string()));
+                return;
+            }
+        }
+        run.attempts = outcome.attempts;
+        run.reward = Some(outcome.reward);
+        run.plan_id = outcome.plan_id.clone().or(run.plan_id);
+        run.sop_id = outcome.sop_id.clone().or(run.sop_id);
+        run.reason = outcome.reason.clone();
+        self.runs.insert(run_id.clone(), run.clone());
+        let waiters = self.waiters.remove(&run_id).unwrap_or_default();
+        let store = self.ctx.store.clone();
+        let live = self.ctx.live.clone();
+        tokio::spawn(async move {
+            let written = async {
+                store.put(OUTCOMES, &run_id, &outcome).await?;
+                store.finish_run(&run).await
+            }
+            .await;
+            let answer = written.map_err(|e| format!("cannot persist the end of run {run_id}: {e}"));
+            live.release(&run_id);
+            let _ = reply.send(answer.clone());
+            for w in waiters {
+                let _ = w.send(match &answer {
+                    Ok(()) => Ok(outcome.clone()),
+                    Err(e) => Err(e.clone()),
+                });
+            }
+        });
+    }
+}

@@ -1,0 +1,414 @@
+//! The Policy actor: owns the contextual bandit (and the SOPs the planner may follow), chooses a
+//! plan per task, and learns from every logged experience. Its state is event-sourced: a
+//! snapshot persisted every few updates plus the experience log since the snapshot's watermark,
+//! replayed in `pre_start`, so a restart loses nothing and never learns an experience twice.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use hindsight::learn::bandit::{
+    Arm, Observation, Policy, PolicySnapshot, StageObservation, StageOutcome,
+};
+use hindsight::store::{KvTable, Store};
+use hindsight::{ArmChoice, ExperienceTuple, FailureCategory, Task};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::chaos_hook::ChaosHook;
+use crate::directory::Slot;
+
+/// The table of the policy's snapshot.
+pub const POLICY: KvTable = KvTable::new("policy");
+const SNAPSHOT_KEY: &str = "snapshot";
+
+/// A plan chosen for one attempt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanChoice {
+    /// Identifies the plan (its arms, joined).
+    pub plan_id: String,
+    /// The SOP followed, if any.
+    pub sop_id: Option<String>,
+    /// One arm per stage, with the propensity of its choice.
+    pub arms: Vec<ArmChoice>,
+    /// Whether the plan is the policy's greedy choice (not an exploration).
+    pub greedy: bool,
+}
+
+impl PlanChoice {
+    /// A plan from its arms.
+    pub fn new(arms: Vec<ArmChoice>, sop_id: Option<String>, greedy: bool) -> PlanChoice {
+        let plan_id = arms
+            .iter()
+            .map(|a| format!("{}/{}", a.tool, a.strategy))
+            .collect::<Vec<_>>()
+            .join("+");
+        PlanChoice {
+            plan_id,
+            sop_id,
+            arms,
+            greedy,
+        }
+    }
+}
+
+/// One stage's arms ranked for a task: `(tool, strategy, p_success mean, std, expected value)`.
+pub type RankedStage = (String, Vec<(String, String, f64, f64, f64)>);
+
+/// Messages of the policy.
+pub enum PolicyMsg {
+    /// Choose a plan for a task. With `base`, keep its arms except those in `exclude`, which are
+    /// replaced by the best untried arm of their stage (a replan after a failure).
+    Choose {
+        /// The task.
+        task: Arc<Task>,
+        /// The plan to repair, if any.
+        base: Option<Vec<ArmChoice>>,
+        /// `(stage, tool, strategy)` ruled out.
+        exclude: Vec<(String, String, String)>,
+        /// The plan, or why none can be made.
+        reply: RpcReplyPort<Result<PlanChoice, String>>,
+    },
+    /// Learn from a logged experience (its sequence number in the experience log).
+    Observe {
+        /// The experience's sequence number.
+        seq: u64,
+        /// The experience.
+        experience: Arc<ExperienceTuple>,
+    },
+    /// Learn from an observation given directly (the API's `/policy/update`).
+    Learn {
+        /// The observation.
+        observation: Box<Observation>,
+        /// What was learned.
+        reply: RpcReplyPort<hindsight::learn::bandit::UpdateSummary>,
+    },
+    /// Ranked arms per stage for some features (the API's `/policy/suggest`).
+    Suggest {
+        /// The features.
+        features: BTreeMap<String, String>,
+        /// The ranking.
+        reply: RpcReplyPort<Vec<RankedStage>>,
+    },
+    /// Counters: stage observations learned, infrastructure failures ignored and learned from.
+    Stats {
+        /// `(learned, infra_ignored, infra_learned, changes_detected)`.
+        reply: RpcReplyPort<(u64, u64, u64, u64)>,
+    },
+    /// The greedy plan (posterior means) for some features, and its estimated reward.
+    Greedy {
+        /// The features.
+        features: BTreeMap<String, String>,
+        /// `(arms as tool/strategy, estimated reward)`.
+        reply: RpcReplyPort<(Vec<String>, f64)>,
+    },
+    /// Persist the snapshot now (at shutdown).
+    Flush {
+        /// Acknowledged once it is on disk.
+        reply: RpcReplyPort<Result<(), String>>,
+    },
+}
+
+/// The persisted state: the bandit and which experiences it has learned.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Persisted {
+    policy: PolicySnapshot,
+    /// Every experience with `seq <= watermark` has been learned.
+    watermark: u64,
+    /// Experiences above the watermark already learned.
+    applied: BTreeSet<u64>,
+}
+
+/// The policy actor.
+pub struct PolicyActor;
+
+/// Start-up arguments.
+pub struct PolicyArgs {
+    /// The store.
+    pub store: Store,
+    /// The policy to start from when nothing is stored.
+    pub initial: Policy,
+    /// Seed of the choice RNG.
+    pub seed: u64,
+    /// Persist the snapshot every this many experiences.
+    pub snapshot_every: u64,
+    /// Where it publishes itself.
+    pub slot: Arc<Slot<PolicyMsg>>,
+    /// Fault injection.
+    pub chaos: Option<ChaosHook>,
+}
+
+/// The policy actor's state.
+pub struct PolicyState {
+    store: Store,
+    policy: Policy,
+    rng: fastrand::Rng,
+    watermark: u64,
+    applied: BTreeSet<u64>,
+    since_snapshot: u64,
+    snapshot_every: u64,
+    chaos: Option<ChaosHook>,
+}
+
+impl Actor for PolicyActor {
+    type Msg = PolicyMsg;
+    type State = PolicyState;
+    type Arguments = PolicyArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let stored: Option<Persisted> = match args.store.get(POLICY, SNAPSHOT_KEY) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(error = %e, "the policy snapshot cannot be read; relearning from the experience log");
+                None
+            }
+        };
+        let (policy, watermark, applied) = match stored {
+            Some(p) if p.policy.stages == args.initial.stages() => {
+                (Policy::restore(p.policy)?, p.watermark, p.applied)
+            }
+            _ => (args.initial, 0, BTreeSet::new()),
+        };
+        let mut state = PolicyState {
+            store: args.store,
+            policy,
+            // Each incarnation draws from its own stream, derived from the seed and how much has
+            // been learned, so a restart does not replay the same choices.
+            rng: fastrand::Rng::with_seed(args.seed ^ watermark.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+            watermark,
+            applied,
+            since_snapshot: 0,
+            snapshot_every: args.snapshot_every.max(1),
+            chaos: args.chaos,
+        };
+        // Replay what was logged after the snapshot.
+        for (seq, exp) in state.store.experience_since(state.watermark)? {
+            match exp {
+                Ok(exp) => state.observe(seq, &exp),
+                Err(e) => {
+                    tracing::error!(seq, error = %e, "an experience record cannot be read; skipped");
+                    state.mark_applied(seq);
+                }
+            }
+        }
+        args.slot.publish(myself);
+        Ok(state)
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(chaos) = &state.chaos {
+            chaos.on_message();
+        }
+        match msg {
+            PolicyMsg::Choose {
+                task,
+                base,
+                exclude,
+                reply,
+            } => {
+                let _ = reply.send(state.choose(&task, base, &exclude));
+            }
+            PolicyMsg::Observe { seq, experience } => {
+                state.observe(seq, &experience);
+                if state.since_snapshot >= state.snapshot_every {
+                    if let Err(e) = state.persist().await {
+                        tracing::warn!(error = %e, "the policy snapshot was not written; the log still holds everything");
+                    }
+                }
+            }
+            PolicyMsg::Learn { observation, reply } => {
+                let summary = state.policy.update(&observation);
+                let _ = reply.send(summary);
+            }
+            PolicyMsg::Suggest { features, reply } => {
+                let _ = reply.send(state.suggest(&features));
+            }
+            PolicyMsg::Stats { reply } => {
+                let p = &state.policy;
+                let _ = reply.send((p.learned(), p.infra_ignored(), p.infra_learned(), p.changes_detected()));
+            }
+            PolicyMsg::Greedy { features, reply } => {
+                let (plan, value) = state.policy.greedy(&features);
+                let arms = plan
+                    .iter()
+                    .zip(state.policy.stages())
+                    .filter_map(|(&a, st)| st.arms.get(a))
+                    .map(|a| format!("{}/{}", a.tool, a.strategy))
+                    .collect();
+                let _ = reply.send((arms, value));
+            }
+            PolicyMsg::Flush { reply } => {
+                let _ = reply.send(state.persist().await.map_err(|e| e.to_string()));
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        if state.since_snapshot > 0 {
+            state.persist().await?;
+        }
+        Ok(())
+    }
+}
+
+impl PolicyState {
+    fn mark_applied(&mut self, seq: u64) {
+        self.applied.insert(seq);
+        while self.applied.remove(&(self.watermark + 1)) {
+            self.watermark += 1;
+        }
+    }
+
+    fn observe(&mut self, seq: u64, exp: &ExperienceTuple) {
+        if seq <= self.watermark || self.applied.contains(&seq) {
+            return;
+        }
+        let observation = observation_of(exp);
+        self.policy.update(&observation);
+        self.mark_applied(seq);
+        self.since_snapshot += 1;
+    }
+
+    async fn persist(&mut self) -> Result<(), hindsight::store::StoreError> {
+        let p = Persisted {
+            policy: self.policy.snapshot(),
+            watermark: self.watermark,
+            applied: self.applied.clone(),
+        };
+        self.store.put(POLICY, SNAPSHOT_KEY, &p).await?;
+        self.since_snapshot = 0;
+        Ok(())
+    }
+
+    fn choose(
+        &mut self,
+        task: &Task,
+        base: Option<Vec<ArmChoice>>,
+        exclude: &[(String, String, String)],
+    ) -> Result<PlanChoice, String> {
+        let Some(mut arms) = base else {
+            let choice = self.policy.choose(&task.features, &mut self.rng);
+            return Ok(PlanChoice::new(choice.arm_choices(), None, choice.greedy));
+        };
+        for (s, stage) in self.policy.stages().to_vec().iter().enumerate() {
+            let Some(current) = arms.get(s) else {
+                return Err(format!("the plan to repair has no arm for stage {}", stage.stage));
+            };
+            let is_out = |a: &Arm| {
+                exclude
+                    .iter()
+                    .any(|(st, t, g)| st == &stage.stage && t == &a.tool && g == &a.strategy)
+            };
+            if !is_out(&Arm::new(current.tool.clone(), current.strategy.clone())) {
+                continue;
+            }
+            let tried: Vec<usize> = stage
+                .arms
+                .iter()
+                .enumerate()
+                .filter(|(_, a)| is_out(a))
+                .map(|(i, _)| i)
+                .collect();
+            let Some(pick) = self.policy.fallback(&task.features, s, &tried, &mut self.rng) else {
+                return Err(format!(
+                    "every arm of stage {} failed for this task ({} tried)",
+                    stage.stage,
+                    tried.len()
+                ));
+            };
+            let arm = &stage.arms[pick];
+            arms[s] = ArmChoice {
+                stage: stage.stage.clone(),
+                tool: arm.tool.clone(),
+                strategy: arm.strategy.clone(),
+                propensity: 1.0 / (stage.arms.len() - tried.len()).max(1) as f64,
+            };
+        }
+        Ok(PlanChoice::new(arms, None, false))
+    }
+
+    fn suggest(&self, features: &BTreeMap<String, String>) -> Vec<RankedStage> {
+        self.policy
+            .stages()
+            .iter()
+            .enumerate()
+            .map(|(s, stage)| {
+                let ranked = self
+                    .policy
+                    .rank_stage(features, s)
+                    .into_iter()
+                    .map(|(a, m, sd, v)| {
+                        let arm = &stage.arms[a];
+                        (arm.tool.clone(), arm.strategy.clone(), m, sd, v)
+                    })
+                    .collect();
+                (stage.stage.clone(), ranked)
+            })
+            .collect()
+    }
+}
+
+/// The bandit observation of an experience: one entry per stage call, its outcome taken from the
+/// step's `outcome` mark (`valid`, `invalid`, or a failure category); a call whose output was
+/// never validated says nothing about validity and is left out. Infrastructure faults retried
+/// inside a call are reported too (the policy counts and ignores them).
+pub fn observation_of(exp: &ExperienceTuple) -> Observation {
+    let mut stages = Vec::new();
+    for step in &exp.steps {
+        let (Some(stage), Some(strategy), Some(tool)) = (
+            step.metadata.get("stage").and_then(Value::as_str),
+            step.metadata.get("strategy").and_then(Value::as_str),
+            step.tool_called.as_deref(),
+        ) else {
+            continue;
+        };
+        let arm = Arm::new(tool, strategy);
+        let infra = step
+            .metadata
+            .get("infra_errors")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        for _ in 0..infra {
+            stages.push(StageObservation {
+                stage: stage.to_string(),
+                arm: arm.clone(),
+                outcome: StageOutcome::Failed(FailureCategory::Infrastructure),
+                latency_ms: 0.0,
+                cost: 0.0,
+            });
+        }
+        let outcome = match step.metadata.get("outcome").and_then(Value::as_str) {
+            Some("valid") => StageOutcome::Valid,
+            Some("invalid") => StageOutcome::Invalid,
+            Some("strategy") => StageOutcome::Failed(FailureCategory::Strategy),
+            Some("unknown") => StageOutcome::Failed(FailureCategory::Unknown),
+            Some("infrastructure") => StageOutcome::Failed(FailureCategory::Infrastructure),
+            _ => continue,
+        };
+        stages.push(StageObservation {
+            stage: stage.to_string(),
+            arm,
+            outcome,
+            latency_ms: step.latency_ms,
+            cost: step.cost,
+        });
+    }
+    Observation {
+        features: exp.context_features.clone(),
+        stages,
+    }
+}

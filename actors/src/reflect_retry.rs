@@ -1,0 +1,126 @@
+//! The ReflectRetry plugin: validates every finished run and, when the run had error events or
+//! its validator says `Err(reason)`, sends it back to the orchestrator with a reflection message,
+//! up to `max_retries` times per run. Retry counts are persisted before each verdict.
+
+use std::sync::Arc;
+
+use hindsight::store::{KvTable, Store};
+
+use crate::plugin::{Plugin, PluginError, RunEvent, RunReport, Verdict};
+
+/// The table holding each run's retry count.
+pub const RETRY_COUNTS: KvTable = KvTable::new("reflect_retry_counts");
+
+/// The default reflection template.
+pub const DEFAULT_TEMPLATE: &str = "[Reflect & Retry - Attempt {attempt}/{max}] {reason}\n\nPlease try again, adjusting your approach.";
+
+/// Judges a finished run by its events: `Ok(())` or `Err(reason)`.
+pub type RunValidator = Arc<dyn Fn(&[RunEvent]) -> Result<(), String> + Send + Sync>;
+
+/// The default validator: a failed validation event is an error, with its reason.
+pub fn default_validator() -> RunValidator {
+    Arc::new(|events: &[RunEvent]| {
+        for event in events.iter().rev() {
+            if let RunEvent::Validation { passed: false, reason } = event {
+                return Err(reason
+                    .clone()
+                    .unwrap_or_else(|| "the output failed validation".to_string()));
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Configuration of ReflectRetry.
+#[derive(Clone)]
+pub struct ReflectRetryConfig {
+    /// Retries per run (0 disables the plugin).
+    pub max_retries: u32,
+    /// The reflection template, with `{attempt}`, `{max}` and `{reason}`.
+    pub template: String,
+    /// The validator over a run's events.
+    pub validator: RunValidator,
+}
+
+impl Default for ReflectRetryConfig {
+    fn default() -> Self {
+        ReflectRetryConfig {
+            max_retries: 2,
+            template: DEFAULT_TEMPLATE.to_string(),
+            validator: default_validator(),
+        }
+    }
+}
+
+/// Fills the template.
+pub fn render_reflection(template: &str, attempt: u32, max: u32, reason: &str) -> String {
+    template
+        .replace("{attempt}", &attempt.to_string())
+        .replace("{max}", &max.to_string())
+        .replace("{reason}", reason)
+}
+
+/// The ReflectRetry plugin.
+pub struct ReflectRetry {
+    config: ReflectRetryConfig,
+    store: Store,
+}
+
+impl ReflectRetry {
+    /// A plugin that persists its retry counts in `store`.
+    pub fn new(config: ReflectRetryConfig, store: Store) -> ReflectRetry {
+        ReflectRetry { config, store }
+    }
+
+    /// Why the run should be retried, if it should: the validator's reason, else the last error.
+    fn reason(&self, events: &[RunEvent]) -> Option<String> {
+        if let Err(reason) = (self.config.validator)(events) {
+            return Some(reason);
+        }
+        events.iter().rev().find_map(|e| match e {
+            RunEvent::Error {
+                stage,
+                tool,
+                class,
+                message,
+            } => Some(format!("{stage}: {tool} failed ({class}): {message}")),
+            _ => None,
+        })
+    }
+}
+
+impl Plugin for ReflectRetry {
+    fn name(&self) -> &str {
+        "reflect_retry"
+    }
+
+    async fn after_run(&mut self, report: &RunReport) -> Result<Verdict, PluginError> {
+        let Some(reason) = self.reason(&report.events) else {
+            return Ok(Verdict::Accept);
+        };
+        // The count is keyed by run and persisted before the verdict, so a restart of this actor
+        // (or of the process) never grants a run more than `max_retries` retries. A message
+        // handled twice (the caller re-sends after a crash) is recognised by its round.
+        let done: u32 = self.store.get(RETRY_COUNTS, &report.run_id)?.unwrap_or(0);
+        let attempt = if report.round <= done {
+            report.round
+        } else {
+            done + 1
+        };
+        if attempt > self.config.max_retries {
+            return Ok(Verdict::Accept);
+        }
+        if attempt > done {
+            self.store.put(RETRY_COUNTS, &report.run_id, &attempt).await?;
+        }
+        Ok(Verdict::Retry {
+            attempt,
+            reflection: render_reflection(
+                &self.config.template,
+                attempt,
+                self.config.max_retries,
+                &reason,
+            ),
+        })
+    }
+}

@@ -1,0 +1,843 @@
+//! One run's driver: carries a run through the lifecycle of DESIGN.md by messages to the actors of
+//! the tree (plan, execute stage by stage with a checkpoint after each step, validate, triage and
+//! recover, ReflectRetry), then logs the experience and feeds the learners. Every state transition
+//! goes through the Orchestrator, which persists it before answering.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use hindsight::store::{KvTable, Store, WriteOp};
+
+/// Runs whose experience is logged.
+pub const LOGGED: KvTable = KvTable::new("experience_logged");
+use hindsight::{
+    ArmChoice, Checkpoint, ErrorClass, ExperienceTuple, FailureCategory, FailureType,
+    RecoveryAction, Run, RunResult, RunState, Step, Task, Trajectory, now_ms,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::directory::CallError;
+use crate::executor::{CallOutcome, ExecutorMsg, StageCall};
+use crate::memory::MemoryMsg;
+use crate::orchestrator::{OrchestratorMsg, RunPatch};
+use crate::plugin::{PLUGIN_TIMEOUT, PluginMsg, RunEvent, RunReport, Verdict};
+use crate::policy::{PlanChoice, PolicyMsg};
+use crate::reflector::ReflectorMsg;
+use crate::tree::{Directory, TreeConfig};
+use crate::validator::ValidatorMsg;
+use crate::workflow::Workflow;
+
+/// Everything a run's driver needs: the store, the live actors, the workflow and configuration.
+pub struct TreeCtx {
+    /// The database.
+    pub store: Store,
+    /// The live actors.
+    pub dir: Directory,
+    /// Runs that have a live driver.
+    pub live: LiveRuns,
+    /// The stages and arms tasks are planned from.
+    pub workflow: Arc<Workflow>,
+    /// Limits and switches.
+    pub config: TreeConfig,
+}
+
+/// The set of runs that have a live driver, so that no run is ever driven twice.
+#[derive(Clone, Default)]
+pub struct LiveRuns(Arc<Mutex<HashSet<String>>>);
+
+impl LiveRuns {
+    /// Marks `run_id` as driven; false if it already was.
+    pub fn claim(&self, run_id: &str) -> bool {
+        match self.0.lock() {
+            Ok(mut set) => set.insert(run_id.to_string()),
+            Err(poisoned) => poisoned.into_inner().insert(run_id.to_string()),
+        }
+    }
+
+    /// Marks `run_id` as no longer driven.
+    pub fn release(&self, run_id: &str) {
+        match self.0.lock() {
+            Ok(mut set) => set.remove(run_id),
+            Err(poisoned) => poisoned.into_inner().remove(run_id),
+        };
+    }
+
+    /// How many runs are being driven.
+    pub fn len(&self) -> usize {
+        match self.0.lock() {
+            Ok(set) => set.len(),
+            Err(poisoned) => poisoned.into_inner().len(),
+        }
+    }
+
+    /// Whether no run is being driven.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The run id of a task (one run per task id: resubmitting a task joins its run).
+pub fn run_id_for(task: &Task) -> String {
+    format!("run-{}", task.task_id)
+}
+
+/// A recovery the triage loop chose.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecoveryRecord {
+    /// The failure type.
+    pub failure: FailureType,
+    /// The action kind (`retry`, `replan`, ...).
+    pub action: String,
+}
+
+/// How a run ended, with its provenance: what the caller gets.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunOutcome {
+    /// The run.
+    pub run_id: String,
+    /// The task.
+    pub task_id: String,
+    /// The terminal state.
+    pub state: RunState,
+    /// Whether the output passed validation.
+    pub passed: bool,
+    /// Attempts made (all rounds).
+    pub attempts: u32,
+    /// ReflectRetry rounds that sent the run back.
+    pub reflect_retries: u32,
+    /// The plan of the last attempt.
+    pub plan_id: Option<String>,
+    /// The SOP used, if any.
+    pub sop_id: Option<String>,
+    /// The arms of the first attempt, with propensities.
+    pub arms: Vec<ArmChoice>,
+    /// The arms of the last attempt.
+    pub final_arms: Vec<ArmChoice>,
+    /// The reward.
+    pub reward: f64,
+    /// Latency summed over every call.
+    pub latency_ms: f64,
+    /// Cost summed over every call.
+    pub cost: f64,
+    /// The final output, stage by stage.
+    pub output: Option<Value>,
+    /// Why it did not succeed, if it did not.
+    pub reason: Option<String>,
+    /// The recoveries made.
+    pub recoveries: Vec<RecoveryRecord>,
+    /// Tool calls made (retries included; replays excluded).
+    pub tool_calls: u32,
+    /// Tool errors by class.
+    pub tool_errors: BTreeMap<ErrorClass, u32>,
+    /// Whether the run was resumed after a crash.
+    pub resumed: bool,
+    /// Whether the first plan was an exploration (not the policy's greedy choice).
+    pub explored: bool,
+}
+
+impl RunOutcome {
+    /// The outcome of a run that could not even be recorded.
+    pub fn rejected(run: &Run, reason: String) -> RunOutcome {
+        RunOutcome {
+            run_id: run.run_id.clone(),
+            task_id: run.task_id.clone(),
+            state: RunState::Failed,
+            passed: false,
+            attempts: 0,
+            reflect_retries: 0,
+            plan_id: None,
+            sop_id: None,
+            arms: Vec::new(),
+            final_arms: Vec::new(),
+            reward: 0.0,
+            latency_ms: 0.0,
+            cost: 0.0,
+            output: None,
+            reason: Some(reason),
+            recoveries: Vec::new(),
+            tool_calls: 0,
+            tool_errors: BTreeMap::new(),
+            resumed: false,
+            explored: false,
+        }
+    }
+}
+
+/// What a driver persists in every checkpoint, so that a run resumes where it was.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct DriverState {
+    /// 0-based attempt over all rounds.
+    attempt: u32,
+    /// 1-based ReflectRetry round.
+    round: u32,
+    /// Recovery attempts in the current round.
+    recoveries_in_round: u32,
+    /// The plan in force.
+    plan: Option<PlanChoice>,
+    /// The first attempt's arms.
+    first_arms: Vec<ArmChoice>,
+    /// Whether the first plan explored.
+    explored: bool,
+    /// The next stage to run in this attempt.
+    next_stage: usize,
+    /// Outputs of the completed stages of this attempt.
+    outputs: BTreeMap<String, Value>,
+    /// The step (index into `steps`) that produced each output.
+    output_step: BTreeMap<String, usize>,
+    /// A stage of a non-idempotent tool whose call was started and not seen to end.
+    in_flight: Option<usize>,
+    /// Arms ruled out by recoveries in this round.
+    excluded: Vec<(String, String, String)>,
+    /// The reflection or hint to plan with.
+    guidance: Option<String>,
+    /// Totals over every call.
+    latency_ms: f64,
+    cost: f64,
+    tool_calls: u32,
+    tool_errors: BTreeMap<ErrorClass, u32>,
+    recoveries: Vec<RecoveryRecord>,
+    reflect_retries: u32,
+    /// Events of the current round (for ReflectRetry).
+    events: Vec<RunEvent>,
+    /// Every step of every attempt.
+    steps: Vec<Step>,
+}
+
+impl DriverState {
+    /// Goes back to stage `at` of `plan`: the outputs of the stages before it stand.
+    fn rewind_to(&mut self, plan: &PlanChoice, at: usize) {
+        let later: Vec<&str> = plan.arms.iter().skip(at).map(|a| a.stage.as_str()).collect();
+        self.outputs.retain(|stage, _| !later.contains(&stage.as_str()));
+        self.output_step.retain(|stage, _| !later.contains(&stage.as_str()));
+        self.next_stage = at;
+    }
+}
+
+/// Why one attempt did not pass.
+struct AttemptFailure {
+    trajectory: Trajectory,
+    stage: usize,
+    message: String,
+    error_type: Option<String>,
+    class: Option<ErrorClass>,
+    category: FailureCategory,
+}
+
+/// Starts the driver of `run` on its own task.
+pub fn spawn_driver(ctx: Arc<TreeCtx>, run: Run, task: Task, resume: bool) {
+    tokio::spawn(async move {
+        let run_id = run.run_id.clone();
+        let outcome = match drive(&ctx, run, task, resume).await {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                tracing::error!(run_id = %run_id, error = %e, "run driver failed; the run ends failed");
+                let run = Run {
+                    run_id: run_id.clone(),
+                    ..Run::new(run_id.clone(), &Task::default(), now_ms())
+                };
+                RunOutcome::rejected(&run, e.to_string())
+            }
+        };
+        let finished = ctx
+            .dir
+            .orchestrator
+            .call(|reply| OrchestratorMsg::Finished {
+                outcome: Box::new(outcome.clone()),
+                reply,
+            })
+            .await;
+        match finished {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(run_id = %run_id, error = %e, "the end of the run was not recorded"),
+            Err(e) => tracing::error!(run_id = %run_id, error = %e, "the orchestrator did not take the end of the run"),
+        }
+    });
+}
+
+/// Errors that end a driver early (the run then ends failed, with this reason).
+#[derive(Debug, thiserror::Error)]
+pub enum DriveError {
+    /// An actor of the tree could not be reached.
+    #[error(transparent)]
+    Call(#[from] CallError),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] hindsight::store::StoreError),
+    /// The orchestrator refused a transition.
+    #[error("{0}")]
+    Transition(String),
+}
+
+async fn transition(
+    ctx: &TreeCtx,
+    run_id: &str,
+    next: RunState,
+    patch: RunPatch,
+) -> Result<Run, DriveError> {
+    let answer = ctx
+        .dir
+        .orchestrator
+        .call(|reply| OrchestratorMsg::Transition {
+            run_id: run_id.to_string(),
+            next,
+            patch: patch.clone(),
+            reply,
+        })
+        .await?;
+    answer.map_err(DriveError::Transition)
+}
+
+async fn checkpoint(ctx: &TreeCtx, run_id: &str, st: &DriverState) -> Result<(), DriveError> {
+    let state = serde_json::to_value(st).map_err(|e| DriveError::Transition(e.to_string()))?;
+    let cp = Checkpoint {
+        run_id: run_id.to_string(),
+        step_index: st.steps.len() as u32,
+        name: None,
+        state,
+        completed_steps: Vec::new(),
+        created_ms: now_ms(),
+    };
+    ctx.store.put_checkpoint(&cp).await?;
+    Ok(())
+}
+
+/// Drives one run to its end.
+async fn drive(ctx: &TreeCtx, run: Run, task: Task, resume: bool) -> Result<RunOutcome, DriveError> {
+    let run_id = run.run_id.clone();
+    let task = Arc::new(task);
+    let mut st = DriverState {
+        round: 1,
+        ..DriverState::default()
+    };
+    let mut resumed = false;
+    if resume {
+        if let Some(cp) = ctx.store.latest_checkpoint(&run_id)? {
+            if let Ok(saved) = serde_json::from_value::<DriverState>(cp.state) {
+                st = saved;
+                resumed = true;
+            }
+        }
+    }
+    let _ = ctx
+        .dir
+        .reflect_retry
+        .cast(PluginMsg::BeforeRun(Box::new((*task).clone())))
+        .await;
+    let bundle = ctx
+        .dir
+        .memory
+        .call(|reply| MemoryMsg::Retrieve {
+            task: task.clone(),
+            reply,
+        })
+        .await?;
+    if st.guidance.is_none() {
+        st.guidance = bundle.guidance();
+    }
+    loop {
+        let (state, reason) = run_round(ctx, &run_id, &task, &mut st).await?;
+        let report = RunReport {
+            run_id: run_id.clone(),
+            round: st.round,
+            passed: state == RunState::Succeeded,
+            events: st.events.clone(),
+        };
+        // A crashing plugin never fails the run: no verdict means the result stands.
+        let verdict = ctx
+            .dir
+            .reflect_retry
+            .call_with_timeout(
+                |reply| PluginMsg::AfterRun(Box::new(report.clone()), reply),
+                PLUGIN_TIMEOUT,
+            )
+            .await
+            .unwrap_or(Verdict::Accept);
+        match verdict {
+            Verdict::Retry { reflection, .. } if state != RunState::Aborted => {
+                st.reflect_retries += 1;
+                st.round += 1;
+                st.recoveries_in_round = 0;
+                st.attempt += 1;
+                st.guidance = Some(reflection);
+                st.events.clear();
+                st.excluded.clear();
+                st.plan = None;
+                st.next_stage = 0;
+                st.outputs.clear();
+                if state == RunState::Succeeded {
+                    // The run passed its stages but its validator rejected it: back to recovering.
+                    transition(ctx, &run_id, RunState::Recovering, RunPatch::default()).await?;
+                }
+                checkpoint(ctx, &run_id, &st).await?;
+            }
+            _ => return finish(ctx, &run_id, &task, st, state, reason, resumed).await,
+        }
+    }
+}
+
+/// One ReflectRetry round: attempts under the triage loop until success or a terminal recovery.
+async fn run_round(
+    ctx: &TreeCtx,
+    run_id: &str,
+    task: &Arc<Task>,
+    st: &mut DriverState,
+) -> Result<(RunState, Option<String>), DriveError> {
+    loop {
+        if st.plan.is_none() {
+            let choice = ctx
+                .dir
+                .policy
+                .call(|reply| PolicyMsg::Choose {
+                    task: task.clone(),
+                    base: None,
+                    exclude: Vec::new(),
+                    reply,
+                })
+                .await?;
+            match choice {
+                Ok(plan) => {
+                    if st.first_arms.is_empty() {
+                        st.first_arms = plan.arms.clone();
+                        st.explored = !plan.greedy;
+                    }
+                    st.plan = Some(plan);
+                }
+                Err(reason) => return Ok((RunState::Failed, Some(reason))),
+            }
+        }
+        let Some(plan) = st.plan.clone() else {
+            return Ok((RunState::Failed, Some("no plan could be made".to_string())));
+        };
+        transition(
+            ctx,
+            run_id,
+            RunState::Planned,
+            RunPatch {
+                attempts: Some(st.attempt + 1),
+                plan_id: Some(plan.plan_id.clone()),
+                sop_id: plan.sop_id.clone(),
+                reason: None,
+            },
+        )
+        .await?;
+        transition(ctx, run_id, RunState::Executing, RunPatch::default()).await?;
+        let failure = match execute_stages(ctx, run_id, task, &plan, st).await? {
+            Some(f) => f,
+            None => {
+                transition(ctx, run_id, RunState::Validating, RunPatch::default()).await?;
+                match validate(ctx, &plan, st).await? {
+                    None => return Ok((RunState::Succeeded, None)),
+                    Some(f) => f,
+                }
+            }
+        };
+        transition(ctx, run_id, RunState::Recovering, RunPatch::default()).await?;
+        let decision = ctx.config.triage.decide(task, &failure, st.recoveries_in_round);
+        st.recoveries.push(RecoveryRecord {
+            failure: decision.failure,
+            action: decision.action.kind().to_string(),
+        });
+        st.events.push(RunEvent::Recovery {
+            failure: decision.failure.to_string(),
+            action: decision.action.kind().to_string(),
+        });
+        st.recoveries_in_round += 1;
+        st.attempt += 1;
+        let cap = ctx.config.max_recovery_attempts;
+        if st.recoveries_in_round > cap {
+            return Ok((
+                RunState::Escalated,
+                Some(format!(
+                    "max_recovery_attempts ({cap}) exceeded; last failure {} at stage {}: {}",
+                    decision.failure, plan.arms[failure.stage].stage, failure.message
+                )),
+            ));
+        }
+        let failed_arm = &plan.arms[failure.stage];
+        match decision.action {
+            RecoveryAction::Retry { .. } => {
+                // The same plan again, from the stage that failed; earlier outputs stand.
+                st.rewind_to(&plan, failure.stage);
+            }
+            RecoveryAction::Replan { hint } => {
+                // Repair the plan: the failed arm is ruled out for this run and replaced by the
+                // policy's best untried arm of its stage; the stages before it stand.
+                st.excluded.push((
+                    failed_arm.stage.clone(),
+                    failed_arm.tool.clone(),
+                    failed_arm.strategy.clone(),
+                ));
+                st.guidance = Some(hint);
+                let repaired = ctx
+                    .dir
+                    .policy
+                    .call(|reply| PolicyMsg::Choose {
+                        task: task.clone(),
+                        base: Some(plan.arms.clone()),
+                        exclude: st.excluded.clone(),
+                        reply,
+                    })
+                    .await?;
+                match repaired {
+                    Ok(p) => {
+                        st.plan = Some(p);
+                        st.rewind_to(&plan, failure.stage);
+                    }
+                    Err(reason) => return Ok((RunState::Failed, Some(reason))),
+                }
+            }
+            RecoveryAction::Resume { from_subgoal } => {
+                let at = plan
+                    .arms
+                    .iter()
+                    .position(|a| a.stage == from_subgoal)
+                    .unwrap_or(failure.stage);
+                st.rewind_to(&plan, at);
+            }
+            RecoveryAction::Rollback { checkpoint_id } => {
+                let restored = match &checkpoint_id {
+                    Some(name) => ctx.store.checkpoint_named(run_id, name)?,
+                    None => ctx.store.latest_checkpoint(run_id)?,
+                };
+                let restored = restored.and_then(|cp| serde_json::from_value::<DriverState>(cp.state).ok());
+                match restored {
+                    Some(saved) => {
+                        st.plan = saved.plan;
+                        st.next_stage = saved.next_stage;
+                        st.outputs = saved.outputs;
+                        st.output_step = saved.output_step;
+                    }
+                    None => {
+                        return Ok((
+                            RunState::Escalated,
+                            Some(format!(
+                                "rollback asked for checkpoint {} of run {run_id}, which does not exist",
+                                checkpoint_id.as_deref().unwrap_or("(latest)")
+                            )),
+                        ));
+                    }
+                }
+            }
+            RecoveryAction::Escalate { message } => return Ok((RunState::Escalated, Some(message))),
+            RecoveryAction::Suspend { message, .. } => {
+                return Ok((
+                    RunState::Escalated,
+                    Some(format!("suspended for human approval: {message}")),
+                ));
+            }
+            RecoveryAction::Abort { reason } => return Ok((RunState::Aborted, Some(reason))),
+        }
+        checkpoint(ctx, run_id, st).await?;
+    }
+}
+
+/// The idempotency key of one stage call of one attempt.
+fn idempotency_key(run_id: &str, attempt: u32, stage: &str) -> String {
+    format!("{run_id}/a{attempt}/{stage}")
+}
+
+/// Runs the plan's stages from `st.next_stage`, checkpointing after each step. Returns the
+/// failure that ended the attempt, if one did.
+async fn execute_stages(
+    ctx: &TreeCtx,
+    run_id: &str,
+    task: &Arc<Task>,
+    plan: &PlanChoice,
+    st: &mut DriverState,
+) -> Result<Option<AttemptFailure>, DriveError> {
+    let task_index = crate::workflow::task_index(task);
+    while st.next_stage < plan.arms.len() {
+        let i = st.next_stage;
+        let arm = plan.arms[i].clone();
+        let idempotent = ctx.workflow.is_idempotent(&arm.tool);
+        if st.in_flight == Some(i) && !idempotent {
+            // A non-idempotent call was started before a crash and its end was never seen: it is
+            // in doubt, and repeating it silently could do it twice. The failure policy decides.
+            st.in_flight = None;
+            let message = format!(
+                "the call of {} at stage {} was in flight when the process stopped; its outcome is in doubt",
+                arm.tool, arm.stage
+            );
+            st.events.push(RunEvent::Error {
+                stage: arm.stage.clone(),
+                tool: arm.tool.clone(),
+                class: ErrorClass::DeterministicFailure,
+                message: message.clone(),
+            });
+            return Ok(Some(AttemptFailure {
+                trajectory: attempt_trajectory(st),
+                stage: i,
+                message,
+                error_type: Some("InDoubt".to_string()),
+                class: None,
+                category: FailureCategory::Unknown,
+            }));
+        }
+        if !idempotent {
+            st.in_flight = Some(i);
+            checkpoint(ctx, run_id, st).await?;
+        }
+        let call = StageCall {
+            run_id: run_id.to_string(),
+            task_index,
+            attempt: st.attempt,
+            stage: arm.stage.clone(),
+            tool: arm.tool.clone(),
+            args: ctx.workflow.args(&arm.stage, &arm.tool, &arm.strategy, &st.outputs),
+            features: task.features.clone(),
+            idempotency_key: idempotency_key(run_id, st.attempt, &arm.stage),
+            budget: crate::executor::Budget::remaining(&task.constraints, st.latency_ms, st.cost),
+        };
+        let outcome: CallOutcome = ctx
+            .dir
+            .executor
+            .call_with_timeout(
+                |reply| ExecutorMsg::Execute {
+                    call: Box::new(call.clone()),
+                    reply,
+                },
+                ctx.config.stage_timeout,
+            )
+            .await?;
+        st.in_flight = None;
+        st.latency_ms += outcome.latency_ms;
+        st.cost += outcome.cost;
+        st.tool_calls += outcome.calls;
+        for class in &outcome.error_classes {
+            *st.tool_errors.entry(*class).or_insert(0) += 1;
+        }
+        let mut step = Step {
+            index: st.steps.len() as u32,
+            action: "tool_call".to_string(),
+            tool_called: Some(arm.tool.clone()),
+            tool_input: Some(call.args.clone()),
+            timestamp_ms: now_ms(),
+            latency_ms: outcome.latency_ms,
+            cost: outcome.cost,
+            idempotent,
+            idempotency_key: Some(call.idempotency_key.clone()),
+            ..Step::default()
+        };
+        step.metadata.insert("stage".into(), Value::from(arm.stage.clone()));
+        step.metadata.insert("strategy".into(), Value::from(arm.strategy.clone()));
+        step.metadata.insert("attempt".into(), Value::from(st.attempt));
+        step.metadata.insert("infra_errors".into(), Value::from(outcome.infra_errors));
+        step.metadata.insert("replayed".into(), Value::from(outcome.replayed));
+        match outcome.result {
+            Ok(value) => {
+                step.tool_output = Some(value.clone());
+                step.metadata.insert("outcome".into(), Value::from("success"));
+                st.steps.push(step);
+                st.events.push(RunEvent::StepSucceeded {
+                    stage: arm.stage.clone(),
+                    tool: arm.tool.clone(),
+                });
+                st.outputs.insert(arm.stage.clone(), value);
+                st.output_step.insert(arm.stage.clone(), st.steps.len() - 1);
+                st.next_stage += 1;
+                checkpoint(ctx, run_id, st).await?;
+            }
+            Err(err) => {
+                step.error = Some(err.message.clone());
+                step.error_class = Some(err.class);
+                step.exception_type = Some(err.class.to_string());
+                step.metadata.insert("outcome".into(), Value::from(err.category.as_str()));
+                st.steps.push(step);
+                st.events.push(RunEvent::Error {
+                    stage: arm.stage.clone(),
+                    tool: arm.tool.clone(),
+                    class: err.class,
+                    message: err.message.clone(),
+                });
+                checkpoint(ctx, run_id, st).await?;
+                return Ok(Some(AttemptFailure {
+                    trajectory: attempt_trajectory(st),
+                    stage: i,
+                    message: err.message,
+                    error_type: Some(err.class.to_string()),
+                    class: Some(err.class),
+                    category: err.category,
+                }));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// The steps of the current attempt, as a trajectory for the classifier.
+fn attempt_trajectory(st: &DriverState) -> Trajectory {
+    let mut t = Trajectory::default();
+    for s in st.steps.iter().filter(|s| {
+        s.metadata.get("attempt").and_then(Value::as_u64) == Some(u64::from(st.attempt))
+    }) {
+        t.push(s.clone());
+    }
+    t
+}
+
+/// Validates every output of the attempt, marks each producing step `valid` or `invalid` (what
+/// the learners read), and returns the first invalid stage as the failure.
+async fn validate(
+    ctx: &TreeCtx,
+    plan: &PlanChoice,
+    st: &mut DriverState,
+) -> Result<Option<AttemptFailure>, DriveError> {
+    let outputs: Vec<(String, Value)> = plan
+        .arms
+        .iter()
+        .filter_map(|a| st.outputs.get(&a.stage).map(|v| (a.stage.clone(), v.clone())))
+        .collect();
+    let verdicts = ctx
+        .dir
+        .validator
+        .call(|reply| ValidatorMsg::Validate {
+            outputs: outputs.clone(),
+            reply,
+        })
+        .await?;
+    let mut first_invalid: Option<(String, String)> = None;
+    for (stage, verdict) in verdicts {
+        let mark = if verdict.is_ok() { "valid" } else { "invalid" };
+        if let Some(step) = st.output_step.get(&stage).and_then(|&i| st.steps.get_mut(i)) {
+            step.metadata.insert("outcome".into(), Value::from(mark));
+            if let Err(reason) = &verdict {
+                step.error = Some(reason.clone());
+                step.error_class = Some(ErrorClass::SchemaMismatch);
+            }
+        }
+        if let (Err(reason), None) = (verdict, &first_invalid) {
+            first_invalid = Some((stage, reason));
+        }
+    }
+    let Some((stage, reason)) = first_invalid else {
+        st.events.push(RunEvent::Validation {
+            passed: true,
+            reason: None,
+        });
+        return Ok(None);
+    };
+    st.events.push(RunEvent::Validation {
+        passed: false,
+        reason: Some(reason.clone()),
+    });
+    let at = plan.arms.iter().position(|a| a.stage == stage).unwrap_or(0);
+    Ok(Some(AttemptFailure {
+        trajectory: attempt_trajectory(st),
+        stage: at,
+        message: format!("validation failed: {reason}"),
+        error_type: Some("ValidationError".to_string()),
+        class: Some(ErrorClass::SchemaMismatch),
+        category: FailureCategory::Strategy,
+    }))
+}
+
+/// Ends the run: the experience is logged durably, the learners are fed, a diary note written.
+async fn finish(
+    ctx: &TreeCtx,
+    run_id: &str,
+    task: &Arc<Task>,
+    st: DriverState,
+    state: RunState,
+    reason: Option<String>,
+    resumed: bool,
+) -> Result<RunOutcome, DriveError> {
+    let passed = state == RunState::Succeeded;
+    let reward = ctx.workflow.reward(passed, st.latency_ms, st.cost);
+    let plan = st.plan.clone();
+    let output = if passed {
+        Some(Value::Object(st.outputs.clone().into_iter().collect()))
+    } else {
+        None
+    };
+    let outcome = RunOutcome {
+        run_id: run_id.to_string(),
+        task_id: task.task_id.clone(),
+        state,
+        passed,
+        attempts: st.attempt + 1,
+        reflect_retries: st.reflect_retries,
+        plan_id: plan.as_ref().map(|p| p.plan_id.clone()),
+        sop_id: plan.as_ref().and_then(|p| p.sop_id.clone()),
+        arms: st.first_arms.clone(),
+        final_arms: plan.as_ref().map(|p| p.arms.clone()).unwrap_or_default(),
+        reward,
+        latency_ms: st.latency_ms,
+        cost: st.cost,
+        output: output.clone(),
+        reason: reason.clone(),
+        recoveries: st.recoveries.clone(),
+        tool_calls: st.tool_calls,
+        tool_errors: st.tool_errors.clone(),
+        resumed,
+        explored: st.explored,
+    };
+    let experience = ExperienceTuple {
+        run_id: run_id.to_string(),
+        task_id: task.task_id.clone(),
+        plan_id: st
+            .first_arms
+            .iter()
+            .map(|a| format!("{}/{}", a.tool, a.strategy))
+            .collect::<Vec<_>>()
+            .join("+"),
+        user_id: task.user_id.clone(),
+        context_features: task.features.clone(),
+        arms: st.first_arms.clone(),
+        steps: st.steps,
+        result: RunResult {
+            state,
+            passed,
+            output,
+            latency_ms: st.latency_ms,
+            cost: st.cost,
+            attempts: st.attempt + 1,
+        },
+        reward,
+        user_feedback: None,
+        time_ms: now_ms(),
+    };
+    // The experience is logged once per run: a run resumed after a crash that fell between
+    // logging it and recording the run's end finds its marker and does not log it again (the
+    // learners already replayed it from the log at start).
+    if ctx.store.get::<u64>(LOGGED, run_id)?.is_some() {
+        return Ok(outcome);
+    }
+    let written = ctx
+        .store
+        .write_batch(vec![
+            WriteOp::experience(&experience)?,
+            WriteOp::put(LOGGED, run_id, &st.attempt)?,
+        ])
+        .await?;
+    let Some(seq) = written.first().copied().flatten() else {
+        return Ok(outcome);
+    };
+    let experience = Arc::new(experience);
+    let _ = ctx
+        .dir
+        .policy
+        .cast(PolicyMsg::Observe {
+            seq,
+            experience: experience.clone(),
+        })
+        .await;
+    let _ = ctx
+        .dir
+        .reflector
+        .cast(ReflectorMsg::Consolidate {
+            seq,
+            experience: experience.clone(),
+        })
+        .await;
+    let _ = ctx
+        .dir
+        .memory
+        .cast(MemoryMsg::Record {
+            seq,
+            experience,
+            task: task.clone(),
+        })
+        .await;
+    Ok(outcome)
+}

@@ -1,0 +1,283 @@
+//! The embedding API: open the store, build the tree on a workflow, start it under a root
+//! supervisor, submit tasks, and shut it down in order.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hindsight::learn::bandit::{Policy, PolicyConfig, PolicyError, RewardParams, StageArms};
+use hindsight::store::{Durability, Store, StoreError, StoreOptions};
+use hindsight::tools::sim::{SimEnv, SimError};
+use hindsight::tools::{ToolRegistry, ToolRunner};
+use hindsight::{Run, Task};
+use ractor::ActorRef;
+
+use crate::chaos_hook::FaultDecider;
+use crate::directory::CallError;
+use crate::orchestrator::OrchestratorMsg;
+use crate::reflect_retry::ReflectRetryConfig;
+use crate::run::{RunOutcome, TreeCtx};
+use crate::supervisor::{RestartStats, Supervisor, SupervisorMsg};
+use crate::tree::{self, TreeConfig, TreeSpec};
+use crate::workflow::{UnknownTool, Workflow};
+
+/// Why the runtime could not start or answer.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The store could not be opened or written.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The environment file is not valid.
+    #[error(transparent)]
+    Env(#[from] SimError),
+    /// The workflow names a tool that is not configured.
+    #[error(transparent)]
+    UnknownTool(#[from] UnknownTool),
+    /// The policy configuration is not valid.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// The tree could not be started.
+    #[error("the supervision tree could not start: {0}")]
+    Spawn(String),
+    /// An actor could not be reached.
+    #[error(transparent)]
+    Call(#[from] CallError),
+    /// The task was not run.
+    #[error("{0}")]
+    Rejected(String),
+}
+
+/// How to start a runtime.
+pub struct RuntimeOptions {
+    /// The data directory (the redb file lives in it).
+    pub data_dir: PathBuf,
+    /// `Immediate` (default) or `None` (tests and benchmarks).
+    pub durability: Durability,
+    /// The workflow's simulated environment (its tools join the registry).
+    pub env: SimEnv,
+    /// More tools (custom Rust tools, MCP servers).
+    pub registry: ToolRegistry,
+    /// The bandit's configuration (its reward is taken from the environment).
+    pub policy: PolicyConfig,
+    /// Seed of every random choice.
+    pub seed: u64,
+    /// Run limits and the failure policy.
+    pub tree: TreeConfig,
+    /// ReflectRetry's configuration.
+    pub reflect_retry: ReflectRetryConfig,
+    /// Fault injection into actors, if any.
+    pub faults: Option<FaultDecider>,
+    /// Root restart intensity: at most this many restarts ...
+    pub max_restarts: u32,
+    /// ... within this period.
+    pub restart_period: Duration,
+}
+
+impl RuntimeOptions {
+    /// Defaults on `env` with data under `data_dir`.
+    pub fn new(data_dir: impl Into<PathBuf>, env: SimEnv) -> RuntimeOptions {
+        RuntimeOptions {
+            data_dir: data_dir.into(),
+            durability: Durability::Immediate,
+            env,
+            registry: ToolRegistry::new(),
+            policy: PolicyConfig::default(),
+            seed: 0,
+            tree: TreeConfig::default(),
+            reflect_retry: ReflectRetryConfig::default(),
+            faults: None,
+            max_restarts: 100,
+            restart_period: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A running tree.
+pub struct Runtime {
+    ctx: Arc<TreeCtx>,
+    root: ActorRef<SupervisorMsg>,
+    join: tokio::task::JoinHandle<()>,
+    stats: Arc<RestartStats>,
+}
+
+/// The policy's reward parameters from an environment's reward configuration.
+pub fn reward_params(env: &SimEnv) -> RewardParams {
+    let r = env.reward_config();
+    RewardParams {
+        success: r.success,
+        latency: r.latency,
+        cost: r.cost,
+        max_cost: r.max_cost,
+        sla_ms: r.sla_ms,
+    }
+}
+
+/// The bandit's stages and arms from a workflow.
+pub fn stage_arms(workflow: &Workflow) -> Vec<StageArms> {
+    workflow
+        .stages()
+        .iter()
+        .map(|s| StageArms {
+            stage: s.name.clone(),
+            arms: s
+                .arms
+                .iter()
+                .map(|a| hindsight::learn::bandit::Arm::new(a.tool.clone(), a.strategy.clone()))
+                .collect(),
+        })
+        .collect()
+}
+
+/// Submits tasks to a running tree; cheap to clone.
+#[derive(Clone)]
+pub struct Submitter {
+    ctx: Arc<TreeCtx>,
+}
+
+impl Submitter {
+    /// See [`Runtime::orchestrate`].
+    pub async fn orchestrate(&self, task: Task) -> Result<RunOutcome, RuntimeError> {
+        let answer = self
+            .ctx
+            .dir
+            .orchestrator
+            .call_with_timeout(
+                |reply| OrchestratorMsg::Submit {
+                    task: Box::new(task.clone()),
+                    reply,
+                },
+                Duration::from_secs(3600),
+            )
+            .await?;
+        answer.map_err(RuntimeError::Rejected)
+    }
+}
+
+impl Runtime {
+    /// Opens the store, builds the tree and starts it; every run left unfinished by an earlier
+    /// process is resumed from its last checkpoint.
+    pub async fn start(opts: RuntimeOptions) -> Result<Runtime, RuntimeError> {
+        let store = Store::open(
+            &opts.data_dir,
+            StoreOptions {
+                durability: opts.durability,
+                ..StoreOptions::default()
+            },
+        )?;
+        Runtime::start_with_store(store, opts).await
+    }
+
+    /// As [`Runtime::start`], on a store already open.
+    pub async fn start_with_store(store: Store, opts: RuntimeOptions) -> Result<Runtime, RuntimeError> {
+        let env = opts.env.clone().with_seed(opts.seed);
+        let mut registry = opts.registry;
+        for tool in env.tools() {
+            registry.register(tool);
+        }
+        let registry = Arc::new(registry);
+        let workflow = Arc::new(Workflow::from_sim(&env, &registry)?);
+        let mut policy_config = opts.policy;
+        policy_config.reward = reward_params(&env);
+        let policy = Policy::new(policy_config, stage_arms(&workflow))?;
+        let runner = Arc::new(
+            ToolRunner::new(registry.clone())
+                .with_seed(opts.seed)
+                .with_idempotency(Arc::new(crate::idempotency::StoreIdempotency::new(store.clone())))
+                .with_virtual_clock(),
+        );
+        let tree = tree::build(TreeSpec {
+            store,
+            workflow,
+            runner,
+            policy,
+            seed: opts.seed,
+            config: opts.tree,
+            reflect_retry: opts.reflect_retry,
+            faults: opts.faults,
+            max_restarts: opts.max_restarts,
+            restart_period: opts.restart_period,
+        });
+        let stats = tree.options.stats.clone();
+        let (root, join) = Supervisor::spawn(None, tree.options, tree.children)
+            .await
+            .map_err(|e| RuntimeError::Spawn(e.to_string()))?;
+        Ok(Runtime {
+            ctx: tree.ctx,
+            root,
+            join,
+            stats,
+        })
+    }
+
+    /// Runs a task to its end and returns the outcome with provenance. A task id submitted
+    /// again joins its run (or gets its stored outcome): every task runs once.
+    pub async fn orchestrate(&self, task: Task) -> Result<RunOutcome, RuntimeError> {
+        self.submitter().orchestrate(task).await
+    }
+
+    /// A cheap handle that submits tasks (for spawned tasks).
+    pub fn submitter(&self) -> Submitter {
+        Submitter {
+            ctx: self.ctx.clone(),
+        }
+    }
+
+    /// A run's record.
+    pub async fn run(&self, run_id: &str) -> Result<Option<Run>, RuntimeError> {
+        Ok(self
+            .ctx
+            .dir
+            .orchestrator
+            .call(|reply| OrchestratorMsg::Get {
+                run_id: run_id.to_string(),
+                reply,
+            })
+            .await?)
+    }
+
+    /// What the actors share (store, directory, workflow).
+    pub fn ctx(&self) -> &Arc<TreeCtx> {
+        &self.ctx
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.ctx.store
+    }
+
+    /// Actor restarts so far.
+    pub fn restarts(&self) -> u64 {
+        self.stats.total()
+    }
+
+    /// Restarts per child.
+    pub fn restart_counts(&self) -> std::collections::BTreeMap<String, u64> {
+        self.stats.per_child()
+    }
+
+    /// Runs in flight.
+    pub fn in_flight(&self) -> usize {
+        self.ctx.live.len()
+    }
+
+    /// Stops the tree: children stop in reverse start order (the orchestrator first), each
+    /// persisting what it owns; runs in flight stay checkpointed and resume at the next start.
+    pub async fn shutdown(self) {
+        let _ = self
+            .ctx
+            .dir
+            .policy
+            .call_with_timeout(
+                |reply| crate::policy::PolicyMsg::Flush { reply },
+                Duration::from_secs(10),
+            )
+            .await;
+        self.root.stop(Some("shutdown".to_string()));
+        let _ = self.join.await;
+    }
+}
+
+/// The default data directory.
+pub fn default_data_dir() -> &'static Path {
+    Path::new("./hindsight-data")
+}

@@ -1,0 +1,257 @@
+//! The supervision tree of hindsight: the root supervisor's children in start order (Memory,
+//! Policy, Reflector, Executor, Validator, the ReflectRetry plugin host, Orchestrator), the
+//! directory through which they find each other, and the configuration they share.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hindsight::learn::bandit::Policy;
+use hindsight::store::Store;
+use hindsight::tools::ToolRunner;
+
+use crate::chaos_hook::{ChaosHook, FaultDecider};
+use crate::directory::Slot;
+use crate::executor::{Executor, ExecutorArgs, ExecutorMsg};
+use crate::memory::{MemoryActor, MemoryArgs, MemoryMsg};
+use crate::orchestrator::{Orchestrator, OrchestratorArgs, OrchestratorMsg};
+use crate::plugin::{PluginArgs, PluginFactory, PluginHost, PluginMsg};
+use crate::policy::{PolicyActor, PolicyArgs, PolicyMsg};
+use crate::recovery::TriageSetup;
+use crate::reflect_retry::{ReflectRetry, ReflectRetryConfig};
+use crate::reflector::{ReflectorActor, ReflectorArgs, ReflectorMsg};
+use crate::run::{LiveRuns, TreeCtx};
+use crate::supervisor::{ChildSpec, Strategy, SupervisorOptions};
+use crate::validator::{Validator, ValidatorArgs, ValidatorMsg};
+use crate::workflow::Workflow;
+
+/// The live actors of one tree, each in a slot its actor fills at every (re)start.
+pub struct Directory {
+    /// The orchestrator.
+    pub orchestrator: Arc<Slot<OrchestratorMsg>>,
+    /// The executor.
+    pub executor: Arc<Slot<ExecutorMsg>>,
+    /// The validator.
+    pub validator: Arc<Slot<ValidatorMsg>>,
+    /// The policy.
+    pub policy: Arc<Slot<PolicyMsg>>,
+    /// The memory.
+    pub memory: Arc<Slot<MemoryMsg>>,
+    /// The reflector.
+    pub reflector: Arc<Slot<ReflectorMsg>>,
+    /// The ReflectRetry plugin host.
+    pub reflect_retry: Arc<Slot<PluginMsg>>,
+}
+
+impl Default for Directory {
+    fn default() -> Self {
+        Directory {
+            orchestrator: Arc::new(Slot::new("orchestrator")),
+            executor: Arc::new(Slot::new("executor")),
+            validator: Arc::new(Slot::new("validator")),
+            policy: Arc::new(Slot::new("policy")),
+            memory: Arc::new(Slot::new("memory")),
+            reflector: Arc::new(Slot::new("reflector")),
+            reflect_retry: Arc::new(Slot::new("reflect_retry")),
+        }
+    }
+}
+
+/// Limits and switches shared by every run.
+#[derive(Clone)]
+pub struct TreeConfig {
+    /// Recoveries per ReflectRetry round before the run is escalated.
+    pub max_recovery_attempts: u32,
+    /// How long a stage's call (retries included) may take before the run gives up on it.
+    pub stage_timeout: Duration,
+    /// The failure classifier and policy.
+    pub triage: Arc<TriageSetup>,
+}
+
+impl Default for TreeConfig {
+    fn default() -> Self {
+        TreeConfig {
+            max_recovery_attempts: 3,
+            stage_timeout: Duration::from_secs(120),
+            triage: Arc::new(TriageSetup::default()),
+        }
+    }
+}
+
+/// Everything needed to build a tree.
+pub struct TreeSpec {
+    /// The open store.
+    pub store: Store,
+    /// The workflow tasks are planned from.
+    pub workflow: Arc<Workflow>,
+    /// The resilient tool caller (its registry holds the workflow's tools).
+    pub runner: Arc<ToolRunner>,
+    /// The policy to start from when nothing is stored.
+    pub policy: Policy,
+    /// Seed of every random choice the tree makes.
+    pub seed: u64,
+    /// Run limits and the failure policy.
+    pub config: TreeConfig,
+    /// ReflectRetry's configuration.
+    pub reflect_retry: ReflectRetryConfig,
+    /// Decides which actor messages crash their actor (fault injection), if any.
+    pub faults: Option<FaultDecider>,
+    /// Restart intensity of the root supervisor: at most this many restarts ...
+    pub max_restarts: u32,
+    /// ... within this period.
+    pub restart_period: Duration,
+}
+
+/// A built tree: what its actors share, and the children of its root supervisor.
+pub struct Tree {
+    /// What every run and actor shares.
+    pub ctx: Arc<TreeCtx>,
+    /// The root supervisor's options (strategy, intensity, restart counters).
+    pub options: SupervisorOptions,
+    /// The root supervisor's children, in start order.
+    pub children: Vec<ChildSpec>,
+}
+
+fn hook(faults: &Option<FaultDecider>, actor: &'static str) -> Option<ChaosHook> {
+    faults.as_ref().map(|f| ChaosHook::new(actor, f.clone()))
+}
+
+/// Builds the tree's children; start them under a supervisor of your own with
+/// `Supervisor::spawn(None, tree.options, tree.children)` (what [`crate::Runtime`] does) or nest
+/// them with `Supervisor::child_spec`.
+pub fn build(spec: TreeSpec) -> Tree {
+    let ctx = Arc::new(TreeCtx {
+        store: spec.store.clone(),
+        dir: Directory::default(),
+        live: LiveRuns::default(),
+        workflow: spec.workflow.clone(),
+        config: spec.config.clone(),
+    });
+    let faults = spec.faults;
+    let store = spec.store;
+    let mut children = Vec::new();
+
+    {
+        let (store, slot, chaos) = (store.clone(), ctx.dir.memory.clone(), hook(&faults, "memory"));
+        children.push(ChildSpec::actor("memory", None, move || {
+            (
+                MemoryActor,
+                MemoryArgs {
+                    store: store.clone(),
+                    slot: slot.clone(),
+                    chaos: chaos.clone(),
+                },
+            )
+        }));
+    }
+    {
+        let (store, slot, chaos) = (store.clone(), ctx.dir.policy.clone(), hook(&faults, "policy"));
+        let initial = spec.policy;
+        let seed = spec.seed;
+        children.push(ChildSpec::actor("policy", None, move || {
+            (
+                PolicyActor,
+                PolicyArgs {
+                    store: store.clone(),
+                    initial: initial.clone(),
+                    seed,
+                    snapshot_every: 50,
+                    slot: slot.clone(),
+                    chaos: chaos.clone(),
+                },
+            )
+        }));
+    }
+    {
+        let (store, slot, chaos) = (store.clone(), ctx.dir.reflector.clone(), hook(&faults, "reflector"));
+        let workflow = spec.workflow.clone();
+        children.push(ChildSpec::actor("reflector", None, move || {
+            (
+                ReflectorActor,
+                ReflectorArgs {
+                    store: store.clone(),
+                    workflow: workflow.clone(),
+                    slot: slot.clone(),
+                    chaos: chaos.clone(),
+                },
+            )
+        }));
+    }
+    {
+        let (runner, slot, chaos) = (spec.runner.clone(), ctx.dir.executor.clone(), hook(&faults, "executor"));
+        children.push(ChildSpec::actor("executor", None, move || {
+            (
+                Executor,
+                ExecutorArgs {
+                    runner: runner.clone(),
+                    slot: slot.clone(),
+                    chaos: chaos.clone(),
+                },
+            )
+        }));
+    }
+    {
+        let (workflow, slot, chaos) = (spec.workflow.clone(), ctx.dir.validator.clone(), hook(&faults, "validator"));
+        children.push(ChildSpec::actor("validator", None, move || {
+            (
+                Validator,
+                ValidatorArgs {
+                    workflow: workflow.clone(),
+                    slot: slot.clone(),
+                    chaos: chaos.clone(),
+                },
+            )
+        }));
+    }
+    {
+        let (slot, chaos) = (ctx.dir.reflect_retry.clone(), hook(&faults, "reflect_retry"));
+        let (config, store) = (spec.reflect_retry.clone(), store.clone());
+        let factory: PluginFactory<ReflectRetry> = Arc::new(move || {
+            let (config, store) = (config.clone(), store.clone());
+            Box::pin(async move { Ok(ReflectRetry::new(config, store)) })
+        });
+        children.push(ChildSpec::actor("reflect_retry", None, move || {
+            (
+                PluginHost::<ReflectRetry>::default(),
+                PluginArgs {
+                    factory: factory.clone(),
+                    slot: slot.clone(),
+                    chaos: chaos.clone(),
+                },
+            )
+        }));
+    }
+    {
+        let (tctx, chaos) = (ctx.clone(), hook(&faults, "orchestrator"));
+        children.push(ChildSpec::actor("orchestrator", None, move || {
+            (
+                Orchestrator,
+                OrchestratorArgs {
+                    ctx: tctx.clone(),
+                    chaos: chaos.clone(),
+                },
+            )
+        }));
+    }
+
+    let options = SupervisorOptions::new(Strategy::OneForOne)
+        .intensity(spec.max_restarts, spec.restart_period)
+        .label("hindsight");
+    Tree {
+        ctx,
+        options,
+        children,
+    }
+}
+
+/// The actor types of the tree, for documentation and tests.
+pub fn actor_names() -> [&'static str; 7] {
+    [
+        "memory",
+        "policy",
+        "reflector",
+        "executor",
+        "validator",
+        "reflect_retry",
+        "orchestrator",
+    ]
+}
