@@ -1,0 +1,267 @@
+//! The route table (the single source of the router and of the OpenAPI check) and the handlers.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Json;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Extension, Path, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodRouter, get, post};
+
+use super::backend::{Backend, Principal};
+use super::error::{ApiError, ApiJson};
+use super::types::{
+    ExecuteRequest, FeedbackRequest, MemoryRetrieveRequest, PolicySuggestRequest,
+    PolicyUpdateRequest, SopList, TaskRequest, ValidateRequest,
+};
+
+/// Longest accepted path id (`/runs/{id}`, `/sop/{id}`).
+pub const MAX_ID_BYTES: usize = 256;
+
+/// One route of the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteSpec {
+    /// `GET` or `POST`.
+    pub method: &'static str,
+    /// The path, with `{param}` placeholders (axum and OpenAPI syntax alike).
+    pub path: &'static str,
+    /// Whether a bearer key is required.
+    pub auth: bool,
+}
+
+const fn route(method: &'static str, path: &'static str, auth: bool) -> RouteSpec {
+    RouteSpec { method, path, auth }
+}
+
+/// Every route the router serves; the router is built from this table and nothing else.
+pub const ROUTES: &[RouteSpec] = &[
+    route("POST", "/orchestrate", true),
+    route("POST", "/plan", true),
+    route("POST", "/execute", true),
+    route("POST", "/validate", true),
+    route("POST", "/memory/retrieve", true),
+    route("POST", "/policy/suggest", true),
+    route("POST", "/policy/update", true),
+    route("POST", "/feedback", true),
+    route("GET", "/sop/{id}", true),
+    route("GET", "/sops", true),
+    route("GET", "/runs/{id}", true),
+    route("GET", "/healthz", false),
+    route("GET", "/metrics", false),
+    route("GET", "/openapi.json", false),
+];
+
+/// The OpenAPI 3.1 document of the routes.
+pub const OPENAPI_JSON: &str = include_str!("openapi.json");
+
+/// Shared state of the handlers.
+pub struct AppState<B> {
+    /// The running system.
+    pub backend: Arc<B>,
+}
+
+impl<B> Clone for AppState<B> {
+    fn clone(&self) -> Self {
+        AppState {
+            backend: Arc::clone(&self.backend),
+        }
+    }
+}
+
+/// The handler of a route of [`ROUTES`], `None` for a route it does not know.
+pub fn handler_for<B: Backend>(spec: &RouteSpec) -> Option<MethodRouter<AppState<B>>> {
+    let r = match (spec.method, spec.path) {
+        ("POST", "/orchestrate") => post(orchestrate::<B>),
+        ("POST", "/plan") => post(plan::<B>),
+        ("POST", "/execute") => post(execute::<B>),
+        ("POST", "/validate") => post(validate::<B>),
+        ("POST", "/memory/retrieve") => post(memory_retrieve::<B>),
+        ("POST", "/policy/suggest") => post(policy_suggest::<B>),
+        ("POST", "/policy/update") => post(policy_update::<B>),
+        ("POST", "/feedback") => post(feedback::<B>),
+        ("GET", "/sop/{id}") => get(sop::<B>),
+        ("GET", "/sops") => get(sops::<B>),
+        ("GET", "/runs/{id}") => get(run::<B>),
+        ("GET", "/healthz") => get(healthz::<B>),
+        ("GET", "/metrics") => get(metrics::<B>),
+        ("GET", "/openapi.json") => get(openapi),
+        _ => return None,
+    };
+    Some(r)
+}
+
+type ApiResult<T> = Result<Json<T>, ApiError>;
+
+fn path_id(id: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    let Path(id) = id.map_err(|e| ApiError::field(StatusCode::BAD_REQUEST, "id", e.body_text()))?;
+    if id.is_empty() || id.len() > MAX_ID_BYTES {
+        return Err(ApiError::field(
+            StatusCode::BAD_REQUEST,
+            "id",
+            format!("must be 1 to {MAX_ID_BYTES} bytes"),
+        ));
+    }
+    Ok(id)
+}
+
+async fn orchestrate<B: Backend>(
+    State(s): State<AppState<B>>,
+    Extension(p): Extension<Principal>,
+    ApiJson(req): ApiJson<TaskRequest>,
+) -> ApiResult<super::types::OrchestrateResponse> {
+    Ok(Json(s.backend.orchestrate(&p.tenant, req).await?))
+}
+
+async fn plan<B: Backend>(
+    State(s): State<AppState<B>>,
+    Extension(p): Extension<Principal>,
+    ApiJson(req): ApiJson<TaskRequest>,
+) -> ApiResult<super::types::PlanResponse> {
+    Ok(Json(s.backend.plan(&p.tenant, req).await?))
+}
+
+async fn execute<B: Backend>(
+    State(s): State<AppState<B>>,
+    Extension(p): Extension<Principal>,
+    ApiJson(req): ApiJson<ExecuteRequest>,
+) -> ApiResult<super::types::ExecuteResponse> {
+    Ok(Json(s.backend.execute(&p.tenant, req).await?))
+}
+
+async fn validate<B: Backend>(
+    State(s): State<AppState<B>>,
+    Extension(p): Extension<Principal>,
+    ApiJson(req): ApiJson<ValidateRequest>,
+) -> ApiResult<super::types::ValidateResponse> {
+    Ok(Json(s.backend.validate(&p.tenant, req).await?))
+}
+
+async fn memory_retrieve<B: Backend>(
+    State(s): State<AppState<B>>,
+    Extension(p): Extension<Principal>,
+    ApiJson(req): ApiJson<MemoryRetrieveRequest>,
+) -> ApiResult<super::types::MemoryBundle> {
+    Ok(Json(s.backend.memory_retrieve(&p.tenant, req).await?))
+}
+
+async fn policy_suggest<B: Backend>(
+    State(s): State<AppState<B>>,
+    Extension(p): Extension<Principal>,
+    ApiJson(req): ApiJson<PolicySuggestRequest>,
+) -> ApiResult<super::types::PolicySuggestResponse> {
+    Ok(Json(s.backend.policy_suggest(&p.tenant, req).await?))
+}
+
+async fn policy_update<B: Backend>(
+    State(s): State<AppState<B>>,
+    Extension(p): Extension<Principal>,
+    ApiJson(req): ApiJson<PolicyUpdateRequest>,
+) -> ApiResult<super::types::PolicyUpdateResponse> {
+    Ok(Json(s.backend.policy_update(&p.tenant, req).await?))
+}
+
+async fn feedback<B: Backend>(
+    State(s): State<AppState<B>>,
+    Extension(p): Extension<Principal>,
+    ApiJson(req): ApiJson<FeedbackRequest>,
+) -> ApiResult<super::types::FeedbackResponse> {
+    Ok(Json(s.backend.feedback(&p, req).await?))
+}
+
+async fn sop<B: Backend>(
+    State(s): State<AppState<B>>,
+    Extension(p): Extension<Principal>,
+    id: Result<Path<String>, PathRejection>,
+) -> ApiResult<super::types::TenantSop> {
+    let id = path_id(id)?;
+    match s.backend.sop(&p.tenant, &id).await? {
+        // A backend bug must not leak another tenant's SOP: same answer as "absent".
+        Some(sop) if sop.tenant == p.tenant => Ok(Json(sop)),
+        _ => Err(ApiError::not_found("sop", &id)),
+    }
+}
+
+async fn sops<B: Backend>(
+    State(s): State<AppState<B>>,
+    Extension(p): Extension<Principal>,
+) -> ApiResult<SopList> {
+    let mut sops = s.backend.sops(&p.tenant).await?;
+    sops.retain(|sop| sop.tenant == p.tenant);
+    Ok(Json(SopList { sops }))
+}
+
+async fn run<B: Backend>(
+    State(s): State<AppState<B>>,
+    Extension(p): Extension<Principal>,
+    id: Result<Path<String>, PathRejection>,
+) -> ApiResult<super::types::RunView> {
+    let id = path_id(id)?;
+    match s.backend.run(&p.tenant, &id).await? {
+        Some(view) if view.run.tenant.as_deref() == Some(p.tenant.as_str()) => Ok(Json(view)),
+        _ => Err(ApiError::not_found("run", &id)),
+    }
+}
+
+async fn healthz<B: Backend>(State(s): State<AppState<B>>) -> Response {
+    let health = s.backend.health().await;
+    let status = if health.is_ok() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(health)).into_response()
+}
+
+async fn metrics<B: Backend>(State(s): State<AppState<B>>) -> Response {
+    let mut response = s.backend.metrics_text().into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    response
+}
+
+async fn openapi() -> Response {
+    let mut response = OPENAPI_JSON.into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// Fallback for unknown paths: a JSON 404.
+pub async fn not_found(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("no route {} {}", req.method(), req.uri().path()),
+    )
+}
+
+/// Fallback for a known path with the wrong method: a JSON 405.
+pub async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!(
+            "method {} not allowed on {}",
+            req.method(),
+            req.uri().path()
+        ),
+    )
+}
+
+/// Middleware: a tracing span per request, and one log line with status and latency.
+pub async fn trace_request(req: Request, next: Next) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let span = tracing::info_span!("http", %method, %path);
+    let started = Instant::now();
+    let response = tracing::Instrument::instrument(next.run(req), span.clone()).await;
+    let status = response.status().as_u16();
+    let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
+    span.in_scope(|| tracing::info!(status, latency_ms, "response"));
+    response
+}
