@@ -10,37 +10,17 @@ pub fn classify_error(error_type: Option<&str>, message: &str) -> ErrorClassific
     let m = message.to_ascii_lowercase();
     let t = error_type.unwrap_or("").to_ascii_lowercase();
     let (category, error_class, rule) = if t.contains("timeout") || m.contains("timed out") {
-        (
-            FailureCategory::Infrastructure,
-            ErrorClass::Timeout,
-            "timeout",
-        )
+        (FailureCategory::Infrastructure, ErrorClass::Timeout, "timeout")
     } else if m.contains("429") || m.contains("rate limit") {
-        (
-            FailureCategory::Infrastructure,
-            ErrorClass::RateLimit,
-            "rate_limit",
-        )
+        (FailureCategory::Infrastructure, ErrorClass::RateLimit, "rate_limit")
     } else if m.contains("503") || m.contains("502") || m.contains("connection") {
-        (
-            FailureCategory::Infrastructure,
-            ErrorClass::TransientNetwork,
-            "network",
-        )
+        (FailureCategory::Infrastructure, ErrorClass::TransientNetwork, "network")
     } else if m.contains("not found") {
         (FailureCategory::Strategy, ErrorClass::NotFound, "not_found")
     } else if m.contains("invalid") || m.contains("validation") {
-        (
-            FailureCategory::Strategy,
-            ErrorClass::SchemaMismatch,
-            "validation",
-        )
+        (FailureCategory::Strategy, ErrorClass::SchemaMismatch, "validation")
     } else {
-        (
-            FailureCategory::Unknown,
-            ErrorClass::DeterministicFailure,
-            "unknown",
-        )
+        (FailureCategory::Unknown, ErrorClass::DeterministicFailure, "unknown")
     };
     ErrorClassification {
         category,
