@@ -1,0 +1,113 @@
+//! The supervision tree end to end on the simulated bank-statements environment: runs end
+//! exactly once, learning persists across restarts, ReflectRetry sends runs back.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use hindsight::store::Durability;
+use hindsight::tools::sim::SimEnv;
+use hindsight_actors::plugin::RunEvent;
+use hindsight_actors::policy::PolicyMsg;
+use hindsight_actors::reflect_retry::ReflectRetryConfig;
+use hindsight_actors::runtime::{Runtime, RuntimeOptions};
+use hindsight_actors::workload;
+
+fn env() -> SimEnv {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/envs/bank_statements.toml");
+    SimEnv::load(&path).unwrap()
+}
+
+fn options(dir: &std::path::Path) -> RuntimeOptions {
+    let mut opts = RuntimeOptions::new(dir, env());
+    opts.durability = Durability::None;
+    opts.seed = 11;
+    opts
+}
+
+async fn learned(rt: &Runtime) -> u64 {
+    rt.ctx()
+        .dir
+        .policy
+        .call(|reply| PolicyMsg::Stats { reply })
+        .await
+        .unwrap()
+        .0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_task_ends_once_and_learning_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env();
+    let rt = Runtime::start(options(dir.path())).await.unwrap();
+    let first = workload::run_tasks(&rt, &env, 11, 200, 8, |_| {}).await.unwrap();
+    assert_eq!(first.len(), 200);
+    assert!(first.iter().all(|r| matches!(r.state.as_str(), "succeeded" | "failed" | "escalated" | "aborted")));
+    let summary = workload::summarize(&env, &first, rt.restarts());
+    assert!(summary.success_rate > 0.6, "success rate {}", summary.success_rate);
+    let before = learned(&rt).await;
+    assert!(before > 0);
+    rt.shutdown().await;
+
+    // A new process on the same data: the posteriors come back, and the workload goes on from
+    // task 200 instead of starting afresh.
+    let rt = Runtime::start(options(dir.path())).await.unwrap();
+    assert_eq!(learned(&rt).await, before);
+    assert_eq!(workload::next_task(&rt, &env, 11).unwrap(), 200);
+    let second = workload::run_tasks(&rt, &env, 11, 50, 8, |_| {}).await.unwrap();
+    assert_eq!(second.first().map(|r| r.task), Some(200));
+    // Resubmitting a finished task returns its stored outcome; it does not run again.
+    let task = workload::sim_task(&env, 11, 3);
+    let again = rt.orchestrate(task).await.unwrap();
+    assert_eq!(again.run_id, "run-bank-statements#3");
+    let log = rt.store().experience_all().unwrap();
+    assert_eq!(log.len(), 250, "one experience per run");
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflect_retry_sends_a_rejected_run_back_up_to_max_retries() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(dir.path());
+    // A validator that rejects every run: each run is sent back exactly max_retries times and
+    // the last attempt's result stands.
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    opts.reflect_retry = ReflectRetryConfig {
+        max_retries: 2,
+        template: "retry {attempt} of {max}: {reason}".to_string(),
+        validator: Arc::new(|_events: &[RunEvent]| Err("the CSV has no header row".to_string())),
+    };
+    let rt = Runtime::start(opts).await.unwrap();
+    let env = env();
+    let records = workload::run_tasks(&rt, &env, 11, 5, 1, |_| {}).await.unwrap();
+    for r in &records {
+        assert_eq!(r.reflect_retries, 2, "task {}", r.task);
+    }
+    // The retry count is persisted per run.
+    let count: Option<u32> = rt
+        .store()
+        .get(hindsight_actors::reflect_retry::RETRY_COUNTS, "run-bank-statements#0")
+        .unwrap();
+    assert_eq!(count, Some(2));
+    drop(seen);
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflect_retry_is_off_with_zero_retries_and_passed_runs_are_not_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(dir.path());
+    opts.reflect_retry.max_retries = 0;
+    let rt = Runtime::start(opts).await.unwrap();
+    let env = env();
+    let records = workload::run_tasks(&rt, &env, 11, 20, 4, |_| {}).await.unwrap();
+    assert!(records.iter().all(|r| r.reflect_retries == 0));
+    rt.shutdown().await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::start(options(dir.path())).await.unwrap();
+    let records = workload::run_tasks(&rt, &env, 11, 40, 4, |_| {}).await.unwrap();
+    for r in records.iter().filter(|r| r.passed && r.recoveries.is_empty()) {
+        assert_eq!(r.reflect_retries, 0, "a clean pass is never sent back");
+    }
+    rt.shutdown().await;
+}
