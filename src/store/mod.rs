@@ -251,8 +251,20 @@ pub struct CompactReport {
     pub damaged_kept: u64,
 }
 
+/// What the writer has done since the store was opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct WriterStats {
+    /// Transactions committed.
+    pub transactions: u64,
+    /// Write requests acknowledged as committed (a request is one write call).
+    pub requests: u64,
+    /// Transactions that failed (each failed all of its requests).
+    pub failed_transactions: u64,
+}
+
 struct Inner {
     db: Arc<Database>,
+    counters: Arc<writer::Counters>,
     path: PathBuf,
     options: StoreOptions,
     tx: Mutex<Option<Sender<Request>>>,
@@ -380,13 +392,16 @@ impl Store {
             max_batch: options.max_batch,
         };
         let writer_db = db.clone();
+        let counters = Arc::new(writer::Counters::default());
+        let writer_counters = counters.clone();
         let handle = std::thread::Builder::new()
             .name("hindsight-store-writer".into())
-            .spawn(move || writer::run(writer_db, rx, config))
+            .spawn(move || writer::run(writer_db, rx, config, writer_counters))
             .map_err(|e| open_err(format!("cannot start the writer thread: {e}")))?;
         Ok(Store {
             inner: Arc::new(Inner {
                 db,
+                counters,
                 path,
                 options,
                 tx: Mutex::new(Some(tx)),
@@ -398,6 +413,18 @@ impl Store {
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.inner.path
+    }
+
+    /// What the writer has done since the store was opened (group commit shows as fewer
+    /// transactions than requests).
+    pub fn writer_stats(&self) -> WriterStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        let c = &self.inner.counters;
+        WriterStats {
+            transactions: c.transactions.load(Relaxed),
+            requests: c.requests.load(Relaxed),
+            failed_transactions: c.failed_transactions.load(Relaxed),
+        }
     }
 
     /// The options the store was opened with.

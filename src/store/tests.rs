@@ -191,6 +191,10 @@ async fn concurrent_writers_are_all_acked_and_all_present() {
         acked.extend(t.await.unwrap());
     }
     assert_eq!(acked.len(), 32 * 50);
+    let ws = store.writer_stats();
+    assert_eq!(ws.requests, 32 * 50);
+    assert_eq!(ws.failed_transactions, 0);
+    assert!(ws.transactions <= ws.requests);
     let mut seqs: Vec<u64> = acked.iter().map(|a| a.0).collect();
     seqs.sort_unstable();
     seqs.dedup();
@@ -419,6 +423,7 @@ async fn one_request_per_transaction_still_acks_everyone() {
     for f in futs {
         f.await.unwrap().unwrap();
     }
+    assert_eq!(store.writer_stats().transactions, 20);
     assert_eq!(store.diary_tail(100).unwrap().len(), 20);
 }
 
@@ -453,4 +458,28 @@ fn dropping_the_last_clone_releases_the_file() {
     drop(store);
     drop(clone);
     Store::open(dir.path(), opts()).unwrap();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn requests_queued_during_a_commit_share_the_next_transaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    // Hold redb's write lock so the writer is stuck on its first batch while the rest queue.
+    let blocker = store.inner.db.begin_write().unwrap();
+    let tasks: Vec<_> = (0..100)
+        .map(|i| {
+            let s = store.clone();
+            tokio::spawn(async move { s.append_diary(note(i, "q")).await })
+        })
+        .collect();
+    // Every spawned task runs up to its await (its request sent) before this one resumes.
+    tokio::task::yield_now().await;
+    drop(blocker);
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let ws = store.writer_stats();
+    assert_eq!(ws.requests, 100);
+    assert!(ws.transactions <= 2, "{ws:?}");
+    assert_eq!(store.diary_tail(1000).unwrap().len(), 100);
 }

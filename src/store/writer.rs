@@ -2,6 +2,7 @@
 //! commit) and acknowledges each only after that transaction committed.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 
 use redb::{Database, ReadableTable, TableDefinition, WriteTransaction};
@@ -70,8 +71,21 @@ pub(crate) struct WriterConfig {
     pub(crate) max_batch: usize,
 }
 
+/// Counts of the writer's work, shared with the store.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) transactions: AtomicU64,
+    pub(crate) requests: AtomicU64,
+    pub(crate) failed_transactions: AtomicU64,
+}
+
 /// Runs until every sender is gone.
-pub(crate) fn run(db: Arc<Database>, rx: Receiver<Request>, config: WriterConfig) {
+pub(crate) fn run(
+    db: Arc<Database>,
+    rx: Receiver<Request>,
+    config: WriterConfig,
+    counters: Arc<Counters>,
+) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < config.max_batch.max(1) {
@@ -82,12 +96,17 @@ pub(crate) fn run(db: Arc<Database>, rx: Receiver<Request>, config: WriterConfig
         }
         match commit(&db, &batch, config) {
             Ok(results) => {
+                counters.transactions.fetch_add(1, Ordering::Relaxed);
+                counters
+                    .requests
+                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
                 for (req, res) in batch.into_iter().zip(results) {
                     // A caller that stopped waiting is not an error of the store.
                     let _ = req.ack.send(Ok(res));
                 }
             }
             Err(e) => {
+                counters.failed_transactions.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(error = %e, requests = batch.len(), "store batch failed");
                 for req in batch {
                     let _ = req.ack.send(Err(e.clone()));
