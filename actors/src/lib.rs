@@ -3,4 +3,5 @@
 
 pub mod api;
 pub mod call;
+pub mod cli;
 pub mod supervisor;

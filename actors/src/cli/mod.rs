@@ -1,0 +1,3 @@
+//! Subcommands of the `hindsight` binary, one module each.
+
+pub mod classify;
