@@ -1,0 +1,255 @@
+//! Simulated tool environments (the format of `config/envs/FORMAT.md`): parsing, task drawing,
+//! the simulated tools with virtual latency and cost, validation of their outputs, and the exact
+//! expected rewards that give the oracle and the random baseline.
+//!
+//! Labelling convention for failures: an infrastructure fault (`p_infra`, else `[infra].p_fault`)
+//! is always [`FailureCategory::Infrastructure`](crate::taxonomy::FailureCategory). An arm's own
+//! `errors` are the arm's fault, [`FailureCategory::Strategy`](crate::taxonomy::FailureCategory),
+//! including `Timeout` (the choice of strategy made the call slow), except `TransientNetwork` and
+//! `RateLimit`, which are the environment's by nature and so `Infrastructure` wherever they come
+//! from. An environment that wants arm-specific transient faults should use `p_infra`.
+
+mod model;
+mod parse;
+pub mod rng;
+mod tool;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+pub use model::{
+    Arm, Drift, Feature, Infra, Numbers, Overrides, RewardConfig, SimSpec, Stage, When,
+};
+pub use parse::SimError;
+pub use tool::SimTool;
+
+use crate::tools::tool::Tool;
+
+/// One task drawn from an environment.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SimTask {
+    /// The task's 0-based index.
+    pub index: u64,
+    /// One value per feature.
+    pub features: BTreeMap<String, String>,
+    /// The goal template with the features filled in.
+    pub goal: String,
+}
+
+/// A plan: one `(tool, strategy)` per stage, in stage order.
+pub type Plan = Vec<(String, String)>;
+
+/// A loaded simulated environment. Cheap to clone (shared inside).
+#[derive(Debug, Clone)]
+pub struct SimEnv {
+    spec: Arc<SimSpec>,
+    seed: u64,
+}
+
+impl SimEnv {
+    /// Reads and checks an environment file.
+    pub fn load(path: &Path) -> Result<SimEnv, SimError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| SimError::Io {
+            file: file.clone(),
+            reason: e.to_string(),
+        })?;
+        SimEnv::parse(&text, &file)
+    }
+
+    /// Parses and checks an environment's text; `file_name` names it in errors. Seed 0.
+    pub fn parse(text: &str, file_name: &str) -> Result<SimEnv, SimError> {
+        Ok(SimEnv {
+            spec: Arc::new(parse::parse_spec(text, file_name)?),
+            seed: 0,
+        })
+    }
+
+    /// The same environment whose tools draw with `seed` (tasks are drawn with the seed given to
+    /// [`SimEnv::draw_task`]; use the same one).
+    pub fn with_seed(mut self, seed: u64) -> SimEnv {
+        self.seed = seed;
+        self
+    }
+
+    /// The seed the tools draw with.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The environment's name.
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    /// The whole parsed environment.
+    pub fn spec(&self) -> &SimSpec {
+        &self.spec
+    }
+
+    /// The stages, in order.
+    pub fn stages(&self) -> &[Stage] {
+        &self.spec.stages
+    }
+
+    /// The features, in file order.
+    pub fn features(&self) -> &[Feature] {
+        &self.spec.features
+    }
+
+    /// Draws task `index`: each feature by its weights from an RNG seeded by `(seed, index)`.
+    pub fn draw_task(&self, seed: u64, index: u64) -> SimTask {
+        let mut rng = rng::task_rng(seed, index);
+        let mut features = BTreeMap::new();
+        for f in &self.spec.features {
+            let i = rng::pick_weighted(&f.weights, rng.f64()).unwrap_or(0);
+            if let Some(v) = f.values.get(i) {
+                features.insert(f.name.clone(), v.clone());
+            }
+        }
+        let mut goal = self.spec.goal.clone();
+        for (k, v) in &features {
+            goal = goal.replace(&format!("{{{k}}}"), v);
+        }
+        SimTask {
+            index,
+            features,
+            goal,
+        }
+    }
+
+    /// One tool per distinct tool name of the arms, in order of first appearance.
+    pub fn tools(&self) -> Vec<Arc<dyn Tool>> {
+        let mut names: Vec<&str> = Vec::new();
+        for s in &self.spec.stages {
+            for a in &s.arms {
+                if !names.contains(&a.tool.as_str()) {
+                    names.push(&a.tool);
+                }
+            }
+        }
+        names
+            .into_iter()
+            .map(|n| Arc::new(SimTool::new(self.clone(), n)) as Arc<dyn Tool>)
+            .collect()
+    }
+
+    /// Checks a successful output of `stage`; the error names the stage and why.
+    pub fn validate(&self, stage: &str, output: &serde_json::Value) -> Result<(), String> {
+        tool::validate(stage, output)
+    }
+
+    /// The numbers of an arm in force for a task (`when`, then drift), if the arm exists.
+    pub fn numbers(
+        &self,
+        stage: &str,
+        tool: &str,
+        strategy: &str,
+        index: u64,
+        features: &BTreeMap<String, String>,
+    ) -> Option<Numbers> {
+        let s = self.spec.stages.iter().find(|s| s.name == stage)?;
+        let a = s
+            .arms
+            .iter()
+            .find(|a| a.tool == tool && a.strategy == strategy)?;
+        Some(self.spec.numbers(s, a, index, features))
+    }
+
+    /// Every plan (the product of the stages' arms), in file order.
+    pub fn plans(&self) -> Vec<Plan> {
+        let mut plans: Vec<Plan> = vec![Vec::new()];
+        for s in &self.spec.stages {
+            let mut next = Vec::with_capacity(plans.len() * s.arms.len());
+            for p in &plans {
+                for a in &s.arms {
+                    let mut q = p.clone();
+                    q.push((a.tool.clone(), a.strategy.clone()));
+                    next.push(q);
+                }
+            }
+            plans = next;
+        }
+        plans
+    }
+
+    /// The expected first-attempt reward of a plan for a task (FORMAT.md): `P(pass) * (success -
+    /// latency * min(1, L0 / sla_ms) - cost * min(1, C0 / max_cost))` clamped to [0, 1].
+    pub fn expected_reward(
+        &self,
+        index: u64,
+        features: &BTreeMap<String, String>,
+        plan: &[(String, String)],
+    ) -> Result<f64, SimError> {
+        let stages = &self.spec.stages;
+        if plan.len() != stages.len() {
+            return Err(SimError::Plan {
+                env: self.spec.name.clone(),
+                reason: format!(
+                    "expected one (tool, strategy) per stage ({}), found {}",
+                    stages.len(),
+                    plan.len()
+                ),
+            });
+        }
+        let (mut p_pass, mut l0, mut c0) = (1.0, 0.0, 0.0);
+        for (s, (tool, strategy)) in stages.iter().zip(plan) {
+            let a = s
+                .arms
+                .iter()
+                .find(|a| &a.tool == tool && &a.strategy == strategy)
+                .ok_or_else(|| SimError::Plan {
+                    env: self.spec.name.clone(),
+                    reason: format!("stage `{}` has no arm ({tool}, {strategy})", s.name),
+                })?;
+            let n = self.spec.numbers(s, a, index, features);
+            p_pass *= n.p_success * n.p_valid;
+            l0 += n.latency_ms;
+            c0 += n.cost;
+        }
+        Ok((p_pass * self.spec.reward.gross(l0, c0)).clamp(0.0, 1.0))
+    }
+
+    /// The plan with the highest expected reward for the task and that reward (the first plan in
+    /// file order wins a tie).
+    pub fn oracle(&self, index: u64, features: &BTreeMap<String, String>) -> (Plan, f64) {
+        let mut best: (Plan, f64) = (Vec::new(), f64::NEG_INFINITY);
+        for p in self.plans() {
+            // Plans come from the spec itself, so they always fit.
+            let r = self.expected_reward(index, features, &p).unwrap_or(0.0);
+            if r > best.1 {
+                best = (p, r);
+            }
+        }
+        best
+    }
+
+    /// The mean expected reward over all plans (a uniformly random policy).
+    pub fn random_baseline(&self, index: u64, features: &BTreeMap<String, String>) -> f64 {
+        let plans = self.plans();
+        if plans.is_empty() {
+            return 0.0;
+        }
+        let sum: f64 = plans
+            .iter()
+            .map(|p| self.expected_reward(index, features, p).unwrap_or(0.0))
+            .sum();
+        sum / plans.len() as f64
+    }
+
+    /// The reward of a finished task (FORMAT.md).
+    pub fn reward(&self, passed: bool, total_latency_ms: f64, total_cost: f64) -> f64 {
+        self.spec
+            .reward
+            .reward(passed, total_latency_ms, total_cost)
+    }
+
+    /// The reward's terms.
+    pub fn reward_config(&self) -> RewardConfig {
+        self.spec.reward
+    }
+}
+
+#[cfg(test)]
+mod tests;
