@@ -682,6 +682,45 @@ impl Policy {
         }
     }
 
+    /// The distribution of the policy's plan choice for `features`, estimated from `draws`
+    /// posterior samples: `(arm index per stage, probability)`, most likely first.
+    pub fn plan_distribution(
+        &self,
+        features: &BTreeMap<String, String>,
+        draws: usize,
+        rng: &mut fastrand::Rng,
+    ) -> Vec<(Vec<usize>, f64)> {
+        let eff = self.effective(features);
+        let draws = draws.max(1);
+        let mut p = vec![0.0; self.n_arms];
+        let mut plan = Vec::new();
+        let mut counts: BTreeMap<Vec<usize>, usize> = BTreeMap::new();
+        for _ in 0..draws {
+            for (j, e) in eff.iter().enumerate() {
+                p[j] = sample_beta(rng, e.alpha, e.beta);
+            }
+            self.best_plan(&p, &eff, &mut plan);
+            *counts.entry(plan.clone()).or_default() += 1;
+        }
+        let mut out: Vec<(Vec<usize>, f64)> = counts
+            .into_iter()
+            .map(|(k, c)| (k, c as f64 / draws as f64))
+            .collect();
+        out.sort_by(|a, b| b.1.total_cmp(&a.1));
+        out
+    }
+
+    /// The arms of a plan given as indices (`None` if an index is out of range).
+    pub fn plan_arms(&self, plan: &[usize]) -> Option<Vec<Arm>> {
+        if plan.len() != self.stages.len() {
+            return None;
+        }
+        plan.iter()
+            .zip(&self.stages)
+            .map(|(&a, s)| s.arms.get(a).cloned())
+            .collect()
+    }
+
     /// The greedy plan (posterior means, no sampling) and its expected value.
     pub fn greedy(&self, features: &BTreeMap<String, String>) -> (Vec<usize>, f64) {
         let eff = self.effective(features);

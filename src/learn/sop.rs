@@ -1,1 +1,517 @@
-//! sop (in progress).
+//! sop: standard operating procedures: candidates from repeated successful plans in a cluster,
+//! promotion on statistical evidence (minimum sample, one-sided uplift test over the cluster's
+//! baseline, no critical incident in the window), versioning, matching for the planner, and an
+//! A/B router that keeps a share of traffic on the baseline and rolls an SOP back when its live
+//! success falls significantly below its evidence.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::learn::cluster::{cluster_key, key_hash};
+use crate::learn::stats::{fisher_exact_greater, two_proportion_z};
+use crate::record::{ArmChoice, Sop, SopStatus};
+
+/// Configuration of SOP promotion and routing (serde, with defaults).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SopConfig {
+    /// Runs of the plan in the cluster before it can be promoted.
+    pub min_trials: u64,
+    /// Baseline runs in the cluster before a comparison is made.
+    pub min_baseline_trials: u64,
+    /// Significance level of the one-sided uplift test.
+    pub alpha: f64,
+    /// Share of matching traffic the router keeps on the baseline.
+    pub baseline_share: f64,
+    /// Live runs of a stable SOP before a rollback test is made.
+    pub rollback_min_trials: u64,
+    /// Significance level of the rollback test (Fisher's exact test: the evidence's success
+    /// rate above the live one).
+    pub rollback_alpha: f64,
+    /// A critical incident on the plan within this window (ms) blocks promotion.
+    pub incident_window_ms: u64,
+    /// Evidence run ids kept per SOP.
+    pub max_evidence: usize,
+}
+
+impl Default for SopConfig {
+    fn default() -> Self {
+        SopConfig {
+            min_trials: 20,
+            min_baseline_trials: 10,
+            alpha: 0.05,
+            baseline_share: 0.1,
+            rollback_min_trials: 10,
+            rollback_alpha: 0.01,
+            incident_window_ms: 24 * 3600 * 1000,
+            max_evidence: 50,
+        }
+    }
+}
+
+/// Outcome tallies of one plan (or of a cluster's baseline).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Tally {
+    /// Runs that passed.
+    pub successes: u64,
+    /// Runs.
+    pub trials: u64,
+    /// Latest passing run ids (evidence), newest last.
+    pub evidence: Vec<String>,
+    /// Time of the latest critical incident (ms), if any.
+    pub last_incident_ms: Option<u64>,
+}
+
+/// Where the router sends a task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Route {
+    /// Run the stable SOP's plan.
+    Sop {
+        /// The SOP.
+        sop_id: String,
+        /// Its version.
+        version: u32,
+        /// The plan.
+        plan: Vec<ArmChoice>,
+    },
+    /// Run the baseline (the policy), though an SOP matched (the A/B holdout).
+    Holdout {
+        /// The SOP held out.
+        sop_id: String,
+    },
+    /// No stable SOP matches: run the policy.
+    Baseline,
+}
+
+/// What consolidation changed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum SopEvent {
+    /// A plan was promoted to a stable SOP (a new version when the SOP id existed).
+    Promoted(Sop),
+    /// A stable SOP was rolled back.
+    RolledBack(Sop),
+}
+
+/// Live results of a stable SOP since its promotion.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LiveTally {
+    /// Runs through the SOP that passed.
+    pub successes: u64,
+    /// Runs through the SOP.
+    pub trials: u64,
+}
+
+/// The SOP book: tallies per cluster and plan, every SOP version, and their live results.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SopBook {
+    /// The configuration.
+    pub config: SopConfig,
+    /// Cluster key -> plan key -> tally.
+    pub plans: BTreeMap<String, BTreeMap<String, (Vec<ArmChoice>, Tally)>>,
+    /// Cluster key -> every run of the cluster not through a stable SOP.
+    pub clusters: BTreeMap<String, (BTreeMap<String, String>, Tally)>,
+    /// Every SOP version ever made, oldest first.
+    pub sops: Vec<Sop>,
+    /// `sop_id@version` -> live results.
+    pub live: BTreeMap<String, LiveTally>,
+}
+
+/// The key of a plan: `stage:tool/strategy` joined by `,`.
+pub fn plan_key(plan: &[ArmChoice]) -> String {
+    plan.iter()
+        .map(|a| format!("{}:{}/{}", a.stage, a.tool, a.strategy))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn live_key(sop_id: &str, version: u32) -> String {
+    format!("{sop_id}@{version}")
+}
+
+fn matches(pre: &BTreeMap<String, String>, features: &BTreeMap<String, String>) -> bool {
+    pre.iter().all(|(k, v)| features.get(k) == Some(v))
+}
+
+impl SopBook {
+    /// An empty book.
+    pub fn new(config: SopConfig) -> SopBook {
+        SopBook {
+            config,
+            ..SopBook::default()
+        }
+    }
+
+    /// Records a finished run: its features, the first attempt's plan, whether it passed, and
+    /// through which SOP it ran (if any). Runs through an SOP count towards its live results;
+    /// the others towards the plan's tally and the cluster's baseline.
+    pub fn record_run(
+        &mut self,
+        features: &BTreeMap<String, String>,
+        plan: &[ArmChoice],
+        passed: bool,
+        run_id: &str,
+        via_sop: Option<(&str, u32)>,
+    ) {
+        if let Some((id, version)) = via_sop {
+            let live = self.live.entry(live_key(id, version)).or_default();
+            live.trials += 1;
+            live.successes += u64::from(passed);
+            if passed
+                && let Some(sop) = self
+                    .sops
+                    .iter_mut()
+                    .find(|s| s.sop_id == id && s.version == version)
+            {
+                sop.evidence.push(run_id.to_string());
+                let excess = sop.evidence.len().saturating_sub(self.config.max_evidence);
+                sop.evidence.drain(..excess);
+            }
+            return;
+        }
+        let cluster = cluster_key(features);
+        let max_ev = self.config.max_evidence;
+        let add = |t: &mut Tally| {
+            t.trials += 1;
+            if passed {
+                t.successes += 1;
+                t.evidence.push(run_id.to_string());
+                let excess = t.evidence.len().saturating_sub(max_ev);
+                t.evidence.drain(..excess);
+            }
+        };
+        let c = self
+            .clusters
+            .entry(cluster.clone())
+            .or_insert_with(|| (features.clone(), Tally::default()));
+        add(&mut c.1);
+        let bare: Vec<ArmChoice> = plan
+            .iter()
+            .map(|a| ArmChoice {
+                propensity: 1.0,
+                ..a.clone()
+            })
+            .collect();
+        let p = self
+            .plans
+            .entry(cluster)
+            .or_default()
+            .entry(plan_key(plan))
+            .or_insert_with(|| (bare, Tally::default()));
+        add(&mut p.1);
+    }
+
+    /// Records a critical incident (data loss, a guard violation, an escalation) on a plan in
+    /// the cluster of `features`: it blocks promotion for the incident window.
+    pub fn record_incident(
+        &mut self,
+        features: &BTreeMap<String, String>,
+        plan: &[ArmChoice],
+        now_ms: u64,
+    ) {
+        let cluster = cluster_key(features);
+        let key = plan_key(plan);
+        let bare: Vec<ArmChoice> = plan.to_vec();
+        let entry = self
+            .plans
+            .entry(cluster)
+            .or_default()
+            .entry(key)
+            .or_insert_with(|| (bare, Tally::default()));
+        entry.1.last_incident_ms = Some(now_ms);
+    }
+
+    /// The one-sided p-value of a plan's uplift over the rest of its cluster (Fisher's exact
+    /// test; the z-test when every expected cell count is at least 10).
+    pub fn uplift_p_value(plan: &Tally, cluster: &Tally) -> (f64, u64, u64) {
+        let bs = cluster.successes.saturating_sub(plan.successes);
+        let bn = cluster.trials.saturating_sub(plan.trials);
+        let n = plan.trials + bn;
+        let k = plan.successes + bs;
+        let big = n > 0 && {
+            let p = k as f64 / n as f64;
+            let m = (plan.trials.min(bn)) as f64;
+            m * p >= 10.0 && m * (1.0 - p) >= 10.0
+        };
+        let t = if big {
+            two_proportion_z(plan.successes, plan.trials, bs, bn)
+        } else {
+            fisher_exact_greater(plan.successes, plan.trials, bs, bn)
+        };
+        (t.p_value, bs, bn)
+    }
+
+    /// Promotes the plans that earned it and rolls back the SOPs whose live success fell
+    /// significantly below their evidence.
+    pub fn consolidate(&mut self, now_ms: u64) -> Vec<SopEvent> {
+        let mut events = Vec::new();
+        // Rollbacks first.
+        for sop in self.sops.iter_mut() {
+            if sop.status != SopStatus::Stable {
+                continue;
+            }
+            let Some(live) = self.live.get(&live_key(&sop.sop_id, sop.version)) else {
+                continue;
+            };
+            if live.trials < self.config.rollback_min_trials || sop.trials == 0 {
+                continue;
+            }
+            // One-sided exact test: the evidence's success rate above the live one.
+            let p = fisher_exact_greater(sop.successes, sop.trials, live.successes, live.trials)
+                .p_value;
+            if p < self.config.rollback_alpha {
+                sop.status = SopStatus::RolledBack;
+                sop.updated_ms = now_ms;
+                events.push(SopEvent::RolledBack(sop.clone()));
+                // Its plan must earn promotion again from fresh evidence.
+                let cluster = cluster_key(&sop.preconditions);
+                if let Some(plans) = self.plans.get_mut(&cluster)
+                    && let Some(t) = plans.get_mut(&plan_key(&sop.plan))
+                {
+                    t.1 = Tally {
+                        last_incident_ms: t.1.last_incident_ms,
+                        ..Tally::default()
+                    };
+                }
+            }
+        }
+        // Promotions: per cluster, the best plan by p-value among those that qualify.
+        let cfg = self.config.clone();
+        let mut promote: Vec<(String, Vec<ArmChoice>, Tally, Tally, f64)> = Vec::new();
+        for (cluster, plans) in &self.plans {
+            let Some((_, ctally)) = self.clusters.get(cluster) else {
+                continue;
+            };
+            let mut best: Option<(f64, &Vec<ArmChoice>, &Tally)> = None;
+            for (plan, tally) in plans.values() {
+                if tally.trials < cfg.min_trials {
+                    continue;
+                }
+                if tally
+                    .last_incident_ms
+                    .is_some_and(|t| now_ms.saturating_sub(t) < cfg.incident_window_ms)
+                {
+                    continue;
+                }
+                let (p, _, bn) = SopBook::uplift_p_value(tally, ctally);
+                if bn < cfg.min_baseline_trials || p >= cfg.alpha {
+                    continue;
+                }
+                if best.is_none_or(|(bp, _, _)| p < bp) {
+                    best = Some((p, plan, tally));
+                }
+            }
+            if let Some((p, plan, tally)) = best {
+                let already = self.sops.iter().any(|s| {
+                    s.status == SopStatus::Stable
+                        && cluster_key(&s.preconditions) == *cluster
+                        && plan_key(&s.plan) == plan_key(plan)
+                });
+                if !already {
+                    promote.push((
+                        cluster.clone(),
+                        plan.clone(),
+                        tally.clone(),
+                        ctally.clone(),
+                        p,
+                    ));
+                }
+            }
+        }
+        for (cluster, plan, tally, ctally, p) in promote {
+            let Some((features, _)) = self.clusters.get(&cluster) else {
+                continue;
+            };
+            let features = features.clone();
+            let sop_id = format!("sop-{:016x}", key_hash(&cluster));
+            let mut version = 1;
+            for s in self.sops.iter_mut().filter(|s| s.sop_id == sop_id) {
+                version = version.max(s.version + 1);
+                if s.status == SopStatus::Stable {
+                    s.status = SopStatus::Retired;
+                    s.updated_ms = now_ms;
+                }
+            }
+            let sop = Sop {
+                sop_id,
+                version,
+                preconditions: features,
+                plan,
+                status: SopStatus::Stable,
+                successes: tally.successes,
+                trials: tally.trials,
+                baseline_successes: ctally.successes.saturating_sub(tally.successes),
+                baseline_trials: ctally.trials.saturating_sub(tally.trials),
+                p_value: Some(p),
+                evidence: tally.evidence.clone(),
+                created_ms: now_ms,
+                updated_ms: now_ms,
+            };
+            self.sops.push(sop.clone());
+            events.push(SopEvent::Promoted(sop));
+        }
+        events
+    }
+
+    /// The stable SOP whose preconditions match `features` (the most specific, then the
+    /// newest version).
+    pub fn matching_stable_sop(&self, features: &BTreeMap<String, String>) -> Option<&Sop> {
+        self.sops
+            .iter()
+            .filter(|s| s.status == SopStatus::Stable && matches(&s.preconditions, features))
+            .max_by_key(|s| (s.preconditions.len(), s.version))
+    }
+
+    /// The A/B router: a matching stable SOP gets the traffic except a `baseline_share` holdout
+    /// (drawn from `rng`), which runs the policy.
+    pub fn route(&self, features: &BTreeMap<String, String>, rng: &mut fastrand::Rng) -> Route {
+        match self.matching_stable_sop(features) {
+            None => Route::Baseline,
+            Some(s) if rng.f64() < self.config.baseline_share => Route::Holdout {
+                sop_id: s.sop_id.clone(),
+            },
+            Some(s) => Route::Sop {
+                sop_id: s.sop_id.clone(),
+                version: s.version,
+                plan: s.plan.clone(),
+            },
+        }
+    }
+
+    /// Stable SOPs.
+    pub fn stable(&self) -> impl Iterator<Item = &Sop> {
+        self.sops.iter().filter(|s| s.status == SopStatus::Stable)
+    }
+
+    /// Live results of an SOP version.
+    pub fn live(&self, sop_id: &str, version: u32) -> LiveTally {
+        self.live
+            .get(&live_key(sop_id, version))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The persistent state (serde).
+    pub fn snapshot(&self) -> SopBook {
+        self.clone()
+    }
+
+    /// A book from a snapshot.
+    pub fn restore(snapshot: SopBook) -> SopBook {
+        snapshot
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feats(t: &str) -> BTreeMap<String, String> {
+        [("filetype", "pdf"), ("tenant", t)]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn plan(tool: &str) -> Vec<ArmChoice> {
+        vec![ArmChoice {
+            stage: "extract".into(),
+            tool: tool.into(),
+            strategy: "s".into(),
+            propensity: 0.5,
+        }]
+    }
+
+    fn feed(book: &mut SopBook, f: &BTreeMap<String, String>, tool: &str, ok: u64, n: u64) {
+        for i in 0..n {
+            book.record_run(f, &plan(tool), i < ok, &format!("{tool}-{i}"), None);
+        }
+    }
+
+    #[test]
+    fn promotes_only_with_enough_samples_and_a_significant_uplift() {
+        let mut book = SopBook::new(SopConfig::default());
+        let f = feats("A");
+        feed(&mut book, &f, "good", 15, 15);
+        feed(&mut book, &f, "bad", 5, 12);
+        assert!(book.consolidate(0).is_empty(), "15 < min_trials");
+        feed(&mut book, &f, "good", 10, 10);
+        let ev = book.consolidate(0);
+        assert_eq!(ev.len(), 1);
+        let SopEvent::Promoted(sop) = &ev[0] else {
+            panic!("{ev:?}")
+        };
+        assert_eq!(sop.version, 1);
+        assert_eq!(sop.trials, 25);
+        assert_eq!(sop.baseline_trials, 12);
+        assert!(sop.p_value.unwrap() < 0.05);
+        assert!(!sop.evidence.is_empty());
+        assert_eq!(book.matching_stable_sop(&f).unwrap().plan[0].tool, "good");
+        assert!(book.matching_stable_sop(&feats("B")).is_none());
+        // No second promotion of the same plan.
+        assert!(book.consolidate(1).is_empty());
+    }
+
+    #[test]
+    fn no_uplift_no_promotion() {
+        let mut book = SopBook::new(SopConfig::default());
+        let f = feats("A");
+        feed(&mut book, &f, "x", 18, 20);
+        feed(&mut book, &f, "y", 17, 20);
+        assert!(book.consolidate(0).is_empty());
+    }
+
+    #[test]
+    fn a_critical_incident_blocks_promotion_in_its_window() {
+        let mut book = SopBook::new(SopConfig::default());
+        let f = feats("A");
+        feed(&mut book, &f, "good", 25, 25);
+        feed(&mut book, &f, "bad", 3, 12);
+        book.record_incident(&f, &plan("good"), 1_000);
+        assert!(book.consolidate(2_000).is_empty());
+        let later = 1_000 + book.config.incident_window_ms;
+        assert_eq!(book.consolidate(later).len(), 1);
+    }
+
+    #[test]
+    fn router_holds_out_a_share_and_rolls_back_a_failing_sop() {
+        let mut book = SopBook::new(SopConfig::default());
+        let f = feats("A");
+        feed(&mut book, &f, "good", 30, 30);
+        feed(&mut book, &f, "bad", 4, 15);
+        assert_eq!(book.consolidate(0).len(), 1);
+        let mut rng = fastrand::Rng::with_seed(3);
+        let mut holdouts = 0;
+        for _ in 0..1000 {
+            match book.route(&f, &mut rng) {
+                Route::Holdout { .. } => holdouts += 1,
+                Route::Sop { .. } => {}
+                Route::Baseline => panic!("a stable SOP matches"),
+            }
+        }
+        assert!((60..=140).contains(&holdouts), "{holdouts}");
+        let (id, v) = {
+            let s = book.matching_stable_sop(&f).unwrap();
+            (s.sop_id.clone(), s.version)
+        };
+        // Live results as good as the evidence: no rollback.
+        for i in 0..10 {
+            book.record_run(&f, &plan("good"), i != 3, &format!("l{i}"), Some((&id, v)));
+        }
+        assert!(book.consolidate(5).is_empty());
+        // Then it breaks.
+        for i in 0..10 {
+            book.record_run(&f, &plan("good"), false, &format!("m{i}"), Some((&id, v)));
+        }
+        let ev = book.consolidate(6);
+        assert!(matches!(&ev[..], [SopEvent::RolledBack(s)] if s.sop_id == id));
+        assert!(book.matching_stable_sop(&f).is_none());
+        // A new version needs fresh evidence.
+        feed(&mut book, &f, "good", 25, 25);
+        let ev = book.consolidate(7);
+        assert!(matches!(&ev[..], [SopEvent::Promoted(s)] if s.version == v + 1));
+        let json = serde_json::to_string(&book.snapshot()).unwrap();
+        let back = SopBook::restore(serde_json::from_str(&json).unwrap());
+        assert_eq!(back, book);
+    }
+}
