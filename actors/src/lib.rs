@@ -2,4 +2,5 @@
 //! actors that own state, the ReflectRetry plugin, fault injection and the HTTP API.
 
 pub mod call;
+pub mod chaos;
 pub mod supervisor;
