@@ -185,12 +185,18 @@ impl ChaosPlan {
             if r[0] <= r[1] {
                 Ok(())
             } else {
-                Err(invalid(key, format!("range [{}, {}] is reversed", r[0], r[1])))
+                Err(invalid(
+                    key,
+                    format!("range [{}, {}] is reversed", r[0], r[1]),
+                ))
             }
         };
         for (i, t) in self.tools.iter().enumerate() {
             prob(format!("tools[{i}].fault_probability"), t.fault_probability)?;
-            prob(format!("tools[{i}].latency_probability"), t.latency_probability)?;
+            prob(
+                format!("tools[{i}].latency_probability"),
+                t.latency_probability,
+            )?;
             range(format!("tools[{i}].latency_ms"), t.latency_ms)?;
             if t.fault_probability > 0.0 && t.classes.is_empty() {
                 return Err(invalid(
@@ -208,8 +214,14 @@ impl ChaosPlan {
             }
         }
         for (i, a) in self.actors.iter().enumerate() {
-            prob(format!("actors[{i}].panic_probability"), a.panic_probability)?;
-            prob(format!("actors[{i}].delay_probability"), a.delay_probability)?;
+            prob(
+                format!("actors[{i}].panic_probability"),
+                a.panic_probability,
+            )?;
+            prob(
+                format!("actors[{i}].delay_probability"),
+                a.delay_probability,
+            )?;
             range(format!("actors[{i}].delay_ms"), a.delay_ms)?;
         }
         Ok(())
@@ -255,7 +267,10 @@ impl ChaosPlan {
         rng: &mut fastrand::Rng,
     ) -> Option<ActorFault> {
         for rule in self.actors.iter().filter(|r| matches(&r.name, actor)) {
-            if rule.panic_every > 0 && msg_counter > 0 && msg_counter % rule.panic_every == 0 {
+            if rule.panic_every > 0
+                && msg_counter > 0
+                && msg_counter.is_multiple_of(rule.panic_every)
+            {
                 return Some(ActorFault::Panic);
             }
             if rule.panic_probability > 0.0 && rng.f64() < rule.panic_probability {
@@ -565,7 +580,9 @@ delay_ms = [1, 3]
     fn fault_rate_matches_probability() {
         let plan = ChaosPlan::parse(PLAN, "t.toml").unwrap();
         let h = ChaosHandle::new(plan);
-        let faults = (0..10_000).filter(|k| h.tool_fault("t", *k).is_some()).count();
+        let faults = (0..10_000)
+            .filter(|k| h.tool_fault("t", *k).is_some())
+            .count();
         assert!((900..=1100).contains(&faults), "{faults}");
         let panics = (1..=10_000)
             .filter(|i| h.actor_fault("executor", *i) == Some(ActorFault::Panic))
@@ -583,10 +600,16 @@ delay_ms = [1, 3]
         let faults: Vec<_> = (0..30).map(|_| h.next_actor_fault("memory")).collect();
         for (i, f) in faults.iter().enumerate() {
             let index = i as u64 + 1;
-            if index % 10 == 0 {
+            if index.is_multiple_of(10) {
                 assert_eq!(*f, Some(ActorFault::Panic));
             } else if let Some(fault) = f {
-                assert!(matches!(fault, ActorFault::Delay { ms: 1..=3, real: false }));
+                assert!(matches!(
+                    fault,
+                    ActorFault::Delay {
+                        ms: 1..=3,
+                        real: false
+                    }
+                ));
             }
         }
         assert_eq!(h.counts().panics, 3);
@@ -599,7 +622,10 @@ delay_ms = [1, 3]
         let h1 = ChaosHandle::new(plan.clone());
         let h2 = ChaosHandle::new(plan);
         let forward: Vec<_> = (1..=500).map(|i| h1.actor_fault("executor", i)).collect();
-        let mut backward: Vec<_> = (1..=500).rev().map(|i| h2.actor_fault("executor", i)).collect();
+        let mut backward: Vec<_> = (1..=500)
+            .rev()
+            .map(|i| h2.actor_fault("executor", i))
+            .collect();
         backward.reverse();
         assert_eq!(forward, backward);
     }
@@ -607,13 +633,22 @@ delay_ms = [1, 3]
     #[test]
     fn errors_name_the_key() {
         let bad_prob = PLAN.replace("panic_probability = 0.01", "panic_probability = 1.5");
-        let e = ChaosPlan::parse(&bad_prob, "c.toml").unwrap_err().to_string();
-        assert!(e.contains("actors[0].panic_probability") && e.contains("c.toml"), "{e}");
+        let e = ChaosPlan::parse(&bad_prob, "c.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("actors[0].panic_probability") && e.contains("c.toml"),
+            "{e}"
+        );
         let bad_class = PLAN.replace("rate_limit", "Meteor");
-        let e = ChaosPlan::parse(&bad_class, "c.toml").unwrap_err().to_string();
+        let e = ChaosPlan::parse(&bad_class, "c.toml")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("tools[0].classes[1]"), "{e}");
         let unknown = PLAN.replace("panic_every", "panic_evry");
-        let e = ChaosPlan::parse(&unknown, "c.toml").unwrap_err().to_string();
+        let e = ChaosPlan::parse(&unknown, "c.toml")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("panic_evry"), "{e}");
         let e = ChaosPlan::load(Path::new("/nonexistent/chaos.toml"))
             .unwrap_err()
