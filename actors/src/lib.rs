@@ -3,5 +3,6 @@
 
 pub mod api;
 pub mod call;
+pub mod chaos;
 pub mod cli;
 pub mod supervisor;
