@@ -2,3 +2,5 @@
 //! actors that own state, the ReflectRetry plugin, fault injection and the HTTP API.
 
 pub mod api;
+pub mod metrics;
+pub mod telemetry;
