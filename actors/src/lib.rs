@@ -1,8 +1,34 @@
 //! hindsight-actors: the imperative shell of hindsight on ractor: the supervision tree, the
 //! actors that own state, the ReflectRetry plugin, fault injection and the HTTP API.
+//!
+//! Start a tree with [`runtime::Runtime::start`] and submit tasks with
+//! [`runtime::Runtime::orchestrate`]; or build its children with [`tree::build`] and start them
+//! under a supervisor of your own ([`supervisor::Supervisor`]).
 
 pub mod api;
+pub mod bench;
 pub mod call;
 pub mod chaos;
+pub mod chaos_hook;
 pub mod cli;
+pub mod demo;
+pub mod directory;
+pub mod executor;
+pub mod memory;
+pub mod metrics;
+pub mod orchestrator;
+pub mod plugin;
+pub mod policy;
+pub mod recovery;
+pub mod reflect_retry;
+pub mod reflector;
+pub mod run;
+pub mod runtime;
 pub mod supervisor;
+pub mod telemetry;
+pub mod tree;
+pub mod validator;
+pub mod workflow;
+pub mod workload;
+
+pub use runtime::{Runtime, RuntimeError, RuntimeOptions};
