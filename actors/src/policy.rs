@@ -9,8 +9,9 @@ use std::sync::Arc;
 use hindsight::learn::bandit::{
     Arm, Observation, Policy, PolicySnapshot, StageObservation, StageOutcome,
 };
+use hindsight::learn::sop::{Route, SopBook, SopConfig, SopEvent};
 use hindsight::store::{KvTable, Store};
-use hindsight::{ArmChoice, ExperienceTuple, FailureCategory, Task};
+use hindsight::{ArmChoice, ExperienceTuple, FailureCategory, Sop, SopStatus, Task, now_ms};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -20,6 +21,30 @@ use crate::directory::Slot;
 
 /// The table of the policy's snapshot.
 pub const POLICY: KvTable = KvTable::new("policy");
+/// Every SOP version, keyed `sop_id@version` (what the API and reports read).
+pub const SOPS: KvTable = KvTable::new("sops");
+
+/// How many SOP versions are stable, from the store.
+pub fn sops_promoted(store: &Store) -> Result<u64, hindsight::store::StoreError> {
+    Ok(store
+        .scan::<Sop>(SOPS)?
+        .into_iter()
+        .filter_map(|(_, s)| s.ok())
+        .filter(|s| s.status != SopStatus::Candidate)
+        .count() as u64)
+}
+
+/// The plan id of a run that followed an SOP.
+pub fn sop_plan_id(sop_id: &str, version: u32) -> String {
+    format!("sop:{sop_id}@{version}")
+}
+
+/// The SOP (id, version) a plan id names, if it names one.
+pub fn parse_sop_plan_id(plan_id: &str) -> Option<(&str, u32)> {
+    let rest = plan_id.strip_prefix("sop:")?;
+    let (id, v) = rest.rsplit_once('@')?;
+    Some((id, v.parse().ok()?))
+}
 const SNAPSHOT_KEY: &str = "snapshot";
 
 /// A plan chosen for one attempt.
@@ -33,6 +58,9 @@ pub struct PlanChoice {
     pub arms: Vec<ArmChoice>,
     /// Whether the plan is the policy's greedy choice (not an exploration).
     pub greedy: bool,
+    /// The SOP's version, when the plan follows an SOP.
+    #[serde(default)]
+    pub sop_version: Option<u32>,
 }
 
 impl PlanChoice {
@@ -48,6 +76,7 @@ impl PlanChoice {
             sop_id,
             arms,
             greedy,
+            sop_version: None,
         }
     }
 }
@@ -102,6 +131,11 @@ pub enum PolicyMsg {
         /// `(arms as tool/strategy, estimated reward)`.
         reply: RpcReplyPort<(Vec<String>, f64)>,
     },
+    /// The stable SOPs and every version ever made.
+    Sops {
+        /// Every SOP version.
+        reply: RpcReplyPort<Vec<Sop>>,
+    },
     /// Persist the snapshot now (at shutdown).
     Flush {
         /// Acknowledged once it is on disk.
@@ -113,6 +147,7 @@ pub enum PolicyMsg {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Persisted {
     policy: PolicySnapshot,
+    sops: SopBook,
     /// Every experience with `seq <= watermark` has been learned.
     watermark: u64,
     /// Experiences above the watermark already learned.
@@ -132,6 +167,8 @@ pub struct PolicyArgs {
     pub seed: u64,
     /// Persist the snapshot every this many experiences.
     pub snapshot_every: u64,
+    /// SOP promotion and rollback rules.
+    pub sop: SopConfig,
     /// Where it publishes itself.
     pub slot: Arc<Slot<PolicyMsg>>,
     /// Fault injection.
@@ -142,6 +179,8 @@ pub struct PolicyArgs {
 pub struct PolicyState {
     store: Store,
     policy: Policy,
+    sops: SopBook,
+    sop_events: Vec<SopEvent>,
     rng: fastrand::Rng,
     watermark: u64,
     applied: BTreeSet<u64>,
@@ -167,15 +206,20 @@ impl Actor for PolicyActor {
                 None
             }
         };
-        let (policy, watermark, applied) = match stored {
-            Some(p) if p.policy.stages == args.initial.stages() => {
-                (Policy::restore(p.policy)?, p.watermark, p.applied)
-            }
-            _ => (args.initial, 0, BTreeSet::new()),
+        let (policy, sops, watermark, applied) = match stored {
+            Some(p) if p.policy.stages == args.initial.stages() => (
+                Policy::restore(p.policy)?,
+                SopBook::restore(p.sops),
+                p.watermark,
+                p.applied,
+            ),
+            _ => (args.initial, SopBook::new(args.sop), 0, BTreeSet::new()),
         };
         let mut state = PolicyState {
             store: args.store,
             policy,
+            sops,
+            sop_events: Vec::new(),
             // Each incarnation draws from its own stream, derived from the seed and how much has
             // been learned, so a restart does not replay the same choices.
             rng: fastrand::Rng::with_seed(args.seed ^ watermark.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
@@ -219,7 +263,7 @@ impl Actor for PolicyActor {
             }
             PolicyMsg::Observe { seq, experience } => {
                 state.observe(seq, &experience);
-                if state.since_snapshot >= state.snapshot_every {
+                if state.since_snapshot >= state.snapshot_every || !state.sop_events.is_empty() {
                     if let Err(e) = state.persist().await {
                         tracing::warn!(error = %e, "the policy snapshot was not written; the log still holds everything");
                     }
@@ -245,6 +289,9 @@ impl Actor for PolicyActor {
                     .map(|a| format!("{}/{}", a.tool, a.strategy))
                     .collect();
                 let _ = reply.send((arms, value));
+            }
+            PolicyMsg::Sops { reply } => {
+                let _ = reply.send(state.sops.sops.clone());
             }
             PolicyMsg::Flush { reply } => {
                 let _ = reply.send(state.persist().await.map_err(|e| e.to_string()));
@@ -279,17 +326,66 @@ impl PolicyState {
         }
         let observation = observation_of(exp);
         self.policy.update(&observation);
+        let via_sop = parse_sop_plan_id(&exp.plan_id);
+        let first_passed = exp.result.passed && exp.result.attempts == 1;
+        self.sops.record_run(
+            &exp.context_features,
+            &exp.arms,
+            first_passed,
+            &exp.run_id,
+            via_sop,
+        );
+        if seq % 10 == 0 {
+            let events = self.sops.consolidate(exp.time_ms);
+            self.sop_events.extend(events);
+        }
         self.mark_applied(seq);
         self.since_snapshot += 1;
     }
 
     async fn persist(&mut self) -> Result<(), hindsight::store::StoreError> {
+        // SOP changes go to their own table (and a diary note) in the same transaction as the
+        // snapshot, so the API and reports see exactly what the planner uses.
+        let mut ops = Vec::new();
+        for event in std::mem::take(&mut self.sop_events) {
+            let (sop, what) = match &event {
+                SopEvent::Promoted(s) => (s, "promoted"),
+                SopEvent::RolledBack(s) => (s, "rolled back"),
+            };
+            ops.push(hindsight::store::WriteOp::put(
+                SOPS,
+                &format!("{}@{}", sop.sop_id, sop.version),
+                sop,
+            )?);
+            ops.push(hindsight::store::WriteOp::diary(&hindsight::store::NewDiaryEntry {
+                time_ms: now_ms(),
+                run_id: sop.evidence.last().cloned(),
+                kind: format!("sop_{}", what.replace(' ', "_")),
+                text: format!(
+                    "SOP {} v{} {what}: plan {} for {:?} ({} of {} runs passed; p = {})",
+                    sop.sop_id,
+                    sop.version,
+                    sop.plan
+                        .iter()
+                        .map(|a| format!("{}/{}", a.tool, a.strategy))
+                        .collect::<Vec<_>>()
+                        .join(" + "),
+                    sop.preconditions,
+                    sop.successes,
+                    sop.trials,
+                    sop.p_value.map(|p| format!("{p:.4}")).unwrap_or_else(|| "n/a".into())
+                ),
+                tags: vec!["sop".to_string()],
+            })?);
+        }
         let p = Persisted {
             policy: self.policy.snapshot(),
+            sops: self.sops.snapshot(),
             watermark: self.watermark,
             applied: self.applied.clone(),
         };
-        self.store.put(POLICY, SNAPSHOT_KEY, &p).await?;
+        ops.push(hindsight::store::WriteOp::put(POLICY, SNAPSHOT_KEY, &p)?);
+        self.store.write_batch(ops).await?;
         self.since_snapshot = 0;
         Ok(())
     }
@@ -301,6 +397,21 @@ impl PolicyState {
         exclude: &[(String, String, String)],
     ) -> Result<PlanChoice, String> {
         let Some(mut arms) = base else {
+            // The A/B router: a matching stable SOP takes the task, except a holdout share
+            // that runs the policy as the baseline.
+            if let Route::Sop {
+                sop_id,
+                version,
+                plan,
+            } = self.sops.route(&task.features, &mut self.rng)
+            {
+                if plan.len() == self.policy.stages().len() {
+                    let mut choice = PlanChoice::new(plan, Some(sop_id.clone()), true);
+                    choice.plan_id = sop_plan_id(&sop_id, version);
+                    choice.sop_version = Some(version);
+                    return Ok(choice);
+                }
+            }
             let choice = self.policy.choose(&task.features, &mut self.rng);
             return Ok(PlanChoice::new(choice.arm_choices(), None, choice.greedy));
         };

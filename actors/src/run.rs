@@ -179,6 +179,8 @@ struct DriverState {
     first_arms: Vec<ArmChoice>,
     /// Whether the first plan explored.
     explored: bool,
+    /// The first plan's id (`sop:<id>@<version>` when it followed an SOP).
+    first_plan_id: String,
     /// The next stage to run in this attempt.
     next_stage: usize,
     /// Outputs of the completed stages of this attempt.
@@ -214,15 +216,7 @@ impl DriverState {
     }
 }
 
-/// Why one attempt did not pass.
-struct AttemptFailure {
-    trajectory: Trajectory,
-    stage: usize,
-    message: String,
-    error_type: Option<String>,
-    class: Option<ErrorClass>,
-    category: FailureCategory,
-}
+use crate::recovery::AttemptFailure;
 
 /// Starts the driver of `run` on its own task.
 pub fn spawn_driver(ctx: Arc<TreeCtx>, run: Run, task: Task, resume: bool) {
@@ -400,6 +394,7 @@ async fn run_round(
                     if st.first_arms.is_empty() {
                         st.first_arms = plan.arms.clone();
                         st.explored = !plan.greedy;
+                        st.first_plan_id = plan.plan_id.clone();
                     }
                     st.plan = Some(plan);
                 }
@@ -775,12 +770,7 @@ async fn finish(
     let experience = ExperienceTuple {
         run_id: run_id.to_string(),
         task_id: task.task_id.clone(),
-        plan_id: st
-            .first_arms
-            .iter()
-            .map(|a| format!("{}/{}", a.tool, a.strategy))
-            .collect::<Vec<_>>()
-            .join("+"),
+        plan_id: st.first_plan_id.clone(),
         user_id: task.user_id.clone(),
         context_features: task.features.clone(),
         arms: st.first_arms.clone(),

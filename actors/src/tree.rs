@@ -89,6 +89,8 @@ pub struct TreeSpec {
     pub policy: Policy,
     /// Seed of every random choice the tree makes.
     pub seed: u64,
+    /// SOP promotion and rollback rules.
+    pub sop: hindsight::learn::sop::SopConfig,
     /// Run limits and the failure policy.
     pub config: TreeConfig,
     /// ReflectRetry's configuration.
@@ -147,6 +149,7 @@ pub fn build(spec: TreeSpec) -> Tree {
         let (store, slot, chaos) = (store.clone(), ctx.dir.policy.clone(), hook(&faults, "policy"));
         let initial = spec.policy;
         let seed = spec.seed;
+        let sop = spec.sop;
         children.push(ChildSpec::actor("policy", None, move || {
             (
                 PolicyActor,
@@ -155,6 +158,7 @@ pub fn build(spec: TreeSpec) -> Tree {
                     initial: initial.clone(),
                     seed,
                     snapshot_every: 50,
+                    sop: sop.clone(),
                     slot: slot.clone(),
                     chaos: chaos.clone(),
                 },
