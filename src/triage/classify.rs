@@ -310,7 +310,7 @@ impl Classifier for RulesClassifier {
             (
                 raised.message.clone(),
                 raised.error_type.clone(),
-                t.last().map(|s| s.index),
+                Some(t.last().map_or(0, |s| s.index)),
             )
         };
         let ec = classify_error(ty.as_deref(), &msg);

@@ -5,6 +5,7 @@ pub mod agent;
 pub mod checkpoint;
 pub mod classify;
 pub mod clock;
+pub mod config;
 pub mod context;
 pub mod error;
 pub mod policy;
@@ -17,6 +18,7 @@ pub use classify::{
     Classification, Classifier, ClassifierConfig, FailureInput, GoalValidator, RulesClassifier,
 };
 pub use clock::{Clock, TokioClock, VirtualClock};
+pub use config::{PolicyError, PolicyFile};
 pub use context::{RunContext, RunError, TriageContext};
 pub use error::classify_error;
 pub use policy::{Backoff, FailureContext, FailurePolicy, PolicyState, Strategy};
