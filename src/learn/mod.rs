@@ -1,1 +1,4 @@
 //! learn (to be written).
+
+pub mod adaptive;
+pub mod reflector;
