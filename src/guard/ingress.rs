@@ -227,14 +227,14 @@ impl Guard {
             Some((t, set)) => (format!("tenant:{t}"), Some(set)),
             None => ("global".to_string(), config.permitted_tools.as_ref()),
         };
-        if let Some(allowed) = allowed {
-            if let Some(bad) = tools.iter().find(|t| !allowed.contains(*t)) {
-                return Err(GuardError::ToolNotPermitted {
-                    task_id: task_id.to_string(),
-                    tool: bad.clone(),
-                    scope,
-                });
-            }
+        if let Some(allowed) = allowed
+            && let Some(bad) = tools.iter().find(|t| !allowed.contains(*t))
+        {
+            return Err(GuardError::ToolNotPermitted {
+                task_id: task_id.to_string(),
+                tool: bad.clone(),
+                scope,
+            });
         }
         Ok(())
     }
@@ -262,14 +262,14 @@ fn check_budget(
     requested: Option<f64>,
     ceiling: Option<f64>,
 ) -> Result<Option<f64>, GuardError> {
-    if let Some(v) = requested {
-        if !v.is_finite() || v < 0.0 {
-            return Err(GuardError::InvalidBudget {
-                task_id: task_id.to_string(),
-                field,
-                value: v,
-            });
-        }
+    if let Some(v) = requested
+        && (!v.is_finite() || v < 0.0)
+    {
+        return Err(GuardError::InvalidBudget {
+            task_id: task_id.to_string(),
+            field,
+            value: v,
+        });
     }
     match (requested, ceiling) {
         (Some(r), Some(c)) if r > c => Err(GuardError::OverBudget {

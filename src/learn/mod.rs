@@ -3,16 +3,17 @@
 //! evaluation, distillation into a stable ranker, SOP promotion with its statistics, and the
 //! core-level learning simulation.
 
+pub mod adaptive;
 pub mod bandit;
 pub mod cluster;
 pub mod distill;
 pub mod drift;
 pub mod ope;
 pub mod posterior;
+pub mod reflector;
 pub mod sim_run;
 pub mod sop;
 pub mod stats;
-// (room for the `memory` helper's `adaptive` and `reflector` modules)
 
 pub use bandit::{
     Arm, Choice, ChosenArm, Observation, Policy, PolicyConfig, PolicyError, PolicySnapshot,

@@ -1,0 +1,1 @@
+//! Reflector: to be written.
