@@ -1,9 +1,17 @@
-//! How the tree turns a failed attempt into a recovery: the attempt's trajectory is classified
-//! into a [`FailureType`] and the failure policy picks a [`RecoveryAction`].
+//! How the tree turns a failed attempt into a recovery, through the core's triage: the attempt's
+//! trajectory is classified by the [`RulesClassifier`] into a [`FailureType`] and the
+//! [`FailurePolicy`] (per-run counters kept in the run's checkpoint) picks a [`RecoveryAction`].
 
-use std::collections::BTreeMap;
+use std::path::Path;
 
+use hindsight::triage::classify::{Classifier, FailureInput, RulesClassifier};
+use hindsight::triage::config::{PolicyError, PolicyFile};
+use hindsight::triage::context::RunError;
+use hindsight::triage::policy::{FailureContext, FailurePolicy, PolicyState};
 use hindsight::{ErrorClass, FailureCategory, FailureType, RecoveryAction, Task, Trajectory};
+
+/// The tree's failure policy, embedded (see `config/tree_policy.toml`).
+pub const TREE_POLICY: &str = include_str!("../../config/tree_policy.toml");
 
 /// A failed attempt, as the failure policy sees it.
 #[derive(Debug, Clone)]
@@ -16,10 +24,12 @@ pub struct AttemptFailure {
     pub message: String,
     /// The error's type name.
     pub error_type: Option<String>,
-    /// The error's class, when known.
+    /// The error's class, when the tool or the validator said it.
     pub class: Option<ErrorClass>,
     /// Whose fault it was.
     pub category: FailureCategory,
+    /// How long the tool asked to wait, if it did.
+    pub retry_after_ms: Option<u64>,
 }
 
 /// The failure type of an attempt and the action chosen for it.
@@ -27,84 +37,162 @@ pub struct AttemptFailure {
 pub struct Decision {
     /// The failure type.
     pub failure: FailureType,
+    /// The rule of the classifier that decided.
+    pub rule: String,
     /// The recovery.
     pub action: RecoveryAction,
 }
 
-/// The tree's failure classifier and policy.
+/// The tree's classifier and failure policy.
 #[derive(Debug, Clone)]
 pub struct TriageSetup {
-    actions: BTreeMap<FailureType, RecoveryAction>,
+    classifier: RulesClassifier,
+    policy: FailurePolicy,
+    manifest: String,
 }
 
 impl Default for TriageSetup {
     fn default() -> Self {
-        let replan = |hint: &str| RecoveryAction::Replan {
-            hint: hint.to_string(),
-        };
-        let mut actions = BTreeMap::new();
-        actions.insert(
-            FailureType::ExternalFault,
-            RecoveryAction::Retry {
-                hint: None,
-                inject: None,
-                delay_ms: 0,
-            },
-        );
-        actions.insert(
-            FailureType::WrongToolCalled,
-            replan("Re-run using only tools in the current manifest that fit this input."),
-        );
-        actions.insert(
-            FailureType::SchemaMismatch,
-            replan("The output broke the data contract: use another strategy for this stage."),
-        );
-        actions.insert(
-            FailureType::Timeout,
-            replan("The stage timed out: use a faster strategy."),
-        );
-        actions.insert(
-            FailureType::Unknown,
-            replan("The stage failed: try another strategy."),
-        );
-        TriageSetup { actions }
+        match TriageSetup::parse(TREE_POLICY, "(embedded) config/tree_policy.toml") {
+            Ok(t) => t,
+            // The embedded file is checked by a test; should it ever fail, every failure
+            // escalates rather than the tree refusing to start.
+            Err(e) => {
+                tracing::error!(error = %e, "the embedded tree policy is invalid; failures escalate");
+                TriageSetup {
+                    classifier: RulesClassifier::default(),
+                    policy: FailurePolicy::new(),
+                    manifest: String::new(),
+                }
+            }
+        }
     }
 }
 
 impl TriageSetup {
-    /// Classifies a failed attempt.
-    pub fn classify(&self, failure: &AttemptFailure) -> FailureType {
-        if failure.error_type.as_deref() == Some("InDoubt") {
-            return FailureType::Unknown;
+    /// A setup from a policy file's text; errors name the file and the key.
+    pub fn parse(text: &str, file: &str) -> Result<TriageSetup, PolicyError> {
+        let pf = PolicyFile::parse(text, file)?;
+        Ok(TriageSetup {
+            classifier: pf.rules_classifier()?,
+            policy: pf.policy,
+            manifest: String::new(),
+        })
+    }
+
+    /// A setup from a policy file.
+    pub fn load(path: &Path) -> Result<TriageSetup, PolicyError> {
+        let pf = PolicyFile::load(path)?;
+        Ok(TriageSetup {
+            classifier: pf.rules_classifier()?,
+            policy: pf.policy,
+            manifest: String::new(),
+        })
+    }
+
+    /// The tool manifest injected on `retry_with_tool_manifest`.
+    pub fn with_manifest(mut self, manifest: String) -> TriageSetup {
+        self.manifest = manifest;
+        self
+    }
+
+    /// Classifies a failed attempt. The trajectory classifier decides (loops, plan incomplete,
+    /// context overflow, ...); where the tool or the validator already said the error's class,
+    /// that class is trusted over a re-reading of the message.
+    pub fn classify(&self, task: &Task, failure: &AttemptFailure) -> (FailureType, String) {
+        let error = RunError {
+            message: failure.message.clone(),
+            error_type: failure.error_type.clone(),
+            retry_after_ms: failure.retry_after_ms,
+        };
+        let input = FailureInput {
+            trajectory: &failure.trajectory,
+            error: Some(&error),
+            claims: &[],
+            goal: Some(&task.goal),
+            output: None,
+        };
+        let verdict = self.classifier.classify(&input);
+        let (ft, rule) = verdict
+            .map(|c| (c.failure_type, c.rule))
+            .unwrap_or((FailureType::Unknown, "none".to_string()));
+        let structural = matches!(
+            ft,
+            FailureType::LoopDetected
+                | FailureType::ContextOverflow
+                | FailureType::PlanIncomplete
+                | FailureType::HallucinatedState
+                | FailureType::ConstraintIgnored
+        );
+        if structural {
+            return (ft, rule);
         }
-        match (failure.category, failure.class) {
-            (FailureCategory::Infrastructure, Some(ErrorClass::Timeout)) => FailureType::Timeout,
-            (FailureCategory::Infrastructure, _) => FailureType::ExternalFault,
-            (_, Some(ErrorClass::ToolNotFit | ErrorClass::NotFound)) => FailureType::WrongToolCalled,
-            (_, Some(ErrorClass::SchemaMismatch)) => FailureType::SchemaMismatch,
-            (_, Some(ErrorClass::Timeout)) => FailureType::Timeout,
-            _ => FailureType::Unknown,
+        let by_class = match (failure.category, failure.class) {
+            (FailureCategory::Infrastructure, Some(ErrorClass::Timeout)) => Some(FailureType::Timeout),
+            (FailureCategory::Infrastructure, _) => Some(FailureType::ExternalFault),
+            (_, Some(ErrorClass::ToolNotFit | ErrorClass::NotFound)) => {
+                Some(FailureType::WrongToolCalled)
+            }
+            (_, Some(ErrorClass::SchemaMismatch)) => Some(FailureType::SchemaMismatch),
+            (_, Some(ErrorClass::Timeout)) => Some(FailureType::Timeout),
+            (_, Some(ErrorClass::DeterministicFailure | ErrorClass::Auth)) => Some(FailureType::Unknown),
+            _ => None,
+        };
+        match by_class {
+            Some(t) if t != ft => (t, format!("error_class_{}", failure.class.map(|c| c.as_str()).unwrap_or("unknown"))),
+            _ => (ft, rule),
         }
     }
 
-    /// Classifies the failure and picks the recovery; a type with no action escalates.
-    pub fn decide(&self, _task: &Task, failure: &AttemptFailure, _recoveries: u32) -> Decision {
-        let kind = self.classify(failure);
-        let action = if failure.error_type.as_deref() == Some("InDoubt") {
-            RecoveryAction::Escalate {
-                message: failure.message.clone(),
-            }
-        } else {
-            self.actions
-                .get(&kind)
-                .cloned()
-                .unwrap_or_else(|| RecoveryAction::Escalate {
-                    message: format!("No strategy registered for {kind}: {}", failure.message),
-                })
+    /// Classifies the failure and asks the policy for the recovery. `state` holds the run's
+    /// per-failure-type counters; `occurrence` is how many failures of this type the run has had.
+    pub fn decide(
+        &self,
+        task: &Task,
+        failure: &AttemptFailure,
+        state: &mut PolicyState,
+        occurrence: impl Fn(FailureType) -> u32,
+        rng: &mut fastrand::Rng,
+    ) -> Decision {
+        let (ft, rule) = self.classify(task, failure);
+        if failure.error_type.as_deref() == Some("InDoubt") {
+            return Decision {
+                failure: ft,
+                rule: "in_doubt".to_string(),
+                action: RecoveryAction::Escalate {
+                    message: failure.message.clone(),
+                },
+            };
+        }
+        let classification = hindsight::triage::classify::Classification {
+            failure_type: ft,
+            error: None,
+            rule: rule.clone(),
+            step_index: failure.trajectory.last().map(|s| s.index),
+            message: failure.message.clone(),
         };
+        let ctx = FailureContext {
+            failure: &classification,
+            trajectory: &failure.trajectory,
+            occurrence: occurrence(ft) + 1,
+            retry_after_ms: failure.retry_after_ms,
+            manifest: (!self.manifest.is_empty()).then_some(self.manifest.as_str()),
+        };
+        let action = self.policy.decide(&ctx, state, rng);
         Decision {
-            failure: kind,
+            failure: ft,
+            rule,
             action,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_embedded_tree_policy_parses() {
+        TriageSetup::parse(TREE_POLICY, "tree_policy.toml").unwrap();
     }
 }

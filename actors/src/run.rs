@@ -200,6 +200,8 @@ struct DriverState {
     tool_errors: BTreeMap<ErrorClass, u32>,
     recoveries: Vec<RecoveryRecord>,
     reflect_retries: u32,
+    /// The failure policy's per-run counters.
+    policy_state: hindsight::triage::policy::PolicyState,
     /// Events of the current round (for ReflectRetry).
     events: Vec<RunEvent>,
     /// Every step of every attempt.
@@ -428,7 +430,21 @@ async fn run_round(
             }
         };
         transition(ctx, run_id, RunState::Recovering, RunPatch::default()).await?;
-        let decision = ctx.config.triage.decide(task, &failure, st.recoveries_in_round);
+        let mut rng = fastrand::Rng::with_seed(
+            crate::workflow::stable_hash(run_id) ^ u64::from(st.attempt).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        );
+        let counts: BTreeMap<FailureType, u32> =
+            st.recoveries.iter().fold(BTreeMap::new(), |mut m, r| {
+                *m.entry(r.failure).or_insert(0) += 1;
+                m
+            });
+        let decision = ctx.config.triage.decide(
+            task,
+            &failure,
+            &mut st.policy_state,
+            |ft| counts.get(&ft).copied().unwrap_or(0),
+            &mut rng,
+        );
         st.recoveries.push(RecoveryRecord {
             failure: decision.failure,
             action: decision.action.kind().to_string(),
@@ -449,37 +465,32 @@ async fn run_round(
                 )),
             ));
         }
-        let failed_arm = &plan.arms[failure.stage];
+        let failed_arm = plan.arms[failure.stage].clone();
         match decision.action {
-            RecoveryAction::Retry { .. } => {
-                // The same plan again, from the stage that failed; earlier outputs stand.
+            RecoveryAction::Retry {
+                inject: None,
+                delay_ms,
+                ..
+            } => {
+                // The same plan again, from the stage that failed; earlier outputs stand. The
+                // wait is virtual in a simulated environment and counts as latency.
+                st.latency_ms += delay_ms as f64;
                 st.rewind_to(&plan, failure.stage);
             }
+            RecoveryAction::Retry {
+                inject: Some(_),
+                hint,
+                ..
+            } => {
+                // Retry with the tool manifest: only arms that fit remain.
+                let hint = hint.unwrap_or_else(|| "use only tools that fit".to_string());
+                if let Some(end) = repair(ctx, task, st, &plan, &failed_arm, failure.stage, hint).await? {
+                    return Ok(end);
+                }
+            }
             RecoveryAction::Replan { hint } => {
-                // Repair the plan: the failed arm is ruled out for this run and replaced by the
-                // policy's best untried arm of its stage; the stages before it stand.
-                st.excluded.push((
-                    failed_arm.stage.clone(),
-                    failed_arm.tool.clone(),
-                    failed_arm.strategy.clone(),
-                ));
-                st.guidance = Some(hint);
-                let repaired = ctx
-                    .dir
-                    .policy
-                    .call(|reply| PolicyMsg::Choose {
-                        task: task.clone(),
-                        base: Some(plan.arms.clone()),
-                        exclude: st.excluded.clone(),
-                        reply,
-                    })
-                    .await?;
-                match repaired {
-                    Ok(p) => {
-                        st.plan = Some(p);
-                        st.rewind_to(&plan, failure.stage);
-                    }
-                    Err(reason) => return Ok((RunState::Failed, Some(reason))),
+                if let Some(end) = repair(ctx, task, st, &plan, &failed_arm, failure.stage, hint).await? {
+                    return Ok(end);
                 }
             }
             RecoveryAction::Resume { from_subgoal } => {
@@ -495,9 +506,12 @@ async fn run_round(
                     Some(name) => ctx.store.checkpoint_named(run_id, name)?,
                     None => ctx.store.latest_checkpoint(run_id)?,
                 };
-                let restored = restored.and_then(|cp| serde_json::from_value::<DriverState>(cp.state).ok());
+                let restored =
+                    restored.and_then(|cp| serde_json::from_value::<DriverState>(cp.state).ok());
                 match restored {
                     Some(saved) => {
+                        // State and trajectory come back together: the plan, the stage to go
+                        // on from, the outputs so far and the steps that produced them.
                         st.plan = saved.plan;
                         st.next_stage = saved.next_stage;
                         st.outputs = saved.outputs;
@@ -524,6 +538,44 @@ async fn run_round(
             RecoveryAction::Abort { reason } => return Ok((RunState::Aborted, Some(reason))),
         }
         checkpoint(ctx, run_id, st).await?;
+    }
+}
+
+/// Repairs the plan after a failure: the failed arm is ruled out for this run and replaced by
+/// the policy's best untried arm of its stage; the stages before it stand. Returns the run's end
+/// when no arm is left.
+async fn repair(
+    ctx: &TreeCtx,
+    task: &Arc<Task>,
+    st: &mut DriverState,
+    plan: &PlanChoice,
+    failed: &ArmChoice,
+    stage: usize,
+    hint: String,
+) -> Result<Option<(RunState, Option<String>)>, DriveError> {
+    st.excluded.push((
+        failed.stage.clone(),
+        failed.tool.clone(),
+        failed.strategy.clone(),
+    ));
+    st.guidance = Some(hint);
+    let repaired = ctx
+        .dir
+        .policy
+        .call(|reply| PolicyMsg::Choose {
+            task: task.clone(),
+            base: Some(plan.arms.clone()),
+            exclude: st.excluded.clone(),
+            reply,
+        })
+        .await?;
+    match repaired {
+        Ok(p) => {
+            st.plan = Some(p);
+            st.rewind_to(plan, stage);
+            Ok(None)
+        }
+        Err(reason) => Ok(Some((RunState::Failed, Some(reason)))),
     }
 }
 

@@ -186,3 +186,9 @@ pub fn task_index(task: &Task) -> u64 {
 pub fn sim_task_id(env: &str, index: u64) -> String {
     format!("{env}#{index}")
 }
+
+/// A stable 64-bit FNV-1a hash (the same on every machine and run).
+pub fn stable_hash(s: &str) -> u64 {
+    s.bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+}
