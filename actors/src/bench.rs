@@ -134,12 +134,22 @@ pub async fn tree_throughput(
 }
 
 /// `hindsight bench runtime`.
-pub async fn runtime(env: &SimEnv, runs: u64, concurrency: usize) -> Result<RuntimeBench, RuntimeError> {
+pub async fn runtime(
+    env: &SimEnv,
+    runs: u64,
+    concurrency: usize,
+) -> Result<RuntimeBench, RuntimeError> {
     let (ractor_casts_per_sec, ractor_calls_per_sec) = ractor_baseline(2_000_000).await?;
     let tokio_channel_msgs_per_sec = tokio_baseline(2_000_000).await;
     let durable_dir = tempdir()?;
-    let runs_per_sec_durable =
-        tree_throughput(durable_dir.path(), env, Durability::Immediate, runs, concurrency).await?;
+    let runs_per_sec_durable = tree_throughput(
+        durable_dir.path(),
+        env,
+        Durability::Immediate,
+        runs,
+        concurrency,
+    )
+    .await?;
     let fast_dir = tempdir()?;
     let runs_per_sec_no_fsync =
         tree_throughput(fast_dir.path(), env, Durability::None, runs, concurrency).await?;
@@ -158,7 +168,8 @@ pub async fn runtime(env: &SimEnv, runs: u64, concurrency: usize) -> Result<Runt
 }
 
 fn tempdir() -> Result<TempDir, RuntimeError> {
-    TempDir::new().map_err(|e| RuntimeError::Rejected(format!("cannot create a temporary directory: {e}")))
+    TempDir::new()
+        .map_err(|e| RuntimeError::Rejected(format!("cannot create a temporary directory: {e}")))
 }
 
 /// A directory removed when dropped.

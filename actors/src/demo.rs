@@ -62,7 +62,10 @@ pub fn load_env(path: Option<&Path>) -> Result<SimEnv, RuntimeError> {
     match path {
         Some(p) => Ok(SimEnv::load(p)?),
         None if Path::new(DEFAULT_ENV).exists() => Ok(SimEnv::load(Path::new(DEFAULT_ENV))?),
-        None => Ok(SimEnv::parse(BANK_STATEMENTS, "(embedded) bank_statements.toml")?),
+        None => Ok(SimEnv::parse(
+            BANK_STATEMENTS,
+            "(embedded) bank_statements.toml",
+        )?),
     }
 }
 
@@ -73,8 +76,8 @@ pub async fn run(opts: &DemoOptions) -> Result<Summary, RuntimeError> {
     ropts.seed = opts.seed;
     ropts.durability = opts.durability;
     if let Some(path) = &opts.chaos {
-        let plan = crate::chaos_setup::load(path)?;
-        plan.install(&mut ropts);
+        let plan = crate::chaos_tools::load(path)?;
+        ropts.chaos = Some(crate::chaos::ChaosHandle::new(plan));
     }
     let rt = Runtime::start(ropts).await?;
     let bar = if opts.progress && std::io::stderr().is_terminal() {
@@ -163,7 +166,10 @@ pub fn render_table(s: &Summary) -> String {
     }
     if !s.learned.is_empty() {
         let _ = writeln!(out);
-        let _ = writeln!(out, "what it learned (greedy plan per cluster, expected reward; oracle):");
+        let _ = writeln!(
+            out,
+            "what it learned (greedy plan per cluster, expected reward; oracle):"
+        );
         for l in &s.learned {
             let cluster = l.cluster.values().cloned().collect::<Vec<_>>().join(" ");
             let mark = if l.plan == l.oracle_plan { "=" } else { " " };
@@ -182,7 +188,10 @@ pub fn render_table(s: &Summary) -> String {
         if m.is_empty() {
             "none".to_string()
         } else {
-            m.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
+            m.iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
         }
     };
     let _ = writeln!(out, "outcomes:          {}", join(&s.outcomes));

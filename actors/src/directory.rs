@@ -123,10 +123,18 @@ impl<M: Message> Slot<M> {
                     msg = back;
                     dead = Some(actor);
                 }
-                Err(_) => return Err(CallError::Unavailable { role: self.role, waited_ms: 0 }),
+                Err(_) => {
+                    return Err(CallError::Unavailable {
+                        role: self.role,
+                        waited_ms: 0,
+                    });
+                }
             }
         }
-        Err(CallError::Exhausted { role: self.role, attempts: MAX_CALL_ATTEMPTS })
+        Err(CallError::Exhausted {
+            role: self.role,
+            attempts: MAX_CALL_ATTEMPTS,
+        })
     }
 
     /// Calls the actor with the default timeout, re-sending to its successor when it dies.
@@ -161,6 +169,9 @@ impl<M: Message> Slot<M> {
                 Ok(CallResult::SenderError) | Err(_) => dead = Some(actor),
             }
         }
-        Err(CallError::Exhausted { role: self.role, attempts: MAX_CALL_ATTEMPTS })
+        Err(CallError::Exhausted {
+            role: self.role,
+            attempts: MAX_CALL_ATTEMPTS,
+        })
     }
 }

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use hindsight::tools::{CallContext, ToolError, ToolRunner};
+use hindsight::tools::{CallContext, CallOptions, ToolError, ToolRunner};
 use hindsight::{Constraints, ErrorClass, FailureCategory};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
@@ -161,31 +161,38 @@ pub async fn execute(runner: &ToolRunner, call: StageCall) -> CallOutcome {
             &call.tool,
             call.args.clone(),
             &ctx,
-            &hindsight::tools::CallOptions {
+            &CallOptions {
                 idempotency_key: Some(call.idempotency_key.clone()),
-                budget_latency_ms: call.budget.latency_ms,
-                budget_cost: call.budget.cost,
+                budget: hindsight::tools::Budget {
+                    latency_ms: call.budget.latency_ms,
+                    cost: call.budget.cost,
+                },
             },
         )
         .await;
     let mut error_classes = Vec::new();
     let mut infra_errors = 0;
-    let (mut latency_ms, mut cost) = (0.0, 0.0);
+    let mut waits = 0.0;
     for attempt in &report.attempts {
-        latency_ms += attempt.latency_ms + attempt.backoff_ms;
-        cost += attempt.cost;
-        if let Some(class) = attempt.error_class {
+        waits += attempt.wait_ms as f64;
+        if let Some(class) = attempt.error {
             error_classes.push(class);
             if attempt.category == Some(FailureCategory::Infrastructure) {
                 infra_errors += 1;
             }
         }
     }
+    // A failure after infrastructure retries is reported as the last attempt's error: when
+    // every attempt failed for the environment, the stage's failure is the environment's too.
     CallOutcome {
         result: report.result.map(|o| o.value),
-        latency_ms,
-        cost,
-        calls: report.attempts.len() as u32,
+        latency_ms: report.total_latency_ms + waits,
+        cost: report.total_cost,
+        calls: if report.replayed {
+            0
+        } else {
+            report.attempts.len() as u32
+        },
         error_classes,
         infra_errors,
         replayed: report.replayed,

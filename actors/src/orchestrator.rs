@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use hindsight::store::KvTable;
+use hindsight::store::{KvTable, WriteOp};
 use hindsight::{Run, RunState, Task, now_ms};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
@@ -17,6 +17,21 @@ use crate::run::{RunOutcome, TreeCtx};
 pub const TASKS: KvTable = KvTable::new("tasks");
 /// The final outcome of every finished run.
 pub const OUTCOMES: KvTable = KvTable::new("run_outcomes");
+
+/// Reads a stored outcome (kept as JSON text: outcomes carry JSON outputs, which postcard cannot
+/// decode by themselves).
+pub fn read_outcome(
+    store: &hindsight::store::Store,
+    run_id: &str,
+) -> Result<Option<RunOutcome>, String> {
+    let text: Option<String> = store.get(OUTCOMES, run_id).map_err(|e| e.to_string())?;
+    text.map(|t| {
+        serde_json::from_str(&t).map_err(|e| {
+            format!("the stored outcome of run {run_id} (table run_outcomes) cannot be read: {e}")
+        })
+    })
+    .transpose()
+}
 
 /// What a caller is told when its task could not be run at all.
 pub type SubmitResult = Result<RunOutcome, String>;
@@ -102,6 +117,8 @@ pub struct OrchestratorState {
     runs: HashMap<String, Run>,
     run_of_task: HashMap<String, String>,
     waiters: HashMap<String, Vec<RpcReplyPort<SubmitResult>>>,
+    /// Outcomes of runs that ended in this incarnation (until they are read from the store).
+    outcomes: HashMap<String, RunOutcome>,
 }
 
 impl Actor for Orchestrator {
@@ -133,6 +150,7 @@ impl Actor for Orchestrator {
             runs,
             run_of_task,
             waiters: HashMap::new(),
+            outcomes: HashMap::new(),
         })
     }
 
@@ -192,7 +210,10 @@ impl Actor for Orchestrator {
                 let _ = reply.send(state.runs.get(&run_id).cloned());
             }
             OrchestratorMsg::Outcome { run_id, reply } => {
-                let outcome = state.ctx.store.get(OUTCOMES, &run_id).ok().flatten();
+                let outcome = match state.outcomes.get(&run_id) {
+                    Some(o) => Some(o.clone()),
+                    None => read_outcome(&state.ctx.store, &run_id).ok().flatten(),
+                };
                 let _ = reply.send(outcome);
             }
         }
@@ -208,11 +229,22 @@ impl OrchestratorState {
         reply: RpcReplyPort<SubmitResult>,
     ) -> Result<(), ActorProcessingErr> {
         if let Some(run_id) = self.run_of_task.get(&task.task_id).cloned() {
-            let terminal = self.runs.get(&run_id).is_some_and(|r| r.state.is_terminal());
+            let terminal = self
+                .runs
+                .get(&run_id)
+                .is_some_and(|r| r.state.is_terminal());
             if terminal {
-                let outcome: Option<RunOutcome> = self.ctx.store.get(OUTCOMES, &run_id)?;
-                let _ = reply.send(outcome.ok_or_else(|| {
-                    format!("run {run_id} of task {} ended but its outcome is not stored", task.task_id)
+                let outcome = match self.outcomes.get(&run_id) {
+                    Some(o) => Ok(Some(o.clone())),
+                    None => read_outcome(&self.ctx.store, &run_id),
+                };
+                let _ = reply.send(outcome.and_then(|o| {
+                    o.ok_or_else(|| {
+                        format!(
+                            "run {run_id} of task {} ended but its outcome is not stored",
+                            task.task_id
+                        )
+                    })
                 }));
             } else {
                 self.waiters.entry(run_id).or_default().push(reply);
@@ -221,7 +253,8 @@ impl OrchestratorState {
         }
         let run_id = crate::run::run_id_for(&task);
         let run = Run::new(run_id.clone(), &task, now_ms());
-        self.run_of_task.insert(task.task_id.clone(), run_id.clone());
+        self.run_of_task
+            .insert(task.task_id.clone(), run_id.clone());
         self.runs.insert(run_id.clone(), run.clone());
         self.waiters.entry(run_id).or_default().push(reply);
         let store = self.ctx.store.clone();
@@ -242,7 +275,10 @@ impl OrchestratorState {
                     // Nothing was acknowledged: the caller learns the task was not accepted.
                     tracing::error!(task_id = %task.task_id, error = %e, "cannot record a new run");
                     let _ = myself.cast(OrchestratorMsg::Finished {
-                        outcome: Box::new(RunOutcome::rejected(&run, format!("cannot record the run: {e}"))),
+                        outcome: Box::new(RunOutcome::rejected(
+                            &run,
+                            format!("cannot record the run: {e}"),
+                        )),
                         reply: ractor::concurrency::oneshot().0.into(),
                     });
                 }
@@ -314,16 +350,26 @@ impl OrchestratorState {
         run.sop_id = outcome.sop_id.clone().or(run.sop_id);
         run.reason = outcome.reason.clone();
         self.runs.insert(run_id.clone(), run.clone());
+        self.outcomes.insert(run_id.clone(), outcome.clone());
         let waiters = self.waiters.remove(&run_id).unwrap_or_default();
         let store = self.ctx.store.clone();
         let live = self.ctx.live.clone();
         tokio::spawn(async move {
             let written = async {
-                store.put(OUTCOMES, &run_id, &outcome).await?;
-                store.finish_run(&run).await
+                let text = serde_json::to_string(&outcome)
+                    .map_err(|e| format!("cannot encode the outcome of run {run_id}: {e}"))?;
+                store
+                    .write_batch(vec![
+                        WriteOp::put(OUTCOMES, &run_id, &text).map_err(|e| e.to_string())?,
+                        WriteOp::finish_run(&run).map_err(|e| e.to_string())?,
+                    ])
+                    .await
+                    .map_err(|e| e.to_string())
             }
             .await;
-            let answer = written.map_err(|e| format!("cannot persist the end of run {run_id}: {e}"));
+            let answer = written
+                .map(|_| ())
+                .map_err(|e| format!("cannot persist the end of run {run_id}: {e}"));
             live.release(&run_id);
             let _ = reply.send(answer.clone());
             for w in waiters {

@@ -222,7 +222,9 @@ impl Actor for PolicyActor {
             sop_events: Vec::new(),
             // Each incarnation draws from its own stream, derived from the seed and how much has
             // been learned, so a restart does not replay the same choices.
-            rng: fastrand::Rng::with_seed(args.seed ^ watermark.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+            rng: fastrand::Rng::with_seed(
+                args.seed ^ watermark.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            ),
             watermark,
             applied,
             since_snapshot: 0,
@@ -278,7 +280,12 @@ impl Actor for PolicyActor {
             }
             PolicyMsg::Stats { reply } => {
                 let p = &state.policy;
-                let _ = reply.send((p.learned(), p.infra_ignored(), p.infra_learned(), p.changes_detected()));
+                let _ = reply.send((
+                    p.learned(),
+                    p.infra_ignored(),
+                    p.infra_learned(),
+                    p.changes_detected(),
+                ));
             }
             PolicyMsg::Greedy { features, reply } => {
                 let (plan, value) = state.policy.greedy(&features);
@@ -357,26 +364,30 @@ impl PolicyState {
                 &format!("{}@{}", sop.sop_id, sop.version),
                 sop,
             )?);
-            ops.push(hindsight::store::WriteOp::diary(&hindsight::store::NewDiaryEntry {
-                time_ms: now_ms(),
-                run_id: sop.evidence.last().cloned(),
-                kind: format!("sop_{}", what.replace(' ', "_")),
-                text: format!(
-                    "SOP {} v{} {what}: plan {} for {:?} ({} of {} runs passed; p = {})",
-                    sop.sop_id,
-                    sop.version,
-                    sop.plan
-                        .iter()
-                        .map(|a| format!("{}/{}", a.tool, a.strategy))
-                        .collect::<Vec<_>>()
-                        .join(" + "),
-                    sop.preconditions,
-                    sop.successes,
-                    sop.trials,
-                    sop.p_value.map(|p| format!("{p:.4}")).unwrap_or_else(|| "n/a".into())
-                ),
-                tags: vec!["sop".to_string()],
-            })?);
+            ops.push(hindsight::store::WriteOp::diary(
+                &hindsight::store::NewDiaryEntry {
+                    time_ms: now_ms(),
+                    run_id: sop.evidence.last().cloned(),
+                    kind: format!("sop_{}", what.replace(' ', "_")),
+                    text: format!(
+                        "SOP {} v{} {what}: plan {} for {:?} ({} of {} runs passed; p = {})",
+                        sop.sop_id,
+                        sop.version,
+                        sop.plan
+                            .iter()
+                            .map(|a| format!("{}/{}", a.tool, a.strategy))
+                            .collect::<Vec<_>>()
+                            .join(" + "),
+                        sop.preconditions,
+                        sop.successes,
+                        sop.trials,
+                        sop.p_value
+                            .map(|p| format!("{p:.4}"))
+                            .unwrap_or_else(|| "n/a".into())
+                    ),
+                    tags: vec!["sop".to_string()],
+                },
+            )?);
         }
         let p = Persisted {
             policy: self.policy.snapshot(),
@@ -417,7 +428,10 @@ impl PolicyState {
         };
         for (s, stage) in self.policy.stages().to_vec().iter().enumerate() {
             let Some(current) = arms.get(s) else {
-                return Err(format!("the plan to repair has no arm for stage {}", stage.stage));
+                return Err(format!(
+                    "the plan to repair has no arm for stage {}",
+                    stage.stage
+                ));
             };
             let is_out = |a: &Arm| {
                 exclude
@@ -434,7 +448,10 @@ impl PolicyState {
                 .filter(|(_, a)| is_out(a))
                 .map(|(i, _)| i)
                 .collect();
-            let Some(pick) = self.policy.fallback(&task.features, s, &tried, &mut self.rng) else {
+            let Some(pick) = self
+                .policy
+                .fallback(&task.features, s, &tried, &mut self.rng)
+            else {
                 return Err(format!(
                     "every arm of stage {} failed for this task ({} tried)",
                     stage.stage,

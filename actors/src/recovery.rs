@@ -128,18 +128,28 @@ impl TriageSetup {
             return (ft, rule);
         }
         let by_class = match (failure.category, failure.class) {
-            (FailureCategory::Infrastructure, Some(ErrorClass::Timeout)) => Some(FailureType::Timeout),
+            (FailureCategory::Infrastructure, Some(ErrorClass::Timeout)) => {
+                Some(FailureType::Timeout)
+            }
             (FailureCategory::Infrastructure, _) => Some(FailureType::ExternalFault),
             (_, Some(ErrorClass::ToolNotFit | ErrorClass::NotFound)) => {
                 Some(FailureType::WrongToolCalled)
             }
             (_, Some(ErrorClass::SchemaMismatch)) => Some(FailureType::SchemaMismatch),
             (_, Some(ErrorClass::Timeout)) => Some(FailureType::Timeout),
-            (_, Some(ErrorClass::DeterministicFailure | ErrorClass::Auth)) => Some(FailureType::Unknown),
+            (_, Some(ErrorClass::DeterministicFailure | ErrorClass::Auth)) => {
+                Some(FailureType::Unknown)
+            }
             _ => None,
         };
         match by_class {
-            Some(t) if t != ft => (t, format!("error_class_{}", failure.class.map(|c| c.as_str()).unwrap_or("unknown"))),
+            Some(t) if t != ft => (
+                t,
+                format!(
+                    "error_class_{}",
+                    failure.class.map(|c| c.as_str()).unwrap_or("unknown")
+                ),
+            ),
             _ => (ft, rule),
         }
     }

@@ -21,7 +21,11 @@ pub type RunValidator = Arc<dyn Fn(&[RunEvent]) -> Result<(), String> + Send + S
 pub fn default_validator() -> RunValidator {
     Arc::new(|events: &[RunEvent]| {
         for event in events.iter().rev() {
-            if let RunEvent::Validation { passed: false, reason } = event {
+            if let RunEvent::Validation {
+                passed: false,
+                reason,
+            } = event
+            {
                 return Err(reason
                     .clone()
                     .unwrap_or_else(|| "the output failed validation".to_string()));
@@ -111,7 +115,9 @@ impl Plugin for ReflectRetry {
             return Ok(Verdict::Accept);
         }
         if attempt > done {
-            self.store.put(RETRY_COUNTS, &report.run_id, &attempt).await?;
+            self.store
+                .put(RETRY_COUNTS, &report.run_id, &attempt)
+                .await?;
         }
         Ok(Verdict::Retry {
             attempt,

@@ -71,7 +71,10 @@ impl Actor for ReflectorActor {
             chaos.on_message();
         }
         match msg {
-            ReflectorMsg::Consolidate { seq: _, experience: _ } => {
+            ReflectorMsg::Consolidate {
+                seq: _,
+                experience: _,
+            } => {
                 state.consolidated += 1;
             }
         }

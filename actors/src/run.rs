@@ -211,9 +211,16 @@ struct DriverState {
 impl DriverState {
     /// Goes back to stage `at` of `plan`: the outputs of the stages before it stand.
     fn rewind_to(&mut self, plan: &PlanChoice, at: usize) {
-        let later: Vec<&str> = plan.arms.iter().skip(at).map(|a| a.stage.as_str()).collect();
-        self.outputs.retain(|stage, _| !later.contains(&stage.as_str()));
-        self.output_step.retain(|stage, _| !later.contains(&stage.as_str()));
+        let later: Vec<&str> = plan
+            .arms
+            .iter()
+            .skip(at)
+            .map(|a| a.stage.as_str())
+            .collect();
+        self.outputs
+            .retain(|stage, _| !later.contains(&stage.as_str()));
+        self.output_step
+            .retain(|stage, _| !later.contains(&stage.as_str()));
         self.next_stage = at;
     }
 }
@@ -245,8 +252,12 @@ pub fn spawn_driver(ctx: Arc<TreeCtx>, run: Run, task: Task, resume: bool) {
             .await;
         match finished {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::error!(run_id = %run_id, error = %e, "the end of the run was not recorded"),
-            Err(e) => tracing::error!(run_id = %run_id, error = %e, "the orchestrator did not take the end of the run"),
+            Ok(Err(e)) => {
+                tracing::error!(run_id = %run_id, error = %e, "the end of the run was not recorded")
+            }
+            Err(e) => {
+                tracing::error!(run_id = %run_id, error = %e, "the orchestrator did not take the end of the run")
+            }
         }
     });
 }
@@ -299,7 +310,12 @@ async fn checkpoint(ctx: &TreeCtx, run_id: &str, st: &DriverState) -> Result<(),
 }
 
 /// Drives one run to its end.
-async fn drive(ctx: &TreeCtx, run: Run, task: Task, resume: bool) -> Result<RunOutcome, DriveError> {
+async fn drive(
+    ctx: &TreeCtx,
+    run: Run,
+    task: Task,
+    resume: bool,
+) -> Result<RunOutcome, DriveError> {
     let run_id = run.run_id.clone();
     let task = Arc::new(task);
     let mut st = DriverState {
@@ -431,7 +447,8 @@ async fn run_round(
         };
         transition(ctx, run_id, RunState::Recovering, RunPatch::default()).await?;
         let mut rng = fastrand::Rng::with_seed(
-            crate::workflow::stable_hash(run_id) ^ u64::from(st.attempt).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            crate::workflow::stable_hash(run_id)
+                ^ u64::from(st.attempt).wrapping_mul(0x9e37_79b9_7f4a_7c15),
         );
         let counts: BTreeMap<FailureType, u32> =
             st.recoveries.iter().fold(BTreeMap::new(), |mut m, r| {
@@ -484,12 +501,16 @@ async fn run_round(
             } => {
                 // Retry with the tool manifest: only arms that fit remain.
                 let hint = hint.unwrap_or_else(|| "use only tools that fit".to_string());
-                if let Some(end) = repair(ctx, task, st, &plan, &failed_arm, failure.stage, hint).await? {
+                if let Some(end) =
+                    repair(ctx, task, st, &plan, &failed_arm, failure.stage, hint).await?
+                {
                     return Ok(end);
                 }
             }
             RecoveryAction::Replan { hint } => {
-                if let Some(end) = repair(ctx, task, st, &plan, &failed_arm, failure.stage, hint).await? {
+                if let Some(end) =
+                    repair(ctx, task, st, &plan, &failed_arm, failure.stage, hint).await?
+                {
                     return Ok(end);
                 }
             }
@@ -528,7 +549,9 @@ async fn run_round(
                     }
                 }
             }
-            RecoveryAction::Escalate { message } => return Ok((RunState::Escalated, Some(message))),
+            RecoveryAction::Escalate { message } => {
+                return Ok((RunState::Escalated, Some(message)));
+            }
             RecoveryAction::Suspend { message, .. } => {
                 return Ok((
                     RunState::Escalated,
@@ -619,6 +642,7 @@ async fn execute_stages(
                 error_type: Some("InDoubt".to_string()),
                 class: None,
                 category: FailureCategory::Unknown,
+                retry_after_ms: None,
             }));
         }
         if !idempotent {
@@ -631,7 +655,9 @@ async fn execute_stages(
             attempt: st.attempt,
             stage: arm.stage.clone(),
             tool: arm.tool.clone(),
-            args: ctx.workflow.args(&arm.stage, &arm.tool, &arm.strategy, &st.outputs),
+            args: ctx
+                .workflow
+                .args(&arm.stage, &arm.tool, &arm.strategy, &st.outputs),
             features: task.features.clone(),
             idempotency_key: idempotency_key(run_id, st.attempt, &arm.stage),
             budget: crate::executor::Budget::remaining(&task.constraints, st.latency_ms, st.cost),
@@ -666,15 +692,21 @@ async fn execute_stages(
             idempotency_key: Some(call.idempotency_key.clone()),
             ..Step::default()
         };
-        step.metadata.insert("stage".into(), Value::from(arm.stage.clone()));
-        step.metadata.insert("strategy".into(), Value::from(arm.strategy.clone()));
-        step.metadata.insert("attempt".into(), Value::from(st.attempt));
-        step.metadata.insert("infra_errors".into(), Value::from(outcome.infra_errors));
-        step.metadata.insert("replayed".into(), Value::from(outcome.replayed));
+        step.metadata
+            .insert("stage".into(), Value::from(arm.stage.clone()));
+        step.metadata
+            .insert("strategy".into(), Value::from(arm.strategy.clone()));
+        step.metadata
+            .insert("attempt".into(), Value::from(st.attempt));
+        step.metadata
+            .insert("infra_errors".into(), Value::from(outcome.infra_errors));
+        step.metadata
+            .insert("replayed".into(), Value::from(outcome.replayed));
         match outcome.result {
             Ok(value) => {
                 step.tool_output = Some(value.clone());
-                step.metadata.insert("outcome".into(), Value::from("success"));
+                step.metadata
+                    .insert("outcome".into(), Value::from("success"));
                 st.steps.push(step);
                 st.events.push(RunEvent::StepSucceeded {
                     stage: arm.stage.clone(),
@@ -689,7 +721,8 @@ async fn execute_stages(
                 step.error = Some(err.message.clone());
                 step.error_class = Some(err.class);
                 step.exception_type = Some(err.class.to_string());
-                step.metadata.insert("outcome".into(), Value::from(err.category.as_str()));
+                step.metadata
+                    .insert("outcome".into(), Value::from(err.category.as_str()));
                 st.steps.push(step);
                 st.events.push(RunEvent::Error {
                     stage: arm.stage.clone(),
@@ -705,6 +738,7 @@ async fn execute_stages(
                     error_type: Some(err.class.to_string()),
                     class: Some(err.class),
                     category: err.category,
+                    retry_after_ms: err.retry_after_ms,
                 }));
             }
         }
@@ -733,7 +767,11 @@ async fn validate(
     let outputs: Vec<(String, Value)> = plan
         .arms
         .iter()
-        .filter_map(|a| st.outputs.get(&a.stage).map(|v| (a.stage.clone(), v.clone())))
+        .filter_map(|a| {
+            st.outputs
+                .get(&a.stage)
+                .map(|v| (a.stage.clone(), v.clone()))
+        })
         .collect();
     let verdicts = ctx
         .dir
@@ -746,7 +784,11 @@ async fn validate(
     let mut first_invalid: Option<(String, String)> = None;
     for (stage, verdict) in verdicts {
         let mark = if verdict.is_ok() { "valid" } else { "invalid" };
-        if let Some(step) = st.output_step.get(&stage).and_then(|&i| st.steps.get_mut(i)) {
+        if let Some(step) = st
+            .output_step
+            .get(&stage)
+            .and_then(|&i| st.steps.get_mut(i))
+        {
             step.metadata.insert("outcome".into(), Value::from(mark));
             if let Err(reason) = &verdict {
                 step.error = Some(reason.clone());
@@ -776,6 +818,7 @@ async fn validate(
         error_type: Some("ValidationError".to_string()),
         class: Some(ErrorClass::SchemaMismatch),
         category: FailureCategory::Strategy,
+        retry_after_ms: None,
     }))
 }
 

@@ -12,7 +12,7 @@ use hindsight::tools::{ToolRegistry, ToolRunner};
 use hindsight::{Run, Task};
 use ractor::ActorRef;
 
-use crate::chaos_hook::FaultDecider;
+use crate::chaos::ChaosHandle;
 use crate::directory::CallError;
 use crate::orchestrator::OrchestratorMsg;
 use crate::reflect_retry::ReflectRetryConfig;
@@ -20,6 +20,8 @@ use crate::run::{RunOutcome, TreeCtx};
 use crate::supervisor::{RestartStats, Supervisor, SupervisorMsg};
 use crate::tree::{self, TreeConfig, TreeSpec};
 use crate::workflow::{UnknownTool, Workflow};
+use hindsight::learn::sop::SopConfig;
+use hindsight::tools::VirtualClock;
 
 /// Why the runtime could not start or answer.
 #[derive(Debug, thiserror::Error)]
@@ -65,8 +67,10 @@ pub struct RuntimeOptions {
     pub tree: TreeConfig,
     /// ReflectRetry's configuration.
     pub reflect_retry: ReflectRetryConfig,
-    /// Fault injection into actors, if any.
-    pub faults: Option<FaultDecider>,
+    /// Fault injection into actors and tools, if any.
+    pub chaos: Option<ChaosHandle>,
+    /// SOP promotion and rollback rules.
+    pub sop: SopConfig,
     /// Root restart intensity: at most this many restarts ...
     pub max_restarts: u32,
     /// ... within this period.
@@ -85,7 +89,8 @@ impl RuntimeOptions {
             seed: 0,
             tree: TreeConfig::default(),
             reflect_retry: ReflectRetryConfig::default(),
-            faults: None,
+            chaos: None,
+            sop: SopConfig::default(),
             max_restarts: 100,
             restart_period: Duration::from_secs(5),
         }
@@ -168,22 +173,31 @@ impl Runtime {
     }
 
     /// As [`Runtime::start`], on a store already open.
-    pub async fn start_with_store(store: Store, opts: RuntimeOptions) -> Result<Runtime, RuntimeError> {
+    pub async fn start_with_store(
+        store: Store,
+        opts: RuntimeOptions,
+    ) -> Result<Runtime, RuntimeError> {
         let env = opts.env.clone().with_seed(opts.seed);
         let mut registry = opts.registry;
         for tool in env.tools() {
-            registry.register(tool);
+            registry
+                .register(tool)
+                .map_err(|e| RuntimeError::Rejected(e.to_string()))?;
+        }
+        if let Some(chaos) = &opts.chaos {
+            registry = crate::chaos_tools::wrap_registry(registry, chaos);
         }
         let registry = Arc::new(registry);
         let workflow = Arc::new(Workflow::from_sim(&env, &registry)?);
         let mut policy_config = opts.policy;
         policy_config.reward = reward_params(&env);
         let policy = Policy::new(policy_config, stage_arms(&workflow))?;
+        // Simulated tools report virtual latency: backoff waits are virtual too.
         let runner = Arc::new(
-            ToolRunner::new(registry.clone())
-                .with_seed(opts.seed)
-                .with_idempotency(Arc::new(crate::idempotency::StoreIdempotency::new(store.clone())))
-                .with_virtual_clock(),
+            ToolRunner::new(registry.clone(), Arc::new(VirtualClock::new()), opts.seed)
+                .with_idempotency(Arc::new(crate::idempotency::StoreIdempotency::new(
+                    store.clone(),
+                ))),
         );
         let tree = tree::build(TreeSpec {
             store,
@@ -193,7 +207,8 @@ impl Runtime {
             seed: opts.seed,
             config: opts.tree,
             reflect_retry: opts.reflect_retry,
-            faults: opts.faults,
+            faults: opts.chaos.as_ref().map(crate::chaos_tools::decider),
+            sop: opts.sop,
             max_restarts: opts.max_restarts,
             restart_period: opts.restart_period,
         });

@@ -133,7 +133,11 @@ pub fn build(spec: TreeSpec) -> Tree {
     let mut children = Vec::new();
 
     {
-        let (store, slot, chaos) = (store.clone(), ctx.dir.memory.clone(), hook(&faults, "memory"));
+        let (store, slot, chaos) = (
+            store.clone(),
+            ctx.dir.memory.clone(),
+            hook(&faults, "memory"),
+        );
         children.push(ChildSpec::actor("memory", None, move || {
             (
                 MemoryActor,
@@ -146,7 +150,11 @@ pub fn build(spec: TreeSpec) -> Tree {
         }));
     }
     {
-        let (store, slot, chaos) = (store.clone(), ctx.dir.policy.clone(), hook(&faults, "policy"));
+        let (store, slot, chaos) = (
+            store.clone(),
+            ctx.dir.policy.clone(),
+            hook(&faults, "policy"),
+        );
         let initial = spec.policy;
         let seed = spec.seed;
         let sop = spec.sop;
@@ -166,7 +174,11 @@ pub fn build(spec: TreeSpec) -> Tree {
         }));
     }
     {
-        let (store, slot, chaos) = (store.clone(), ctx.dir.reflector.clone(), hook(&faults, "reflector"));
+        let (store, slot, chaos) = (
+            store.clone(),
+            ctx.dir.reflector.clone(),
+            hook(&faults, "reflector"),
+        );
         let workflow = spec.workflow.clone();
         children.push(ChildSpec::actor("reflector", None, move || {
             (
@@ -181,7 +193,11 @@ pub fn build(spec: TreeSpec) -> Tree {
         }));
     }
     {
-        let (runner, slot, chaos) = (spec.runner.clone(), ctx.dir.executor.clone(), hook(&faults, "executor"));
+        let (runner, slot, chaos) = (
+            spec.runner.clone(),
+            ctx.dir.executor.clone(),
+            hook(&faults, "executor"),
+        );
         children.push(ChildSpec::actor("executor", None, move || {
             (
                 Executor,
@@ -194,7 +210,11 @@ pub fn build(spec: TreeSpec) -> Tree {
         }));
     }
     {
-        let (workflow, slot, chaos) = (spec.workflow.clone(), ctx.dir.validator.clone(), hook(&faults, "validator"));
+        let (workflow, slot, chaos) = (
+            spec.workflow.clone(),
+            ctx.dir.validator.clone(),
+            hook(&faults, "validator"),
+        );
         children.push(ChildSpec::actor("validator", None, move || {
             (
                 Validator,
@@ -207,7 +227,10 @@ pub fn build(spec: TreeSpec) -> Tree {
         }));
     }
     {
-        let (slot, chaos) = (ctx.dir.reflect_retry.clone(), hook(&faults, "reflect_retry"));
+        let (slot, chaos) = (
+            ctx.dir.reflect_retry.clone(),
+            hook(&faults, "reflect_retry"),
+        );
         let (config, store) = (spec.reflect_retry.clone(), store.clone());
         let factory: PluginFactory<ReflectRetry> = Arc::new(move || {
             let (config, store) = (config.clone(), store.clone());

@@ -36,7 +36,9 @@ pub type OutputCheck = Arc<dyn Fn(&str, &Value) -> Result<(), String> + Send + S
 
 /// A workflow whose arm names a tool the registry does not have.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("workflow `{workflow}`: stage `{stage}` uses tool `{tool}`, which no configured tool provides")]
+#[error(
+    "workflow `{workflow}`: stage `{stage}` uses tool `{tool}`, which no configured tool provides"
+)]
 pub struct UnknownTool {
     /// The workflow.
     pub workflow: String,
@@ -151,7 +153,11 @@ impl Workflow {
             .stages
             .iter()
             .find(|s| s.name == stage)
-            .and_then(|s| s.arms.iter().find(|a| a.tool == tool && a.strategy == strategy))
+            .and_then(|s| {
+                s.arms
+                    .iter()
+                    .find(|a| a.tool == tool && a.strategy == strategy)
+            })
             .map(|a| a.params.clone())
             .unwrap_or_default();
         args.insert("strategy".into(), Value::from(strategy));
@@ -177,9 +183,9 @@ pub fn task_index(task: &Task) -> u64 {
             return i;
         }
     }
-    task.task_id
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+    task.task_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 /// The task id of task `index` of environment `env`.
@@ -189,6 +195,7 @@ pub fn sim_task_id(env: &str, index: u64) -> String {
 
 /// A stable 64-bit FNV-1a hash (the same on every machine and run).
 pub fn stable_hash(s: &str) -> u64 {
-    s.bytes()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
 }

@@ -145,6 +145,7 @@ fn record_of(env: &SimEnv, index: u64, task: &Task, outcome: &RunOutcome) -> Tas
         .collect();
     let expected_reward = if plan.len() == env.stages().len() {
         env.expected_reward(index, &task.features, &plan)
+            .unwrap_or(0.0)
     } else {
         0.0
     };
@@ -161,7 +162,11 @@ fn record_of(env: &SimEnv, index: u64, task: &Task, outcome: &RunOutcome) -> Tas
         random_reward: env.random_baseline(index, &task.features),
         explored: outcome.explored,
         sop_id: outcome.sop_id.clone(),
-        recoveries: outcome.recoveries.iter().map(|r| r.failure.to_string()).collect(),
+        recoveries: outcome
+            .recoveries
+            .iter()
+            .map(|r| r.failure.to_string())
+            .collect(),
         reflect_retries: outcome.reflect_retries,
         tool_calls: outcome.tool_calls,
         tool_errors: outcome
@@ -179,7 +184,10 @@ fn progress_key(env: &SimEnv, seed: u64) -> String {
 
 /// The index of the next task a workload on `env` with `seed` would run.
 pub fn next_task(rt: &Runtime, env: &SimEnv, seed: u64) -> Result<u64, RuntimeError> {
-    Ok(rt.store().get(PROGRESS, &progress_key(env, seed))?.unwrap_or(0))
+    Ok(rt
+        .store()
+        .get(PROGRESS, &progress_key(env, seed))?
+        .unwrap_or(0))
 }
 
 /// Runs `count` tasks of `env` from where the last workload stopped, `concurrency` at a time,
@@ -238,8 +246,14 @@ pub async fn run_tasks(
 pub fn summarize(env: &SimEnv, records: &[TaskRecord], actor_restarts: u64) -> Summary {
     let n = records.len().max(1) as f64;
     let mean = |f: &dyn Fn(&TaskRecord) -> f64| records.iter().map(f).sum::<f64>() / n;
-    let cumulative_regret: f64 = records.iter().map(|r| r.oracle_reward - r.expected_reward).sum();
-    let random_cumulative_regret: f64 = records.iter().map(|r| r.oracle_reward - r.random_reward).sum();
+    let cumulative_regret: f64 = records
+        .iter()
+        .map(|r| r.oracle_reward - r.expected_reward)
+        .sum();
+    let random_cumulative_regret: f64 = records
+        .iter()
+        .map(|r| r.oracle_reward - r.random_reward)
+        .sum();
     let windows = records
         .chunks(100)
         .map(|w| {
@@ -347,9 +361,12 @@ pub async fn learned(rt: &Runtime, env: &SimEnv, at: u64) -> Result<Vec<Learned>
             .await?;
         let pairs: Vec<(String, String)> = plan
             .iter()
-            .filter_map(|p| p.split_once('/').map(|(t, s)| (t.to_string(), s.to_string())))
+            .filter_map(|p| {
+                p.split_once('/')
+                    .map(|(t, s)| (t.to_string(), s.to_string()))
+            })
             .collect();
-        let expected_reward = env.expected_reward(at, &cluster, &pairs);
+        let expected_reward = env.expected_reward(at, &cluster, &pairs).unwrap_or(0.0);
         let (oracle, oracle_reward) = env.oracle(at, &cluster);
         out.push(Learned {
             cluster,

@@ -13,7 +13,8 @@ use hindsight_actors::runtime::{Runtime, RuntimeOptions};
 use hindsight_actors::workload;
 
 fn env() -> SimEnv {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/envs/bank_statements.toml");
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/envs/bank_statements.toml");
     SimEnv::load(&path).unwrap()
 }
 
@@ -39,11 +40,20 @@ async fn every_task_ends_once_and_learning_survives_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let env = env();
     let rt = Runtime::start(options(dir.path())).await.unwrap();
-    let first = workload::run_tasks(&rt, &env, 11, 200, 8, |_| {}).await.unwrap();
+    let first = workload::run_tasks(&rt, &env, 11, 200, 8, |_| {})
+        .await
+        .unwrap();
     assert_eq!(first.len(), 200);
-    assert!(first.iter().all(|r| matches!(r.state.as_str(), "succeeded" | "failed" | "escalated" | "aborted")));
+    assert!(first.iter().all(|r| matches!(
+        r.state.as_str(),
+        "succeeded" | "failed" | "escalated" | "aborted"
+    )));
     let summary = workload::summarize(&env, &first, rt.restarts());
-    assert!(summary.success_rate > 0.6, "success rate {}", summary.success_rate);
+    assert!(
+        summary.success_rate > 0.6,
+        "success rate {}",
+        summary.success_rate
+    );
     let before = learned(&rt).await;
     assert!(before > 0);
     rt.shutdown().await;
@@ -53,7 +63,9 @@ async fn every_task_ends_once_and_learning_survives_a_restart() {
     let rt = Runtime::start(options(dir.path())).await.unwrap();
     assert_eq!(learned(&rt).await, before);
     assert_eq!(workload::next_task(&rt, &env, 11).unwrap(), 200);
-    let second = workload::run_tasks(&rt, &env, 11, 50, 8, |_| {}).await.unwrap();
+    let second = workload::run_tasks(&rt, &env, 11, 50, 8, |_| {})
+        .await
+        .unwrap();
     assert_eq!(second.first().map(|r| r.task), Some(200));
     // Resubmitting a finished task returns its stored outcome; it does not run again.
     let task = workload::sim_task(&env, 11, 3);
@@ -78,14 +90,19 @@ async fn reflect_retry_sends_a_rejected_run_back_up_to_max_retries() {
     };
     let rt = Runtime::start(opts).await.unwrap();
     let env = env();
-    let records = workload::run_tasks(&rt, &env, 11, 5, 1, |_| {}).await.unwrap();
+    let records = workload::run_tasks(&rt, &env, 11, 5, 1, |_| {})
+        .await
+        .unwrap();
     for r in &records {
         assert_eq!(r.reflect_retries, 2, "task {}", r.task);
     }
     // The retry count is persisted per run.
     let count: Option<u32> = rt
         .store()
-        .get(hindsight_actors::reflect_retry::RETRY_COUNTS, "run-bank-statements#0")
+        .get(
+            hindsight_actors::reflect_retry::RETRY_COUNTS,
+            "run-bank-statements#0",
+        )
         .unwrap();
     assert_eq!(count, Some(2));
     drop(seen);
@@ -99,14 +116,21 @@ async fn reflect_retry_is_off_with_zero_retries_and_passed_runs_are_not_retried(
     opts.reflect_retry.max_retries = 0;
     let rt = Runtime::start(opts).await.unwrap();
     let env = env();
-    let records = workload::run_tasks(&rt, &env, 11, 20, 4, |_| {}).await.unwrap();
+    let records = workload::run_tasks(&rt, &env, 11, 20, 4, |_| {})
+        .await
+        .unwrap();
     assert!(records.iter().all(|r| r.reflect_retries == 0));
     rt.shutdown().await;
 
     let dir = tempfile::tempdir().unwrap();
     let rt = Runtime::start(options(dir.path())).await.unwrap();
-    let records = workload::run_tasks(&rt, &env, 11, 40, 4, |_| {}).await.unwrap();
-    for r in records.iter().filter(|r| r.passed && r.recoveries.is_empty()) {
+    let records = workload::run_tasks(&rt, &env, 11, 40, 4, |_| {})
+        .await
+        .unwrap();
+    for r in records
+        .iter()
+        .filter(|r| r.passed && r.recoveries.is_empty())
+    {
         assert_eq!(r.reflect_retries, 0, "a clean pass is never sent back");
     }
     rt.shutdown().await;
