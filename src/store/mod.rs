@@ -809,6 +809,52 @@ impl Store {
         Ok(report)
     }
 
+    /// Overwrites a stored value with `bytes` as they are, without an envelope: for repair tools
+    /// and for tests that must damage a record. `table` is a redb table name (`runs`,
+    /// `checkpoints`, `diary`, `experience`, `idempotency`, `kv.<name>`) and `key` is written
+    /// as errors report it (`17` for the diary and experience, `run_id#seq` for checkpoints).
+    #[doc(hidden)]
+    pub fn overwrite_raw(&self, table: &str, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        let fail = |reason: String| StoreError::Write {
+            reason: format!("cannot overwrite the key {key} of table {table}: {reason}"),
+        };
+        let txn = self
+            .inner
+            .db
+            .begin_write()
+            .map_err(|e| fail(e.to_string()))?;
+        {
+            match table {
+                "diary" | "experience" => {
+                    let seq: u64 = key
+                        .parse()
+                        .map_err(|_| fail("not a sequence number".into()))?;
+                    let def = if table == "diary" { DIARY } else { EXPERIENCE };
+                    let mut t = txn.open_table(def).map_err(|e| fail(e.to_string()))?;
+                    t.insert(seq, bytes).map_err(|e| fail(e.to_string()))?;
+                }
+                "checkpoints" => {
+                    let (run_id, seq) = key
+                        .rsplit_once('#')
+                        .and_then(|(r, s)| Some((r, s.parse::<u64>().ok()?)))
+                        .ok_or_else(|| fail("not of the form run_id#seq".into()))?;
+                    let mut t = txn
+                        .open_table(CHECKPOINTS)
+                        .map_err(|e| fail(e.to_string()))?;
+                    t.insert((run_id, seq), bytes)
+                        .map_err(|e| fail(e.to_string()))?;
+                }
+                "meta" => return Err(fail("the meta table holds no envelopes".into())),
+                name => {
+                    let def: TableDefinition<&str, &[u8]> = TableDefinition::new(name);
+                    let mut t = txn.open_table(def).map_err(|e| fail(e.to_string()))?;
+                    t.insert(key, bytes).map_err(|e| fail(e.to_string()))?;
+                }
+            }
+        }
+        txn.commit().map_err(|e| fail(e.to_string()))
+    }
+
     /// Names of the generic tables that exist (without the `kv.` prefix).
     pub fn kv_tables(&self) -> Result<Vec<String>, StoreError> {
         let txn = self.read_txn()?;
