@@ -49,7 +49,7 @@ enum StoreCommand {
         /// Concurrent writers.
         #[arg(long, default_value_t = 16)]
         writers: u64,
-        /// Seed of the payload sizes.
+        /// Seed of the payload sizes, also part of every id written.
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
@@ -143,8 +143,9 @@ fn compact(
 }
 
 /// One acknowledged write, as the crash writer prints it (one line each):
-/// `diary SEQ TEXT`, `experience SEQ RUN_ID`, `kv KEY LEN`, `checkpoint RUN_ID STEP`,
-/// `run RUN_ID ATTEMPTS`.
+/// `diary SEQ TEXT`, `experience SEQ RUN_ID`, `kv KEY TEXT`, `checkpoint RUN_ID STEP`,
+/// `run RUN_ID ATTEMPTS`. Ids include the seed, so that runs with different seeds can share a
+/// database.
 async fn crash_writer(global: &Global, writers: u64, seed: u64) -> Result<(), Failure> {
     let store = open(
         &global.data,
@@ -195,7 +196,7 @@ async fn crash_loop(
     out: Arc<std::sync::Mutex<()>>,
 ) -> Result<(), Failure> {
     let mut rng = fastrand::Rng::with_seed(seed.wrapping_mul(1_000_003).wrapping_add(w));
-    let run_id = format!("run-w{w}");
+    let run_id = format!("run-s{seed}-w{w}");
     for i in 0u64.. {
         let len = rng.usize(16..600);
         let text = crash_text(w, i, len);
@@ -213,9 +214,9 @@ async fn crash_loop(
                 format!("diary {seq} {text}")
             }
             1 => {
-                let key = format!("w{w}-{i}");
+                let key = format!("s{seed}-w{w}-{i}");
                 store.put(CRASH_TABLE, &key, &text).await?;
-                format!("kv {key} {}", text.len())
+                format!("kv {key} {text}")
             }
             2 => {
                 store
@@ -249,7 +250,7 @@ async fn crash_loop(
                 format!("run {run_id} {i}")
             }
             _ => {
-                let exp_run = format!("w{w}-{i}");
+                let exp_run = format!("s{seed}-w{w}-{i}");
                 let seq = store
                     .append_experience(ExperienceTuple {
                         run_id: exp_run.clone(),
