@@ -120,10 +120,10 @@ fn check_damage(store: &Store, cp_key: &str) {
         Some(json!({"i": 4}))
     );
 
-    assert_corrupt(store.latest_checkpoint("r1"), "checkpoints", &cp_key);
+    assert_corrupt(store.latest_checkpoint("r1"), "checkpoints", cp_key);
     let cps = store.checkpoints("r1").unwrap();
     assert_eq!(cps[0].1.as_ref().unwrap().step_index, 0);
-    assert_corrupt(cps[1].1.clone(), "checkpoints", &cp_key);
+    assert_corrupt(cps[1].1.clone(), "checkpoints", cp_key);
 }
 
 #[tokio::test]
