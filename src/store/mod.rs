@@ -11,6 +11,30 @@
 //! which cannot decode types that need a self-describing format: a `T` must not contain
 //! `serde_json::Value`, untagged or internally tagged enums, or `#[serde(flatten)]`. The store's
 //! own records keep their JSON fields in an exact postcard-friendly form.
+//!
+//! ```no_run
+//! use hindsight::store::{KvTable, NewDiaryEntry, Store, StoreOptions};
+//!
+//! const NOTES: KvTable = KvTable::new("notes");
+//!
+//! # async fn demo() -> Result<(), hindsight::store::StoreError> {
+//! let store = Store::open("./hindsight-data".as_ref(), StoreOptions::default())?;
+//! let seq = store
+//!     .append_diary(NewDiaryEntry {
+//!         time_ms: hindsight::now_ms(),
+//!         run_id: None,
+//!         kind: "note".into(),
+//!         text: "hello".into(),
+//!         tags: vec![],
+//!     })
+//!     .await?; // resolves once the entry is committed
+//! store.put(NOTES, "greeting", &("hello", seq)).await?;
+//! for entry in store.diary_tail(10)? {
+//!     println!("{:?}", entry?);
+//! }
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod envelope;
 mod json;
