@@ -62,6 +62,9 @@ pub use tables::KvTable;
 use tables::{CHECKPOINTS, DIARY, EXPERIENCE, IDEMPOTENCY, KV_PREFIX, META, RUNS, checkpoint_key};
 use writer::{Op, Request, WriterConfig};
 
+/// Most write requests the writer gathers into one transaction by default.
+pub const MAX_BATCH: usize = writer::MAX_BATCH;
+
 /// The file name of the database inside the data directory.
 pub const FILE_NAME: &str = "hindsight.redb";
 
@@ -87,8 +90,6 @@ pub struct StoreOptions {
     pub diary_ttl_ms: Option<u64>,
     /// Experience tuples older than this are removed by [`Store::compact`].
     pub experience_ttl_ms: Option<u64>,
-    /// Most write requests gathered into one transaction (1 = one commit per request).
-    pub max_batch: usize,
 }
 
 impl Default for StoreOptions {
@@ -98,7 +99,6 @@ impl Default for StoreOptions {
             checkpoints_per_run: 3,
             diary_ttl_ms: None,
             experience_ttl_ms: None,
-            max_batch: writer::MAX_BATCH,
         }
     }
 }
@@ -381,6 +381,16 @@ fn decode_experience(seq: u64, bytes: &[u8]) -> Result<ExperienceTuple, StoreErr
 impl Store {
     /// Opens (creating if needed) `dir/hindsight.redb` and starts its writer thread.
     pub fn open(dir: &Path, options: StoreOptions) -> Result<Store, StoreError> {
+        Store::open_with_batch_limit(dir, options, MAX_BATCH)
+    }
+
+    /// Like [`Store::open`], with at most `max_batch` write requests per transaction
+    /// (`1` = one commit per request, which is what benchmarks compare group commit against).
+    pub fn open_with_batch_limit(
+        dir: &Path,
+        options: StoreOptions,
+        max_batch: usize,
+    ) -> Result<Store, StoreError> {
         let path = dir.join(FILE_NAME);
         let open_err = |reason: String| StoreError::Open {
             path: path.clone(),
@@ -413,7 +423,7 @@ impl Store {
         let config = WriterConfig {
             durability: options.durability,
             checkpoints_per_run: options.checkpoints_per_run,
-            max_batch: options.max_batch,
+            max_batch: max_batch.max(1),
         };
         let writer_db = db.clone();
         let counters = Arc::new(writer::Counters::default());

@@ -4,10 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use hindsight::store::{Durability, NewDiaryEntry, Store, StoreOptions};
+use hindsight::store::{Durability, MAX_BATCH, NewDiaryEntry, Store, StoreOptions};
 use serde::Serialize;
 
-use super::data::open;
 use super::{Failure, Global, print_json};
 
 /// `hindsight bench store`.
@@ -126,18 +125,12 @@ async fn measure(
         "{}-{writers}",
         if group_commit { "group" } else { "single" }
     ));
-    let store = open(
-        &dir,
-        StoreOptions {
-            durability: Durability::Immediate,
-            max_batch: if group_commit {
-                StoreOptions::default().max_batch
-            } else {
-                1
-            },
-            ..StoreOptions::default()
-        },
-    )?;
+    let options = StoreOptions {
+        durability: Durability::Immediate,
+        ..StoreOptions::default()
+    };
+    let max_batch = if group_commit { MAX_BATCH } else { 1 };
+    let store = Store::open_with_batch_limit(&dir, options, max_batch)?;
     let text = "x".repeat(text_bytes);
     let start = Instant::now();
     let deadline = start + Duration::from_secs_f64(seconds);
