@@ -11,7 +11,6 @@ pub mod call;
 pub mod chaos;
 pub mod chaos_hook;
 pub mod chaos_tools;
-pub mod cli;
 pub mod demo;
 pub mod directory;
 pub mod executor;

@@ -11,6 +11,30 @@
 //! which cannot decode types that need a self-describing format: a `T` must not contain
 //! `serde_json::Value`, untagged or internally tagged enums, or `#[serde(flatten)]`. The store's
 //! own records keep their JSON fields in an exact postcard-friendly form.
+//!
+//! ```no_run
+//! use hindsight::store::{KvTable, NewDiaryEntry, Store, StoreOptions};
+//!
+//! const NOTES: KvTable = KvTable::new("notes");
+//!
+//! # async fn demo() -> Result<(), hindsight::store::StoreError> {
+//! let store = Store::open("./hindsight-data".as_ref(), StoreOptions::default())?;
+//! let seq = store
+//!     .append_diary(NewDiaryEntry {
+//!         time_ms: hindsight::now_ms(),
+//!         run_id: None,
+//!         kind: "note".into(),
+//!         text: "hello".into(),
+//!         tags: vec![],
+//!     })
+//!     .await?; // resolves once the entry is committed
+//! store.put(NOTES, "greeting", &("hello", seq)).await?;
+//! for entry in store.diary_tail(10)? {
+//!     println!("{:?}", entry?);
+//! }
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod envelope;
 mod json;
@@ -38,6 +62,9 @@ pub use tables::KvTable;
 use tables::{CHECKPOINTS, DIARY, EXPERIENCE, IDEMPOTENCY, KV_PREFIX, META, RUNS, checkpoint_key};
 use writer::{Op, Request, WriterConfig};
 
+/// Most write requests the writer gathers into one transaction by default.
+pub const MAX_BATCH: usize = writer::MAX_BATCH;
+
 /// The file name of the database inside the data directory.
 pub const FILE_NAME: &str = "hindsight.redb";
 
@@ -63,8 +90,6 @@ pub struct StoreOptions {
     pub diary_ttl_ms: Option<u64>,
     /// Experience tuples older than this are removed by [`Store::compact`].
     pub experience_ttl_ms: Option<u64>,
-    /// Most write requests gathered into one transaction (1 = one commit per request).
-    pub max_batch: usize,
 }
 
 impl Default for StoreOptions {
@@ -74,7 +99,6 @@ impl Default for StoreOptions {
             checkpoints_per_run: 3,
             diary_ttl_ms: None,
             experience_ttl_ms: None,
-            max_batch: writer::MAX_BATCH,
         }
     }
 }
@@ -357,6 +381,16 @@ fn decode_experience(seq: u64, bytes: &[u8]) -> Result<ExperienceTuple, StoreErr
 impl Store {
     /// Opens (creating if needed) `dir/hindsight.redb` and starts its writer thread.
     pub fn open(dir: &Path, options: StoreOptions) -> Result<Store, StoreError> {
+        Store::open_with_batch_limit(dir, options, MAX_BATCH)
+    }
+
+    /// Like [`Store::open`], with at most `max_batch` write requests per transaction
+    /// (`1` = one commit per request, which is what benchmarks compare group commit against).
+    pub fn open_with_batch_limit(
+        dir: &Path,
+        options: StoreOptions,
+        max_batch: usize,
+    ) -> Result<Store, StoreError> {
         let path = dir.join(FILE_NAME);
         let open_err = |reason: String| StoreError::Open {
             path: path.clone(),
@@ -389,7 +423,7 @@ impl Store {
         let config = WriterConfig {
             durability: options.durability,
             checkpoints_per_run: options.checkpoints_per_run,
-            max_batch: options.max_batch,
+            max_batch: max_batch.max(1),
         };
         let writer_db = db.clone();
         let counters = Arc::new(writer::Counters::default());
@@ -807,6 +841,52 @@ impl Store {
         }
         txn.commit().map_err(|e| fail(&e))?;
         Ok(report)
+    }
+
+    /// Overwrites a stored value with `bytes` as they are, without an envelope: for repair tools
+    /// and for tests that must damage a record. `table` is a redb table name (`runs`,
+    /// `checkpoints`, `diary`, `experience`, `idempotency`, `kv.<name>`) and `key` is written
+    /// as errors report it (`17` for the diary and experience, `run_id#seq` for checkpoints).
+    #[doc(hidden)]
+    pub fn overwrite_raw(&self, table: &str, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        let fail = |reason: String| StoreError::Write {
+            reason: format!("cannot overwrite the key {key} of table {table}: {reason}"),
+        };
+        let txn = self
+            .inner
+            .db
+            .begin_write()
+            .map_err(|e| fail(e.to_string()))?;
+        {
+            match table {
+                "diary" | "experience" => {
+                    let seq: u64 = key
+                        .parse()
+                        .map_err(|_| fail("not a sequence number".into()))?;
+                    let def = if table == "diary" { DIARY } else { EXPERIENCE };
+                    let mut t = txn.open_table(def).map_err(|e| fail(e.to_string()))?;
+                    t.insert(seq, bytes).map_err(|e| fail(e.to_string()))?;
+                }
+                "checkpoints" => {
+                    let (run_id, seq) = key
+                        .rsplit_once('#')
+                        .and_then(|(r, s)| Some((r, s.parse::<u64>().ok()?)))
+                        .ok_or_else(|| fail("not of the form run_id#seq".into()))?;
+                    let mut t = txn
+                        .open_table(CHECKPOINTS)
+                        .map_err(|e| fail(e.to_string()))?;
+                    t.insert((run_id, seq), bytes)
+                        .map_err(|e| fail(e.to_string()))?;
+                }
+                "meta" => return Err(fail("the meta table holds no envelopes".into())),
+                name => {
+                    let def: TableDefinition<&str, &[u8]> = TableDefinition::new(name);
+                    let mut t = txn.open_table(def).map_err(|e| fail(e.to_string()))?;
+                    t.insert(key, bytes).map_err(|e| fail(e.to_string()))?;
+                }
+            }
+        }
+        txn.commit().map_err(|e| fail(e.to_string()))
     }
 
     /// Names of the generic tables that exist (without the `kv.` prefix).

@@ -406,14 +406,7 @@ async fn stats_count_every_table() {
 #[tokio::test]
 async fn one_request_per_transaction_still_acks_everyone() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(
-        dir.path(),
-        StoreOptions {
-            max_batch: 1,
-            ..opts()
-        },
-    )
-    .unwrap();
+    let store = Store::open_with_batch_limit(dir.path(), opts(), 1).unwrap();
     let futs: Vec<_> = (0..20)
         .map(|i| {
             let s = store.clone();
@@ -482,4 +475,10 @@ async fn requests_queued_during_a_commit_share_the_next_transaction() {
     assert_eq!(ws.requests, 100);
     assert!(ws.transactions <= 2, "{ws:?}");
     assert_eq!(store.diary_tail(1000).unwrap().len(), 100);
+}
+
+#[test]
+fn the_store_is_clone_send_sync() {
+    fn check<T: Clone + Send + Sync + 'static>() {}
+    check::<Store>();
 }

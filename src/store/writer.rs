@@ -271,3 +271,83 @@ fn prune_checkpoints(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::tables::DIARY;
+    use redb::ReadableDatabase;
+
+    fn config() -> WriterConfig {
+        WriterConfig {
+            durability: Durability::None,
+            checkpoints_per_run: 3,
+            max_batch: MAX_BATCH,
+        }
+    }
+
+    fn request(op: Op) -> (Request, oneshot::Receiver<Ack>) {
+        let (ack, rx) = oneshot::channel();
+        (Request { ops: vec![op], ack }, rx)
+    }
+
+    #[test]
+    fn a_failed_commit_fails_every_request_of_its_batch_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Arc::new(Database::create(dir.path().join("t.redb")).unwrap());
+        // A table under a KvTable's name but with other types makes that request's op fail.
+        let txn = db.begin_write().unwrap();
+        txn.open_table(TableDefinition::<u64, u64>::new("kv.typed"))
+            .unwrap();
+        txn.commit().unwrap();
+
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut acks = Vec::new();
+        for op in [
+            Op::AppendDiary { bytes: vec![1] },
+            Op::Put {
+                table: KvTable::new("typed"),
+                key: "k".into(),
+                bytes: vec![1],
+            },
+            Op::AppendDiary { bytes: vec![2] },
+        ] {
+            let (req, ack) = request(op);
+            tx.send(req).unwrap();
+            acks.push(ack);
+        }
+        // Then a batch of its own that succeeds.
+        let (req, last) = request(Op::AppendDiary { bytes: vec![3] });
+        let counters = Arc::new(Counters::default());
+        let writer = {
+            let (db, counters) = (db.clone(), counters.clone());
+            let cfg = WriterConfig {
+                max_batch: 3,
+                ..config()
+            };
+            std::thread::spawn(move || run(db, rx, cfg, counters))
+        };
+        tx.send(req).unwrap();
+        drop(tx);
+        writer.join().unwrap();
+
+        for ack in acks {
+            let err = ack.blocking_recv().unwrap().unwrap_err();
+            assert!(
+                matches!(&err, StoreError::Write { reason } if reason.contains("kv.typed")),
+                "{err:?}"
+            );
+        }
+        assert_eq!(last.blocking_recv().unwrap(), Ok(vec![Some(1)]));
+        assert_eq!(counters.failed_transactions.load(Ordering::Relaxed), 1);
+        assert_eq!(counters.transactions.load(Ordering::Relaxed), 1);
+        let read = db.begin_read().unwrap();
+        let diary = read.open_table(DIARY).unwrap();
+        let keys: Vec<u64> = diary
+            .iter()
+            .unwrap()
+            .map(|e| e.unwrap().0.value())
+            .collect();
+        assert_eq!(keys, vec![1], "nothing of the failed batch was written");
+    }
+}
