@@ -1,6 +1,9 @@
 //! Language models and embedders: the traits the core uses, offline deterministic defaults, and
 //! an OpenAI-compatible HTTP client for users who have a model server.
 
+pub mod openai;
+pub mod rule;
+
 use std::future::Future;
 use std::pin::Pin;
 
