@@ -2,6 +2,8 @@
 //! an OpenAI-compatible HTTP client for users who have a model server.
 
 pub mod embed;
+pub mod openai;
+pub mod rule;
 
 use std::future::Future;
 use std::pin::Pin;
