@@ -86,17 +86,13 @@ impl RunOutcome {
     pub fn from_experience(exp: &ExperienceTuple) -> RunOutcome {
         let mut stages = Vec::new();
         for arm in &exp.arms {
-            let last = exp
-                .steps
-                .iter()
-                .filter(|s| s.tool_called.as_deref() == Some(arm.tool.as_str()))
-                .filter(|s| {
-                    s.metadata
+            let last = exp.steps.iter().rfind(|s| {
+                s.tool_called.as_deref() == Some(arm.tool.as_str())
+                    && s.metadata
                         .get("stage")
                         .and_then(|v| v.as_str())
                         .is_none_or(|st| st == arm.stage)
-                })
-                .next_back();
+            });
             let Some(step) = last else { continue };
             let (passed, error_class, category) = match &step.error {
                 None => (true, None, None),
