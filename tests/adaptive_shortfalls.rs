@@ -384,6 +384,21 @@ fn shortfall_10_one_synthesiser_per_scope_through_the_persisted_lease() {
         Err(AdaptiveError::LeaseLost { .. })
     ));
     a.complete_synthesis(&new, vec![], lease_ms + 3).unwrap();
+
+    // The same check-and-set on a lease kept as its own store record.
+    let held = acquire_lease(SCOPE, None, "worker-1", 1, 0, 100).unwrap();
+    let record = postcard::to_allocvec(&held).unwrap();
+    let read: Lease = postcard::from_bytes(&record).unwrap();
+    assert!(matches!(
+        acquire_lease(SCOPE, Some(&read), "worker-2", 2, 50, 100),
+        Err(AdaptiveError::LeaseHeld { .. })
+    ));
+    assert_eq!(
+        acquire_lease(SCOPE, Some(&read), "worker-2", 2, 100, 100)
+            .unwrap()
+            .owner,
+        "worker-2"
+    );
 }
 
 #[test]

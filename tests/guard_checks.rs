@@ -44,10 +44,61 @@ fn redacts_every_kind() {
 #[test]
 fn leaves_ordinary_numbers_alone() {
     // A failing Luhn number, a date, a version and a count are not PII.
-    let text = "order 4111 1111 1111 1112 on 2024-01-15 with version 1.2.3 returned 502 seats";
+    let text = "order 4111 1111 1111 1112 on 2024-01-15 at 10:30:00 with version 1.2.3 returned \
+                502 seats; reqwest::Error in std::net::TcpStream; timestamp 1700000000018";
     let r = redact(text);
     assert_eq!(r.text, text);
     assert!(r.is_clean());
+}
+
+#[test]
+fn sanitiser_output_is_a_fixed_point_on_random_fragments() {
+    let fragments = [
+        "sys",
+        "SYSTEM:",
+        "tem:",
+        "\u{200B}",
+        "\u{202E}",
+        "ｓｙｓｔｅｍ：",
+        "us",
+        "User:",
+        "er:",
+        "<",
+        "system",
+        ">",
+        "</",
+        "assistant",
+        " : ",
+        "[INST]",
+        "<|im_start|>",
+        "ok ",
+        "pdfminer ",
+        "\u{FEFF}",
+    ];
+    let mut rng = fastrand::Rng::with_seed(42);
+    for _ in 0..2_000 {
+        let n = rng.usize(1..12);
+        let text: String = (0..n)
+            .map(|_| fragments[rng.usize(..fragments.len())])
+            .collect();
+        let once = sanitize(&text);
+        assert_eq!(sanitize(&once), once, "{text:?}");
+        let lower = once.to_lowercase();
+        for marker in [
+            "system:",
+            "user:",
+            "assistant:",
+            "<system",
+            "[inst]",
+            "<|im_start|>",
+        ] {
+            assert!(
+                !lower.contains(marker),
+                "{marker} survives in {once:?} from {text:?}"
+            );
+        }
+        assert!(!once.contains('\u{200B}') && !once.contains('\u{202E}'));
+    }
 }
 
 #[test]

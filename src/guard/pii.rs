@@ -181,7 +181,9 @@ pub fn redact(text: &str) -> Redaction {
         iban_valid(&c[0]).then(|| PiiKind::Iban.placeholder().to_string())
     });
     let t = replace(&t, &CARD, PiiKind::Card, &mut found, |c| {
-        luhn_valid(&c[0]).then(|| PiiKind::Card.placeholder().to_string())
+        let first = c[0].chars().next().unwrap_or('0');
+        (('2'..='6').contains(&first) && luhn_valid(&c[0]))
+            .then(|| PiiKind::Card.placeholder().to_string())
     });
     let t = replace(&t, &SSN, PiiKind::Ssn, &mut found, |_| {
         Some(PiiKind::Ssn.placeholder().to_string())
@@ -189,13 +191,7 @@ pub fn redact(text: &str) -> Redaction {
     let t = replace(&t, &IPV4, PiiKind::Ip, &mut found, |_| {
         Some(PiiKind::Ip.placeholder().to_string())
     });
-    let t = replace(&t, &IPV6, PiiKind::Ip, &mut found, |c| {
-        let candidate = c[0].split('%').next().unwrap_or("");
-        candidate
-            .parse::<Ipv6Addr>()
-            .is_ok()
-            .then(|| PiiKind::Ip.placeholder().to_string())
-    });
+    let t = redact_ipv6(&t, &mut found);
     let t = replace(&t, &PHONE, PiiKind::Phone, &mut found, |c| {
         let m = &c[0];
         let digits = m.chars().filter(|ch| ch.is_ascii_digit()).count();
@@ -204,6 +200,33 @@ pub fn redact(text: &str) -> Redaction {
             .then(|| PiiKind::Phone.placeholder().to_string())
     });
     Redaction { text: t, found }
+}
+
+/// Whether the IPv6 candidate at `start..end` of `text` stands alone (no word character or
+/// colon glued to it, so `std::net` or `reqwest::Error` are not addresses) and parses.
+fn is_ipv6_at(text: &str, start: usize, end: usize) -> bool {
+    let glued = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':');
+    let candidate = text[start..end].split('%').next().unwrap_or("");
+    !glued(text[..start].chars().next_back())
+        && !glued(text[end..].chars().next())
+        && candidate.matches(':').count() >= 2
+        && candidate.parse::<Ipv6Addr>().is_ok()
+}
+
+/// Replaces stand-alone IPv6 addresses.
+fn redact_ipv6(text: &str, found: &mut Vec<PiiKind>) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut last = 0;
+    for m in IPV6.find_iter(text) {
+        if is_ipv6_at(text, m.start(), m.end()) {
+            out.push_str(&text[last..m.start()]);
+            out.push_str(PiiKind::Ip.placeholder());
+            found.push(PiiKind::Ip);
+            last = m.end();
+        }
+    }
+    out.push_str(&text[last..]);
+    out
 }
 
 /// Whether a digit run is a date or time (`2024-01-15`, `2024.01.15 10.30`), not a phone.
@@ -231,7 +254,7 @@ pub fn contains_locator(text: &str) -> bool {
         || IPV4.is_match(text)
         || IPV6
             .find_iter(text)
-            .any(|m| m.as_str().parse::<Ipv6Addr>().is_ok())
+            .any(|m| is_ipv6_at(text, m.start(), m.end()))
 }
 
 #[cfg(test)]

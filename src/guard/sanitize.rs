@@ -46,10 +46,10 @@ static ROLE_MARKER: LazyLock<Regex> =
     LazyLock::new(|| re(r"(?i)(system|user|assistant|developer|human)[ \t]*:"));
 
 /// Chat template tags and tokens: `<system>`, `</user>`, `<|im_start|>`, `[INST]`, `<<SYS>>`,
-/// and the strategy-context fence itself.
+/// and the strategy-context fence itself; an unclosed `<system` is removed too.
 static TEMPLATE_TOKEN: LazyLock<Regex> = LazyLock::new(|| {
     re(
-        r"(?i)<\s*/?\s*(system|user|assistant|developer|human|instructions?|strategy_context)\b[^>]{0,64}>|<\|[a-z_]{1,32}\|>|\[/?\s*(inst|sys)\s*\]|<</?\s*sys\s*>>",
+        r"(?i)<\s*/?\s*(system|user|assistant|developer|human|instructions?|strategy_context)(?:\b[^<>]{0,64})?>?|<\|[a-z_]{1,32}\|>|\[/?\s*(inst|sys)\s*\]|<</?\s*sys\s*>>",
     )
 });
 

@@ -1,1 +1,214 @@
-//! memory (to be written).
+//! Triangulated memory: the knowledge graph with its statistics ([`graph`], streaming p95 in
+//! [`quantile`]), the vector index of lessons, SOPs and postmortems ([`vector`]), retrieval of
+//! one cited, deduplicated bundle per task ([`retrieve`]) and salience-gated writes
+//! ([`salience`]). [`Memory`] holds graph and index together and snapshots them for the store.
+
+pub mod graph;
+pub mod quantile;
+pub mod retrieve;
+pub mod salience;
+pub mod vector;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub use graph::{ArmStats, Edge, FailStats, GraphDelta, KnowledgeGraph, cluster_key};
+pub use quantile::P2Quantile;
+pub use retrieve::{Bundle, BundleItem, Citation, CitationKind, RetrievalQuery};
+pub use salience::{SalienceConfig, SalienceDecision, SalienceReason};
+pub use vector::{ItemKind, VectorIndex, VectorItem};
+
+use crate::model::embed::embed_with_dimension;
+use crate::record::{DiaryEntry, ExperienceTuple};
+
+/// Version of [`MemorySnapshot`].
+pub const SNAPSHOT_VERSION: u32 = 1;
+
+/// Errors of the memory.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum MemoryError {
+    /// A vector of the wrong dimension.
+    #[error("vector of {id} has dimension {got}, the index expects {expected}")]
+    Dimension {
+        /// The item (`kind:id`).
+        id: String,
+        /// The index's dimension.
+        expected: usize,
+        /// The vector's.
+        got: usize,
+    },
+    /// A snapshot of an unknown version.
+    #[error("memory snapshot version {0} is not supported (expected {SNAPSHOT_VERSION})")]
+    SnapshotVersion(u32),
+}
+
+/// The persisted state of [`Memory`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemorySnapshot {
+    /// Format version.
+    pub version: u32,
+    /// The graph.
+    pub graph: KnowledgeGraph,
+    /// The vector index.
+    pub index: VectorIndex,
+    /// Salience thresholds.
+    pub salience: SalienceConfig,
+}
+
+/// A text to index for an experience (a postmortem, a lesson, an SOP).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IndexCandidate {
+    /// Its kind.
+    pub kind: ItemKind,
+    /// Its id.
+    pub id: String,
+    /// Its text.
+    pub text: String,
+    /// Its embedding (same embedder as the index).
+    pub vector: Vec<f32>,
+}
+
+/// Graph and vector index together (a pure struct the Memory actor owns).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Memory {
+    state: MemorySnapshot,
+}
+
+impl Default for Memory {
+    fn default() -> Self {
+        Memory::new(
+            VectorIndex::default().dimension(),
+            SalienceConfig::default(),
+        )
+    }
+}
+
+impl Memory {
+    /// An empty memory whose index holds vectors of `dimension`.
+    pub fn new(dimension: usize, salience: SalienceConfig) -> Memory {
+        Memory {
+            state: MemorySnapshot {
+                version: SNAPSHOT_VERSION,
+                graph: KnowledgeGraph::new(),
+                index: VectorIndex::new(dimension),
+                salience,
+            },
+        }
+    }
+
+    /// The persisted state.
+    pub fn snapshot(&self) -> MemorySnapshot {
+        self.state.clone()
+    }
+
+    /// Rebuilds from a snapshot.
+    pub fn restore(snapshot: MemorySnapshot) -> Result<Memory, MemoryError> {
+        if snapshot.version != SNAPSHOT_VERSION {
+            return Err(MemoryError::SnapshotVersion(snapshot.version));
+        }
+        Ok(Memory { state: snapshot })
+    }
+
+    /// The graph.
+    pub fn graph(&self) -> &KnowledgeGraph {
+        &self.state.graph
+    }
+
+    /// The vector index.
+    pub fn index(&self) -> &VectorIndex {
+        &self.state.index
+    }
+
+    /// Embeds a text with the offline embedder at the index's dimension.
+    pub fn embed(&self, text: &str) -> Vec<f32> {
+        embed_with_dimension(text, self.state.index.dimension())
+    }
+
+    /// The text a task is embedded from: its goal and its features.
+    pub fn task_text(goal: &str, features: &BTreeMap<String, String>) -> String {
+        let f: Vec<String> = features.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        format!("{goal} {}", f.join(" "))
+    }
+
+    /// Takes in one experience: updates the in-memory graph, decides by salience what needs
+    /// writing, and indexes the candidate only if it is novel. The caller always appends the
+    /// experience to the log, persists [`Memory::snapshot`] when `write_graph` or
+    /// `write_vectors` is set, then calls [`Memory::mark_written`] with the decision.
+    pub fn ingest(
+        &mut self,
+        exp: &ExperienceTuple,
+        candidate: Option<IndexCandidate>,
+    ) -> Result<SalienceDecision, MemoryError> {
+        let delta = self.state.graph.apply(exp);
+        let cluster = cluster_key(&exp.context_features);
+        let decision = salience::assess(
+            &self.state.graph,
+            &delta,
+            &self.state.index,
+            candidate.as_ref().map(|c| (c.kind, c.vector.as_slice())),
+            &self.state.salience,
+        );
+        if decision.write_vectors
+            && let Some(c) = candidate
+        {
+            self.state.index.upsert(VectorItem {
+                kind: c.kind,
+                id: c.id,
+                text: c.text,
+                vector: c.vector,
+                cluster: Some(cluster),
+                time_ms: exp.time_ms,
+            })?;
+        }
+        Ok(decision)
+    }
+
+    /// Indexes an item unconditionally (a promoted SOP, a new lesson from the reflector).
+    pub fn index_item(&mut self, item: VectorItem) -> Result<(), MemoryError> {
+        self.state.index.upsert(item)
+    }
+
+    /// Removes an indexed item (a superseded lesson, a retired SOP).
+    pub fn forget(&mut self, kind: ItemKind, id: &str) -> Option<VectorItem> {
+        self.state.index.remove(kind, id)
+    }
+
+    /// Links an SOP to a cluster in the graph; returns the salience decision for it.
+    pub fn link_sop(&mut self, sop_id: &str, cluster: &str) -> SalienceDecision {
+        let delta = self.state.graph.link_sop(sop_id, cluster);
+        salience::assess_graph(&self.state.graph, &delta, &self.state.salience)
+    }
+
+    /// Records that the decision's edges were persisted.
+    pub fn mark_written(&mut self, decision: &SalienceDecision) {
+        self.state.graph.mark_written(&decision.edges);
+    }
+
+    /// The retrieval bundle for a task with the offline embedder: top-k lessons/SOPs/
+    /// postmortems by similarity, the graph's best strategies and failure modes for the task's
+    /// cluster, and the given recent diary notes (newest first), each cited.
+    pub fn retrieve_for(
+        &self,
+        goal: &str,
+        features: &BTreeMap<String, String>,
+        tools: &[String],
+        diary: &[DiaryEntry],
+        k: usize,
+    ) -> Bundle {
+        let vector = self.embed(&Memory::task_text(goal, features));
+        self.retrieve(RetrievalQuery {
+            features,
+            vector: &vector,
+            tools,
+            diary,
+            k,
+            duplicate_cosine: self.state.salience.novelty_cosine,
+        })
+    }
+
+    /// The retrieval bundle for a query whose vector the caller computed.
+    pub fn retrieve(&self, query: RetrievalQuery<'_>) -> Bundle {
+        retrieve::retrieve(&self.state.graph, &self.state.index, query)
+    }
+}

@@ -150,6 +150,16 @@ mod tests {
         assert!(embed_one("").iter().all(|x| *x == 0.0));
     }
 
+    #[tokio::test]
+    async fn trait_matches_sync_helper() {
+        let e = HashEmbedder::default();
+        let texts = vec!["avoid pdfminer".to_string(), "use ocr".to_string()];
+        let got = e.embed(&texts).await.unwrap();
+        assert_eq!(got, vec![embed_one(&texts[0]), embed_one(&texts[1])]);
+        assert_eq!(e.dimension(), DEFAULT_DIMENSION);
+        assert_eq!(HashEmbedder::new(64).embed_text("x y").len(), 64);
+    }
+
     #[test]
     fn fnv_known_vector() {
         assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);

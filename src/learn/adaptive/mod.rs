@@ -187,6 +187,35 @@ pub struct Lease {
     pub expires_ms: u64,
 }
 
+/// Check-and-set of a scope's synthesis lease: grants `owner` a lease with `token` unless
+/// another owner holds an unexpired one. A caller that keeps the lease as its own record (for
+/// example under its own key in the store) calls this with the record it read and writes the
+/// result back in the same serialised step.
+pub fn acquire_lease(
+    scope: &str,
+    current: Option<&Lease>,
+    owner: &str,
+    token: u64,
+    now_ms: u64,
+    lease_ms: u64,
+) -> Result<Lease, AdaptiveError> {
+    if let Some(lease) = current
+        && lease.owner != owner
+        && lease.expires_ms > now_ms
+    {
+        return Err(AdaptiveError::LeaseHeld {
+            scope: scope.to_string(),
+            owner: lease.owner.clone(),
+            expires_ms: lease.expires_ms,
+        });
+    }
+    Ok(Lease {
+        owner: owner.to_string(),
+        token,
+        expires_ms: now_ms.saturating_add(lease_ms),
+    })
+}
+
 /// Everything kept for one scope.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ScopeState {
@@ -512,18 +541,16 @@ impl AdaptiveStrategies {
                 threshold,
             });
         }
-        if let Some(lease) = self.scope(scope).and_then(|s| s.lease.as_ref())
-            && lease.owner != owner
-            && lease.expires_ms > now_ms
-        {
-            return Err(AdaptiveError::LeaseHeld {
-                scope: scope.to_string(),
-                owner: lease.owner.clone(),
-                expires_ms: lease.expires_ms,
-            });
-        }
+        let current = self.scope(scope).and_then(|s| s.lease.clone());
         let token = self.next_id();
-        let lease_ms = self.state.config.lease_ms;
+        let lease = acquire_lease(
+            scope,
+            current.as_ref(),
+            owner,
+            token,
+            now_ms,
+            self.state.config.lease_ms,
+        )?;
         let max = self.state.config.max_failures_per_synthesis;
         let known_tools: BTreeSet<String> = self
             .scope(scope)
@@ -537,11 +564,7 @@ impl AdaptiveStrategies {
             })
             .unwrap_or_default();
         let s = self.state.scopes.entry(scope.to_string()).or_default();
-        s.lease = Some(Lease {
-            owner: owner.to_string(),
-            token,
-            expires_ms: now_ms.saturating_add(lease_ms),
-        });
+        s.lease = Some(lease);
         let failures: Vec<FailureRecord> = s.pending.iter().take(max).cloned().collect();
         Ok(SynthesisJob {
             owner: owner.to_string(),
