@@ -390,10 +390,31 @@ fn svg_open(out: &mut String, id: &str, height: f64, domain: &Domain, label: &st
     );
 }
 
-fn axes(out: &mut String, d: &Domain, x_label: &str, y_label: &str, y_ticks: usize) {
+/// Round tick values (steps of 1, 2 or 5 times a power of ten) within `[lo, hi]`.
+fn nice_ticks(lo: f64, hi: f64, target: usize, integer: bool) -> Vec<f64> {
+    if !(hi > lo) || !lo.is_finite() || !hi.is_finite() {
+        return vec![lo];
+    }
+    let raw = (hi - lo) / target.max(1) as f64;
+    let mag = 10f64.powf(raw.log10().floor());
+    let mut step = [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * mag)
+        .find(|s| *s >= raw)
+        .unwrap_or(10.0 * mag);
+    if integer {
+        step = step.max(1.0).round();
+    }
+    let first = (lo / step).ceil() * step;
+    (0..=target * 3)
+        .map(|i| first + i as f64 * step)
+        .take_while(|v| *v <= hi + step * 1e-9)
+        .collect()
+}
+
+fn axes(out: &mut String, d: &Domain, x_label: &str, y_label: &str, x_ticks: bool, integer: bool) {
     let bottom = PLOT_TOP + PLOT_HEIGHT;
-    for i in 0..=y_ticks {
-        let v = d.y0 + (d.y1 - d.y0) * i as f64 / y_ticks as f64;
+    for v in nice_ticks(d.y0, d.y1, 5, integer) {
         let y = scale(v, d.y0, d.y1, bottom, PLOT_TOP);
         let _ = write!(
             out,
@@ -404,15 +425,8 @@ fn axes(out: &mut String, d: &Domain, x_label: &str, y_label: &str, y_ticks: usi
             tick_label(v)
         );
     }
-    for i in 0..=5 {
-        let v = d.x0 + (d.x1 - d.x0) * i as f64 / 5.0;
-        let x = scale(v, d.x0, d.x1, PLOT_LEFT, PLOT_LEFT + PLOT_WIDTH);
-        let _ = write!(
-            out,
-            "<text x=\"{x:.3}\" y=\"{:.3}\" font-size=\"10\" text-anchor=\"middle\">{}</text>",
-            bottom + 14.0,
-            tick_label(v)
-        );
+    if x_ticks {
+        x_axis_ticks(out, d.x0, d.x1, PLOT_LEFT, PLOT_WIDTH, bottom + 14.0);
     }
     let _ = write!(
         out,
@@ -423,12 +437,24 @@ fn axes(out: &mut String, d: &Domain, x_label: &str, y_label: &str, y_ticks: usi
         out,
         "<text x=\"{:.3}\" y=\"{:.3}\" font-size=\"11\" text-anchor=\"middle\">{}</text><text x=\"12\" y=\"{:.3}\" font-size=\"11\" text-anchor=\"middle\" transform=\"rotate(-90 12 {:.3})\">{}</text>",
         PLOT_LEFT + PLOT_WIDTH / 2.0,
-        bottom + 32.0,
+        bottom + 34.0,
         escape(x_label),
         PLOT_TOP + PLOT_HEIGHT / 2.0,
         PLOT_TOP + PLOT_HEIGHT / 2.0,
         escape(y_label)
     );
+}
+
+/// Tick labels of an x axis over `[x0, x1]` drawn from `left` over `width`, at height `y`.
+fn x_axis_ticks(out: &mut String, x0: f64, x1: f64, left: f64, width: f64, y: f64) {
+    for v in nice_ticks(x0, x1, 6, true) {
+        let x = scale(v, x0, x1, left, left + width);
+        let _ = write!(
+            out,
+            "<text x=\"{x:.3}\" y=\"{y:.3}\" font-size=\"10\" text-anchor=\"middle\">{}</text>",
+            tick_label(v)
+        );
+    }
 }
 
 fn tick_label(v: f64) -> String {
@@ -450,7 +476,7 @@ fn line_chart(
 ) -> String {
     let mut out = String::new();
     svg_open(&mut out, id, CHART_HEIGHT, domain, label);
-    axes(&mut out, domain, x_label, y_label, 5);
+    axes(&mut out, domain, x_label, y_label, true, false);
     for s in series {
         let mut points = String::new();
         for (x, y) in xs.iter().zip(&s.ys) {
@@ -679,15 +705,7 @@ fn arms_chart(data: &ReportData) -> String {
         out.push_str("</g>");
     }
     let axis_y = PLOT_TOP + rows * STRIP_ROW + 12.0;
-    for i in 0..=5 {
-        let v = x0 + (x1 - x0) * i as f64 / 5.0;
-        let x = scale(v, x0, x1, STRIP_LEFT, STRIP_LEFT + STRIP_WIDTH);
-        let _ = write!(
-            out,
-            "<text x=\"{x:.3}\" y=\"{axis_y:.3}\" font-size=\"10\" text-anchor=\"middle\">{}</text>",
-            tick_label(v)
-        );
-    }
+    x_axis_ticks(&mut out, x0, x1, STRIP_LEFT, STRIP_WIDTH, axis_y);
     for (i, (arm, color)) in colors.iter().enumerate() {
         let x = 20.0 + (i % 3) as f64 * 230.0;
         let y = axis_y + 16.0 + (i / 3) as f64 * 16.0;
@@ -709,7 +727,7 @@ fn sop_chart(data: &ReportData) -> String {
         return empty_note("sop-chart", "No SOP was promoted or rolled back.");
     }
     let (x0, x1) = task_span(data);
-    let height = 90.0;
+    let height = 104.0;
     let domain = Domain {
         x0,
         x1,
@@ -724,7 +742,7 @@ fn sop_chart(data: &ReportData) -> String {
         &domain,
         "SOP promotions and rollbacks over time",
     );
-    let mid = 40.0;
+    let mid = 50.0;
     let _ = write!(
         out,
         "<line x1=\"{PLOT_LEFT}\" y1=\"{mid}\" x2=\"{:.3}\" y2=\"{mid}\" stroke=\"#333\"/>",
@@ -758,6 +776,16 @@ fn sop_chart(data: &ReportData) -> String {
                 "#e15759",
             ),
         };
+        let label_y = match e.kind {
+            SopEventKind::Promoted => mid - 17.0,
+            SopEventKind::RolledBack => mid + 25.0,
+        };
+        let _ = write!(
+            out,
+            "<text x=\"{x:.3}\" y=\"{label_y:.3}\" font-size=\"9\" text-anchor=\"middle\">{} v{}</text>",
+            escape(&e.sop_id),
+            e.version
+        );
         let _ = write!(
             out,
             "<path class=\"sop-event\" data-kind=\"{}\" data-task=\"{}\" data-sop=\"{}\" data-x=\"{x:.3}\" d=\"{path}\" fill=\"{color}\"><title>task {}: {} v{} {} ({})</title></path>",
@@ -771,16 +799,7 @@ fn sop_chart(data: &ReportData) -> String {
             escape(&e.cluster)
         );
     }
-    for i in 0..=5 {
-        let v = x0 + (x1 - x0) * i as f64 / 5.0;
-        let x = scale(v, x0, x1, PLOT_LEFT, PLOT_LEFT + PLOT_WIDTH);
-        let _ = write!(
-            out,
-            "<text x=\"{x:.3}\" y=\"{:.3}\" font-size=\"10\" text-anchor=\"middle\">{}</text>",
-            mid + 34.0,
-            tick_label(v)
-        );
-    }
+    x_axis_ticks(&mut out, x0, x1, PLOT_LEFT, PLOT_WIDTH, mid + 44.0);
     let _ = write!(
         out,
         "<text x=\"{PLOT_LEFT}\" y=\"12\" font-size=\"11\" fill=\"#59a14f\">▲ promoted</text><text x=\"{:.3}\" y=\"12\" font-size=\"11\" fill=\"#e15759\">▼ rolled back</text>",
@@ -818,7 +837,31 @@ fn failures_chart(data: &ReportData) -> String {
         &domain,
         "Failed tool calls by error class",
     );
-    axes(&mut out, &domain, "error class", "failed calls", 4);
+    axes(
+        &mut out,
+        &domain,
+        "error class",
+        "failed calls",
+        false,
+        true,
+    );
+    for (i, (name, color)) in [
+        ("infrastructure", "#f28e2b"),
+        ("strategy", "#4e79a7"),
+        ("unknown", "#bab0ac"),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let x = PLOT_LEFT + PLOT_WIDTH - 330.0 + i as f64 * 110.0;
+        let _ = write!(
+            out,
+            "<rect x=\"{x:.3}\" y=\"{:.3}\" width=\"10\" height=\"10\" fill=\"{color}\"/><text x=\"{:.3}\" y=\"{:.3}\" font-size=\"11\">{name}</text>",
+            PLOT_TOP,
+            x + 14.0,
+            PLOT_TOP + 9.0
+        );
+    }
     let bottom = PLOT_TOP + PLOT_HEIGHT;
     for (i, f) in data.failures.iter().enumerate() {
         let h = f.count as f64 / max * PLOT_HEIGHT;
@@ -839,7 +882,7 @@ fn failures_chart(data: &ReportData) -> String {
             f.count,
             escape(&f.category),
             x + width / 2.0,
-            bottom + 26.0,
+            bottom + 12.0 + (i % 2) as f64 * 10.0,
             escape(&f.class),
             x + width / 2.0,
             bottom - h - 3.0,
