@@ -392,7 +392,7 @@ fn svg_open(out: &mut String, id: &str, height: f64, domain: &Domain, label: &st
 
 /// Round tick values (steps of 1, 2 or 5 times a power of ten) within `[lo, hi]`.
 fn nice_ticks(lo: f64, hi: f64, target: usize, integer: bool) -> Vec<f64> {
-    if !(hi > lo) || !lo.is_finite() || !hi.is_finite() {
+    if hi <= lo || !lo.is_finite() || !hi.is_finite() {
         return vec![lo];
     }
     let raw = (hi - lo) / target.max(1) as f64;
