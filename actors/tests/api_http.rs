@@ -797,3 +797,28 @@ async fn shutdown_lets_in_flight_requests_finish() {
     assert_eq!(in_flight.await.unwrap().unwrap(), 200);
     handle.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn bad_configuration_is_refused() {
+    let mut cfg = config(1024);
+    cfg.tenants[0].key_sha256 = "not-hex".into();
+    let err = api::router(Arc::new(Fake::default()), &cfg).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "api.tenants[0].key_sha256: expected 64 hex digits"
+    );
+    // An address already in use is reported with the key and the address.
+    let taken = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cfg = ApiConfig {
+        listen: taken.local_addr().unwrap().to_string(),
+        ..config(1024)
+    };
+    let err = api::serve_config(Arc::new(Fake::default()), &cfg)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with(&format!("api.listen: cannot listen on `{}`", cfg.listen)),
+        "{err}"
+    );
+}

@@ -39,6 +39,14 @@ pub enum ServeError {
         /// The path.
         path: &'static str,
     },
+    /// The listen address could not be bound.
+    #[error("api.listen: cannot listen on `{addr}`: {source}")]
+    Bind {
+        /// The configured address.
+        addr: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
     /// Accepting or serving failed.
     #[error("serving HTTP: {0}")]
     Io(#[from] std::io::Error),
@@ -113,6 +121,21 @@ where
             Ok(())
         }
     }
+}
+
+/// Binds `config.listen` and serves until ctrl-c or SIGTERM ([`shutdown_signal`]): the body of
+/// `hindsight serve`. The caller shuts the tree down after it returns.
+pub async fn serve_config<B: Backend>(
+    backend: Arc<B>,
+    config: &ApiConfig,
+) -> Result<(), ServeError> {
+    let listener = TcpListener::bind(&config.listen)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: config.listen.clone(),
+            source,
+        })?;
+    serve(listener, backend, config, shutdown_signal()).await
 }
 
 /// Resolves on ctrl-c or (on Unix) SIGTERM: the daemon's shutdown signal for [`serve`].
