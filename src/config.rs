@@ -317,6 +317,8 @@ pub struct ApiConfig {
     pub body_limit_bytes: usize,
     /// Seconds in-flight requests get to finish on shutdown.
     pub shutdown_grace_secs: u64,
+    /// Seconds a request may take before it is answered 504 (0 = no limit).
+    pub request_timeout_secs: u64,
     /// Tenants and their API keys.
     pub tenants: Vec<TenantConfig>,
 }
@@ -327,6 +329,7 @@ impl Default for ApiConfig {
             listen: "127.0.0.1:8080".to_string(),
             body_limit_bytes: 1024 * 1024,
             shutdown_grace_secs: 30,
+            request_timeout_secs: 300,
             tenants: Vec::new(),
         }
     }
@@ -426,7 +429,28 @@ pub fn hash_key(token: &str) -> String {
     out
 }
 
+/// The token to hash for `hindsight config hash-key ARG`: `ARG` itself, or when it is `-` the
+/// first line of `input` (so the token stays out of the shell history), without its line end.
+pub fn key_from_arg(arg: &str, input: &mut impl std::io::BufRead) -> std::io::Result<String> {
+    if arg != "-" {
+        return Ok(arg.to_string());
+    }
+    let mut line = String::new();
+    input.read_line(&mut line)?;
+    Ok(line.trim_end_matches(['\r', '\n']).to_string())
+}
+
 impl Config {
+    /// The configuration as TOML (`hindsight config show`): every key with its effective value;
+    /// absent optional keys are left out.
+    pub fn to_toml(&self) -> Result<String, ConfigError> {
+        toml::to_string(self).map_err(|e| ConfigError::Invalid {
+            origin: "configuration".into(),
+            key: String::new(),
+            reason: format!("cannot be written as TOML: {e}"),
+        })
+    }
+
     /// Parses `text` (named `origin` in errors) without environment overrides.
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
         Config::parse_with_env(text, origin, std::iter::empty())
@@ -902,6 +926,34 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("key `data_dir`"), "{e}");
+    }
+
+    #[test]
+    fn to_toml_round_trips() {
+        let mut c = Config::default();
+        c.triage.policy_file = Some(PathBuf::from("p.toml"));
+        c.api.tenants.push(TenantConfig {
+            name: "a".into(),
+            key_sha256: hash_key("k"),
+        });
+        c.tools.mcp.push(McpServerConfig {
+            name: "fs".into(),
+            command: "npx".into(),
+            args: vec!["-y".into()],
+            env: BTreeMap::from([("A".to_string(), "b".to_string())]),
+        });
+        for c in [Config::default(), c] {
+            let text = c.to_toml().unwrap();
+            assert_eq!(Config::parse(&text, "shown").unwrap(), c, "{text}");
+        }
+    }
+
+    #[test]
+    fn key_from_arg_reads_stdin_for_dash() {
+        let mut input = std::io::Cursor::new(b"s3cret\r\nignored\n".to_vec());
+        assert_eq!(key_from_arg("-", &mut input).unwrap(), "s3cret");
+        let mut none = std::io::Cursor::new(Vec::new());
+        assert_eq!(key_from_arg("tok", &mut none).unwrap(), "tok");
     }
 
     #[test]

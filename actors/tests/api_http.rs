@@ -822,3 +822,33 @@ async fn bad_configuration_is_refused() {
         "{err}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn slow_requests_get_504_after_the_time_limit() {
+    use tower::ServiceExt;
+    let backend = Arc::new(Fake::default());
+    let cfg = ApiConfig {
+        request_timeout_secs: 300,
+        ..config(4096)
+    };
+    let app = api::router(Arc::clone(&backend), &cfg).unwrap();
+    let req = axum::http::Request::post("/orchestrate")
+        .header("authorization", format!("Bearer {KEY_A}"))
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(r#"{"goal": "slow"}"#))
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let resp = app.oneshot(req).await.unwrap();
+    assert_eq!(resp.status().as_u16(), 504);
+    assert_eq!(started.elapsed(), std::time::Duration::from_secs(300));
+    let body = axum::body::to_bytes(resp.into_body(), 1 << 16)
+        .await
+        .unwrap();
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("api.request_timeout_secs")
+    );
+}

@@ -70,12 +70,18 @@ pub fn router<B: Backend>(backend: Arc<B>, config: &ApiConfig) -> Result<Router,
         }
     }
     let authed = authed.route_layer(axum::middleware::from_fn_with_state(keys, require_key));
+    let limit =
+        (config.request_timeout_secs > 0).then(|| Duration::from_secs(config.request_timeout_secs));
     let app = Router::new()
         .merge(authed)
         .merge(public)
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(config.body_limit_bytes))
+        .layer(axum::middleware::from_fn_with_state(
+            limit,
+            routes::time_limit,
+        ))
         .layer(axum::middleware::from_fn(routes::trace_request))
         .with_state(AppState { backend });
     Ok(app)
