@@ -23,6 +23,9 @@ pub const ENV_PREFIX: &str = "HINDSIGHT_";
 /// Environment variable naming the configuration file (not an override).
 pub const ENV_CONFIG_FILE: &str = "HINDSIGHT_CONFIG";
 
+/// The configuration file used when none is named and it exists.
+pub const DEFAULT_FILE: &str = "config/hindsight.toml";
+
 /// The default ReflectRetry template (issue 5's seed semantics).
 pub const DEFAULT_REFLECT_TEMPLATE: &str = "[Reflect & Retry - Attempt {attempt}/{max}] {reason}\n\nPlease try again, adjusting your approach.";
 
@@ -500,6 +503,27 @@ impl Config {
         Ok(config)
     }
 
+    /// The file to load: `cli` (`--config FILE`) if given, else `$HINDSIGHT_CONFIG` if set, else
+    /// `config/hindsight.toml` if it exists in the working directory, else none (defaults).
+    pub fn locate(cli: Option<&Path>) -> Option<PathBuf> {
+        Config::locate_with(
+            cli,
+            std::env::var_os(ENV_CONFIG_FILE).map(PathBuf::from),
+            Path::new(DEFAULT_FILE).is_file(),
+        )
+    }
+
+    /// [`Config::locate`] with its inputs given.
+    pub fn locate_with(
+        cli: Option<&Path>,
+        env: Option<PathBuf>,
+        default_exists: bool,
+    ) -> Option<PathBuf> {
+        cli.map(Path::to_path_buf)
+            .or(env.filter(|p| !p.as_os_str().is_empty()))
+            .or_else(|| default_exists.then(|| PathBuf::from(DEFAULT_FILE)))
+    }
+
     /// Loads `path` (or only the defaults when `None`) and applies the process's `HINDSIGHT_*`
     /// environment overrides.
     pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
@@ -946,6 +970,25 @@ mod tests {
             let text = c.to_toml().unwrap();
             assert_eq!(Config::parse(&text, "shown").unwrap(), c, "{text}");
         }
+    }
+
+    #[test]
+    fn locate_prefers_cli_then_env_then_default() {
+        let cli = Path::new("a.toml");
+        let env = Some(PathBuf::from("b.toml"));
+        assert_eq!(
+            Config::locate_with(Some(cli), env.clone(), true),
+            Some(PathBuf::from("a.toml"))
+        );
+        assert_eq!(
+            Config::locate_with(None, env, true),
+            Some(PathBuf::from("b.toml"))
+        );
+        assert_eq!(
+            Config::locate_with(None, None, true),
+            Some(PathBuf::from(DEFAULT_FILE))
+        );
+        assert_eq!(Config::locate_with(None, None, false), None);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 mod auth;
 mod backend;
+pub mod command;
 mod error;
 mod routes;
 pub mod types;
