@@ -23,6 +23,9 @@ pub const ENV_PREFIX: &str = "HINDSIGHT_";
 /// Environment variable naming the configuration file (not an override).
 pub const ENV_CONFIG_FILE: &str = "HINDSIGHT_CONFIG";
 
+/// The configuration file used when none is named and it exists.
+pub const DEFAULT_FILE: &str = "config/hindsight.toml";
+
 /// The default ReflectRetry template (issue 5's seed semantics).
 pub const DEFAULT_REFLECT_TEMPLATE: &str = "[Reflect & Retry - Attempt {attempt}/{max}] {reason}\n\nPlease try again, adjusting your approach.";
 
@@ -317,6 +320,8 @@ pub struct ApiConfig {
     pub body_limit_bytes: usize,
     /// Seconds in-flight requests get to finish on shutdown.
     pub shutdown_grace_secs: u64,
+    /// Seconds a request may take before it is answered 504 (0 = no limit).
+    pub request_timeout_secs: u64,
     /// Tenants and their API keys.
     pub tenants: Vec<TenantConfig>,
 }
@@ -327,6 +332,7 @@ impl Default for ApiConfig {
             listen: "127.0.0.1:8080".to_string(),
             body_limit_bytes: 1024 * 1024,
             shutdown_grace_secs: 30,
+            request_timeout_secs: 300,
             tenants: Vec::new(),
         }
     }
@@ -426,7 +432,28 @@ pub fn hash_key(token: &str) -> String {
     out
 }
 
+/// The token to hash for `hindsight config hash-key ARG`: `ARG` itself, or when it is `-` the
+/// first line of `input` (so the token stays out of the shell history), without its line end.
+pub fn key_from_arg(arg: &str, input: &mut impl std::io::BufRead) -> std::io::Result<String> {
+    if arg != "-" {
+        return Ok(arg.to_string());
+    }
+    let mut line = String::new();
+    input.read_line(&mut line)?;
+    Ok(line.trim_end_matches(['\r', '\n']).to_string())
+}
+
 impl Config {
+    /// The configuration as TOML (`hindsight config show`): every key with its effective value;
+    /// absent optional keys are left out.
+    pub fn to_toml(&self) -> Result<String, ConfigError> {
+        toml::to_string(self).map_err(|e| ConfigError::Invalid {
+            origin: "configuration".into(),
+            key: String::new(),
+            reason: format!("cannot be written as TOML: {e}"),
+        })
+    }
+
     /// Parses `text` (named `origin` in errors) without environment overrides.
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
         Config::parse_with_env(text, origin, std::iter::empty())
@@ -474,6 +501,27 @@ impl Config {
             }
         })?;
         Ok(config)
+    }
+
+    /// The file to load: `cli` (`--config FILE`) if given, else `$HINDSIGHT_CONFIG` if set, else
+    /// `config/hindsight.toml` if it exists in the working directory, else none (defaults).
+    pub fn locate(cli: Option<&Path>) -> Option<PathBuf> {
+        Config::locate_with(
+            cli,
+            std::env::var_os(ENV_CONFIG_FILE).map(PathBuf::from),
+            Path::new(DEFAULT_FILE).is_file(),
+        )
+    }
+
+    /// [`Config::locate`] with its inputs given.
+    pub fn locate_with(
+        cli: Option<&Path>,
+        env: Option<PathBuf>,
+        default_exists: bool,
+    ) -> Option<PathBuf> {
+        cli.map(Path::to_path_buf)
+            .or(env.filter(|p| !p.as_os_str().is_empty()))
+            .or_else(|| default_exists.then(|| PathBuf::from(DEFAULT_FILE)))
     }
 
     /// Loads `path` (or only the defaults when `None`) and applies the process's `HINDSIGHT_*`
@@ -902,6 +950,53 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("key `data_dir`"), "{e}");
+    }
+
+    #[test]
+    fn to_toml_round_trips() {
+        let mut c = Config::default();
+        c.triage.policy_file = Some(PathBuf::from("p.toml"));
+        c.api.tenants.push(TenantConfig {
+            name: "a".into(),
+            key_sha256: hash_key("k"),
+        });
+        c.tools.mcp.push(McpServerConfig {
+            name: "fs".into(),
+            command: "npx".into(),
+            args: vec!["-y".into()],
+            env: BTreeMap::from([("A".to_string(), "b".to_string())]),
+        });
+        for c in [Config::default(), c] {
+            let text = c.to_toml().unwrap();
+            assert_eq!(Config::parse(&text, "shown").unwrap(), c, "{text}");
+        }
+    }
+
+    #[test]
+    fn locate_prefers_cli_then_env_then_default() {
+        let cli = Path::new("a.toml");
+        let env = Some(PathBuf::from("b.toml"));
+        assert_eq!(
+            Config::locate_with(Some(cli), env.clone(), true),
+            Some(PathBuf::from("a.toml"))
+        );
+        assert_eq!(
+            Config::locate_with(None, env, true),
+            Some(PathBuf::from("b.toml"))
+        );
+        assert_eq!(
+            Config::locate_with(None, None, true),
+            Some(PathBuf::from(DEFAULT_FILE))
+        );
+        assert_eq!(Config::locate_with(None, None, false), None);
+    }
+
+    #[test]
+    fn key_from_arg_reads_stdin_for_dash() {
+        let mut input = std::io::Cursor::new(b"s3cret\r\nignored\n".to_vec());
+        assert_eq!(key_from_arg("-", &mut input).unwrap(), "s3cret");
+        let mut none = std::io::Cursor::new(Vec::new());
+        assert_eq!(key_from_arg("tok", &mut none).unwrap(), "tok");
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod policy;
 pub mod recovery;
 pub mod reflect_retry;
 pub mod reflector;
+pub mod report;
 pub mod run;
 pub mod runtime;
 pub mod supervisor;

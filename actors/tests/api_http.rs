@@ -797,3 +797,58 @@ async fn shutdown_lets_in_flight_requests_finish() {
     assert_eq!(in_flight.await.unwrap().unwrap(), 200);
     handle.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn bad_configuration_is_refused() {
+    let mut cfg = config(1024);
+    cfg.tenants[0].key_sha256 = "not-hex".into();
+    let err = api::router(Arc::new(Fake::default()), &cfg).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "api.tenants[0].key_sha256: expected 64 hex digits"
+    );
+    // An address already in use is reported with the key and the address.
+    let taken = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cfg = ApiConfig {
+        listen: taken.local_addr().unwrap().to_string(),
+        ..config(1024)
+    };
+    let err = api::serve_config(Arc::new(Fake::default()), &cfg)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with(&format!("api.listen: cannot listen on `{}`", cfg.listen)),
+        "{err}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn slow_requests_get_504_after_the_time_limit() {
+    use tower::ServiceExt;
+    let backend = Arc::new(Fake::default());
+    let cfg = ApiConfig {
+        request_timeout_secs: 300,
+        ..config(4096)
+    };
+    let app = api::router(Arc::clone(&backend), &cfg).unwrap();
+    let req = axum::http::Request::post("/orchestrate")
+        .header("authorization", format!("Bearer {KEY_A}"))
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(r#"{"goal": "slow"}"#))
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let resp = app.oneshot(req).await.unwrap();
+    assert_eq!(resp.status().as_u16(), 504);
+    assert_eq!(started.elapsed(), std::time::Duration::from_secs(300));
+    let body = axum::body::to_bytes(resp.into_body(), 1 << 16)
+        .await
+        .unwrap();
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("api.request_timeout_secs")
+    );
+}

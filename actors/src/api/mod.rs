@@ -7,6 +7,7 @@
 
 mod auth;
 mod backend;
+pub mod command;
 mod error;
 mod routes;
 pub mod types;
@@ -39,6 +40,14 @@ pub enum ServeError {
         /// The path.
         path: &'static str,
     },
+    /// The listen address could not be bound.
+    #[error("api.listen: cannot listen on `{addr}`: {source}")]
+    Bind {
+        /// The configured address.
+        addr: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
     /// Accepting or serving failed.
     #[error("serving HTTP: {0}")]
     Io(#[from] std::io::Error),
@@ -62,12 +71,18 @@ pub fn router<B: Backend>(backend: Arc<B>, config: &ApiConfig) -> Result<Router,
         }
     }
     let authed = authed.route_layer(axum::middleware::from_fn_with_state(keys, require_key));
+    let limit =
+        (config.request_timeout_secs > 0).then(|| Duration::from_secs(config.request_timeout_secs));
     let app = Router::new()
         .merge(authed)
         .merge(public)
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(config.body_limit_bytes))
+        .layer(axum::middleware::from_fn_with_state(
+            limit,
+            routes::time_limit,
+        ))
         .layer(axum::middleware::from_fn(routes::trace_request))
         .with_state(AppState { backend });
     Ok(app)
@@ -113,6 +128,21 @@ where
             Ok(())
         }
     }
+}
+
+/// Binds `config.listen` and serves until ctrl-c or SIGTERM ([`shutdown_signal`]): the body of
+/// `hindsight serve`. The caller shuts the tree down after it returns.
+pub async fn serve_config<B: Backend>(
+    backend: Arc<B>,
+    config: &ApiConfig,
+) -> Result<(), ServeError> {
+    let listener = TcpListener::bind(&config.listen)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: config.listen.clone(),
+            source,
+        })?;
+    serve(listener, backend, config, shutdown_signal()).await
 }
 
 /// Resolves on ctrl-c or (on Unix) SIGTERM: the daemon's shutdown signal for [`serve`].

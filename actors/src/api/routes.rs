@@ -253,6 +253,29 @@ pub async fn method_not_allowed(req: Request) -> ApiError {
     )
 }
 
+/// Middleware: answers 504 when the inner service takes longer than the state's limit (`None` =
+/// no limit). The backend's work is not cancelled by it: a run goes on and can be read later.
+pub async fn time_limit(
+    State(limit): State<Option<std::time::Duration>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let Some(limit) = limit else {
+        return next.run(req).await;
+    };
+    match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            format!(
+                "request took longer than {} s (api.request_timeout_secs)",
+                limit.as_secs()
+            ),
+        )
+        .into_response(),
+    }
+}
+
 /// Middleware: a tracing span per request, and one log line with status and latency.
 pub async fn trace_request(req: Request, next: Next) -> Response {
     let method = req.method().clone();
