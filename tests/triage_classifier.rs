@@ -61,7 +61,10 @@ fn subgoal(name: &str, status: &str) -> Step {
 fn every_failure_type_has_a_rule() {
     let c = rules();
     let empty = Trajectory::default();
-    assert_eq!(failed(&c, &empty, "Unknown tool: frobnicate"), WrongToolCalled);
+    assert_eq!(
+        failed(&c, &empty, "Unknown tool: frobnicate"),
+        WrongToolCalled
+    );
     assert_eq!(
         failed(&c, &empty, "unsupported file type: .heic"),
         WrongToolCalled
@@ -95,13 +98,27 @@ fn every_failure_type_has_a_rule() {
         SchemaMismatch
     );
     assert_eq!(
-        failed(&c, &empty, "This model's maximum context length is 8192 tokens"),
+        failed(
+            &c,
+            &empty,
+            "This model's maximum context length is 8192 tokens"
+        ),
         ContextOverflow
     );
-    assert_eq!(failed(&c, &empty, "connect ECONNREFUSED 127.0.0.1:80"), ExternalFault);
+    assert_eq!(
+        failed(&c, &empty, "connect ECONNREFUSED 127.0.0.1:80"),
+        ExternalFault
+    );
     assert_eq!(failed(&c, &empty, "context deadline exceeded"), Timeout);
-    assert_eq!(failed(&c, &empty, "the model produced an empty answer"), Unknown);
-    let plan = traj(vec![subgoal("a", "declared"), subgoal("b", "declared"), subgoal("a", "done")]);
+    assert_eq!(
+        failed(&c, &empty, "the model produced an empty answer"),
+        Unknown
+    );
+    let plan = traj(vec![
+        subgoal("a", "declared"),
+        subgoal("b", "declared"),
+        subgoal("a", "done"),
+    ]);
     assert_eq!(failed(&c, &plan, "stopped"), PlanIncomplete);
 
     // Hallucinated state: the run claims an artifact the trajectory does not have.
@@ -169,5 +186,8 @@ fn a_bad_constraint_names_its_index() {
         constraints: vec!["ok".into(), "(".into()],
     })
     .unwrap_err();
-    assert!(e.to_string().starts_with("classifier.constraints[1]"), "{e}");
+    assert!(
+        e.to_string().starts_with("classifier.constraints[1]"),
+        "{e}"
+    );
 }

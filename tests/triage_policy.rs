@@ -39,7 +39,10 @@ fn the_shipped_policy_file_loads() {
 #[test]
 fn errors_name_the_key() {
     for (text, key) in [
-        ("[policy.types]\ntimout = \"escalate\"", "policy.types.timout"),
+        (
+            "[policy.types]\ntimout = \"escalate\"",
+            "policy.types.timout",
+        ),
         (
             "[policy.types.timeout]\nstrategy = \"backoff_and_retry\"\nmax_attempts = -1",
             "policy.types.timeout.max_attempts",
@@ -52,17 +55,28 @@ fn errors_name_the_key() {
             "[policy.types.timeout]\nstrategy = \"sequence\"\nsteps = [\"escalate\", { strategy = \"bogus\" }]",
             "policy.types.timeout.steps[1].strategy",
         ),
-        ("[policy.types.timeout]\nstrategy = \"replan\"", "policy.types.timeout.hint"),
-        ("[limits]\nmax_recovery_attempts = \"3\"", "limits.max_recovery_attempts"),
+        (
+            "[policy.types.timeout]\nstrategy = \"replan\"",
+            "policy.types.timeout.hint",
+        ),
+        (
+            "[limits]\nmax_recovery_attempts = \"3\"",
+            "limits.max_recovery_attempts",
+        ),
         ("[limits]\nmax_retries = 3", "limits.max_retries"),
-        ("[classifier]\nconstraints = [\"(\"]", "classifier.constraints[0]"),
+        (
+            "[classifier]\nconstraints = [\"(\"]",
+            "classifier.constraints[0]",
+        ),
         ("[classifier]\nloop_window = 1", "classifier.loop_window"),
         ("[polcy]\n", "polcy"),
     ] {
         let e = PolicyFile::parse(text, "p.toml").unwrap_err().to_string();
         assert!(e.starts_with(&format!("p.toml: {key}:")), "{text:?} -> {e}");
     }
-    let e = PolicyFile::parse("[limits", "p.toml").unwrap_err().to_string();
+    let e = PolicyFile::parse("[limits", "p.toml")
+        .unwrap_err()
+        .to_string();
     assert!(e.starts_with("p.toml:"), "{e}");
 }
 
@@ -86,7 +100,9 @@ fn backoff_is_full_jitter_capped_and_seeded() {
     assert!(max_seen > 900, "the cap is reached, not exceeded");
     let draw = |seed| {
         let mut r = fastrand::Rng::with_seed(seed);
-        (0..5).map(|k| b.delay_ms(k, None, &mut r)).collect::<Vec<_>>()
+        (0..5)
+            .map(|k| b.delay_ms(k, None, &mut r))
+            .collect::<Vec<_>>()
     };
     assert_eq!(draw(9), draw(9));
     assert_ne!(draw(9), draw(10));
@@ -108,7 +124,12 @@ fn retry_after_is_read_from_messages() {
     assert_eq!(retry_after_ms("HTTP 503"), None);
 }
 
-fn decide(p: &FailurePolicy, ft: FailureType, occurrence: u32, st: &mut PolicyState) -> RecoveryAction {
+fn decide(
+    p: &FailurePolicy,
+    ft: FailureType,
+    occurrence: u32,
+    st: &mut PolicyState,
+) -> RecoveryAction {
     let f = failure(ft);
     let t = Trajectory::default();
     let fc = FailureContext {

@@ -14,7 +14,10 @@ use serde_json::{Value, json};
 
 type Seen = Arc<Mutex<Vec<Option<TriageContext>>>>;
 
-fn agent(policy: FailurePolicy, cfg: AgentConfig) -> (Agent, Arc<VirtualClock>, Arc<MemoryCheckpoints>) {
+fn agent(
+    policy: FailurePolicy,
+    cfg: AgentConfig,
+) -> (Agent, Arc<VirtualClock>, Arc<MemoryCheckpoints>) {
     let clock = Arc::new(VirtualClock::new(1_000));
     let store = Arc::new(MemoryCheckpoints::default());
     let a = Agent::new(policy, cfg)
@@ -165,7 +168,11 @@ async fn s05_external_fault_backs_off_with_seeded_full_jitter() {
     assert_eq!(types(&r), vec![ExternalFault, ExternalFault]);
     assert_eq!(r.calls, 3);
     assert_eq!(r.delays_ms.len(), 2);
-    assert!(r.delays_ms[0] <= 1_000 && r.delays_ms[1] <= 2_000, "{:?}", r.delays_ms);
+    assert!(
+        r.delays_ms[0] <= 1_000 && r.delays_ms[1] <= 2_000,
+        "{:?}",
+        r.delays_ms
+    );
     let slept: Vec<u64> = r.delays_ms.iter().copied().filter(|d| *d > 0).collect();
     assert_eq!(sleeps, slept);
     // Same seed and run id: same delays.
@@ -251,7 +258,10 @@ async fn s10_context_overflow_replans() {
                     "maximum context length is 8192 tokens; requested 9100",
                 ));
             }
-            assert_eq!(tc.unwrap().hint.as_deref(), Some("Compress the context and retry."));
+            assert_eq!(
+                tc.unwrap().hint.as_deref(),
+                Some("Compress the context and retry.")
+            );
             Ok(())
         })
         .await
@@ -264,7 +274,10 @@ async fn s10_context_overflow_replans() {
 async fn s11_chain_backs_off_then_replans() {
     let policy = FailurePolicy::new().on(
         ExternalFault,
-        Strategy::chain(Strategy::backoff_and_retry(1), Strategy::replan("Use the mirror.", 3)),
+        Strategy::chain(
+            Strategy::backoff_and_retry(1),
+            Strategy::replan("Use the mirror.", 3),
+        ),
     );
     let (a, _, _) = agent(policy, AgentConfig::default());
     let r = a
@@ -306,7 +319,11 @@ async fn s12_max_total_attempts_caps_the_history() {
     assert_eq!(rep.reason, "max_total_attempts (2) exceeded");
     assert_eq!(rep.calls, 3);
     assert_eq!(rep.failures.len(), 3);
-    assert!(rep.failures.iter().all(|f| f.classification.failure_type == ExternalFault));
+    assert!(
+        rep.failures
+            .iter()
+            .all(|f| f.classification.failure_type == ExternalFault)
+    );
 }
 
 #[tokio::test]
@@ -338,7 +355,11 @@ async fn s14_retry_with_manifest_gives_up_after_max_attempts() {
     let rep = escalated(e);
     assert_eq!(rep.reason, "max_attempts (2) reached");
     assert_eq!(rep.calls, 3);
-    assert!(rep.failures.iter().all(|f| f.classification.failure_type == WrongToolCalled));
+    assert!(
+        rep.failures
+            .iter()
+            .all(|f| f.classification.failure_type == WrongToolCalled)
+    );
 }
 
 #[tokio::test]
@@ -361,7 +382,11 @@ async fn s15_bug1_rollback_restores_state_and_trajectory() {
             assert_eq!(tc.restored_checkpoint, Some(None));
             assert_eq!(ctx.state(), json!({"rows": [1, 2, 3], "cursor": 1}));
             let t = ctx.trajectory();
-            assert_eq!(t.len(), 1, "the trajectory up to the checkpoint is restored");
+            assert_eq!(
+                t.len(),
+                1,
+                "the trajectory up to the checkpoint is restored"
+            );
             assert_eq!(t.steps[0].tool_called.as_deref(), Some("read_rows"));
             Ok(())
         })
@@ -409,7 +434,11 @@ async fn s17_rollback_without_checkpoint_escalates() {
         .await
         .unwrap_err();
     let rep = escalated(e);
-    assert!(rep.reason.contains("no checkpoint is available"), "{}", rep.reason);
+    assert!(
+        rep.reason.contains("no checkpoint is available"),
+        "{}",
+        rep.reason
+    );
     assert_eq!(rep.calls, 1);
 }
 
@@ -472,7 +501,10 @@ async fn s19_bug3_nothing_of_an_earlier_recovery_leaks() {
     assert_eq!(call1.hint.as_deref(), Some(MANIFEST_HINT));
     let call2 = s[2].clone().unwrap();
     assert_eq!(call2.resume_from.as_deref(), Some("finalize"));
-    assert_eq!(call2.hint, None, "the manifest hint does not leak into call 2");
+    assert_eq!(
+        call2.hint, None,
+        "the manifest hint does not leak into call 2"
+    );
     assert_eq!(call2.inject, None);
 }
 
@@ -692,9 +724,17 @@ async fn bug5_concurrent_runs_on_one_agent_are_isolated() {
         })
     };
     let (x, y) = tokio::join!(run("alpha"), run("beta"));
-    for (r, name) in [(x.unwrap().unwrap(), "alpha"), (y.unwrap().unwrap(), "beta")] {
+    for (r, name) in [
+        (x.unwrap().unwrap(), "alpha"),
+        (y.unwrap().unwrap(), "beta"),
+    ] {
         assert_eq!(r.trajectory.len(), 20);
-        assert!(r.trajectory.steps.iter().all(|s| s.tool_called.as_deref() == Some(name)));
+        assert!(
+            r.trajectory
+                .steps
+                .iter()
+                .all(|s| s.tool_called.as_deref() == Some(name))
+        );
         assert_eq!(r.calls, 2);
     }
 }
@@ -714,7 +754,11 @@ async fn bug6_missing_named_checkpoint_escalates_with_a_clear_reason() {
         .await
         .unwrap_err();
     let rep = escalated(e);
-    assert!(rep.reason.contains("checkpoint \"nope\" not found"), "{}", rep.reason);
+    assert!(
+        rep.reason.contains("checkpoint \"nope\" not found"),
+        "{}",
+        rep.reason
+    );
 }
 
 #[tokio::test]
@@ -739,7 +783,11 @@ async fn bug8_504_529_and_status_lookalikes_are_external() {
             .unwrap();
         assert_eq!(types(&r), vec![want], "{msg}");
         let ec = r.failures[0].classification.error.clone().unwrap();
-        assert_eq!(ec.category, hindsight::FailureCategory::Infrastructure, "{msg}");
+        assert_eq!(
+            ec.category,
+            hindsight::FailureCategory::Infrastructure,
+            "{msg}"
+        );
     }
 }
 
@@ -774,7 +822,10 @@ async fn bug9_limits_and_backoff_are_counted_per_failure_type() {
         assert!(r.delays_ms[1] <= 2_000);
         ext_second_over_base += (r.delays_ms[1] > 1_000) as u32;
     }
-    assert!(ext_second_over_base > 0, "the second external fault's ceiling doubled");
+    assert!(
+        ext_second_over_base > 0,
+        "the second external fault's ceiling doubled"
+    );
 }
 
 #[tokio::test]
@@ -790,7 +841,10 @@ async fn escalation_carries_the_full_failure_context() {
         .await
         .unwrap_err();
     let msg = e.to_string();
-    assert!(msg.contains("ctx") && msg.contains("max_attempts (1) reached"), "{msg}");
+    assert!(
+        msg.contains("ctx") && msg.contains("max_attempts (1) reached"),
+        "{msg}"
+    );
     let rep = e.report().unwrap().clone();
     assert_eq!(rep.failures.len(), 2);
     assert_eq!(rep.failures[0].action.as_ref().unwrap().kind(), "retry");
@@ -817,7 +871,11 @@ async fn budgets_and_recovery_time_are_capped() {
         .await
         .unwrap_err();
     let rep = escalated(e);
-    assert!(rep.reason.starts_with("token budget (250) exceeded"), "{}", rep.reason);
+    assert!(
+        rep.reason.starts_with("token budget (250) exceeded"),
+        "{}",
+        rep.reason
+    );
     assert_eq!(rep.calls, 3);
 
     let cfg = AgentConfig {
@@ -833,8 +891,16 @@ async fn budgets_and_recovery_time_are_capped() {
         .await
         .unwrap_err();
     let rep = escalated(e);
-    assert!(rep.reason.starts_with("max recovery time (5000 ms) exceeded"), "{}", rep.reason);
+    assert!(
+        rep.reason
+            .starts_with("max recovery time (5000 ms) exceeded"),
+        "{}",
+        rep.reason
+    );
     let slept: u64 = clock.sleeps().iter().sum();
     assert!(slept <= 5_000, "never sleeps past the limit: {slept}");
-    assert!(clock.sleeps().iter().all(|d| *d >= 2_000), "Retry-After honoured");
+    assert!(
+        clock.sleeps().iter().all(|d| *d >= 2_000),
+        "Retry-After honoured"
+    );
 }

@@ -11,7 +11,9 @@ use crate::record::Checkpoint;
 use crate::taxonomy::{FailureType, RecoveryAction, Trajectory};
 
 use super::checkpoint::{CheckpointError, CheckpointStore, MemoryCheckpoints};
-use super::classify::{Classification, Classifier, ClassifierConfig, FailureInput, RulesClassifier};
+use super::classify::{
+    Classification, Classifier, ClassifierConfig, FailureInput, RulesClassifier,
+};
 use super::clock::{Clock, TokioClock};
 use super::context::{AttemptState, RunContext, RunError, TriageContext};
 use super::policy::{FailureContext, FailurePolicy, PolicyState, retry_after_ms};
@@ -414,15 +416,18 @@ impl Agent {
                     error: None,
                     rule: "classifier_declined".into(),
                     step_index: None,
-                    message: error.as_ref().map(|e| e.message.clone()).unwrap_or_default(),
+                    message: error
+                        .as_ref()
+                        .map(|e| e.message.clone())
+                        .unwrap_or_default(),
                 },
             };
             if st.first_failure_ms.is_none() {
                 st.first_failure_ms = Some(self.clock.now_ms());
             }
-            let retry_after = error.as_ref().and_then(|e| {
-                e.retry_after_ms.or_else(|| retry_after_ms(&e.message))
-            });
+            let retry_after = error
+                .as_ref()
+                .and_then(|e| e.retry_after_ms.or_else(|| retry_after_ms(&e.message)));
             st.failures.push(FailureRecord {
                 attempt: st.calls - 1,
                 classification: failure.clone(),
@@ -496,7 +501,9 @@ impl Agent {
             ..AttemptState::default()
         };
         let (start, rerun_from) = match &action {
-            RecoveryAction::Escalate { message } => return Some(self.end(st, message.clone(), true)),
+            RecoveryAction::Escalate { message } => {
+                return Some(self.end(st, message.clone(), true));
+            }
             RecoveryAction::Abort { reason } => return Some(self.end(st, reason.clone(), false)),
             RecoveryAction::Suspend { message, .. } => {
                 return Some(TriageError::Suspended(Box::new(SuspendedRun {
@@ -567,9 +574,10 @@ impl Agent {
             }
         };
         if self.config.strict_idempotency
-            && let Some(s) = st.last.trajectory.steps.iter().skip(rerun_from).find(|s| {
-                s.tool_called.is_some() && !s.idempotent && s.idempotency_key.is_none()
-            })
+            && let Some(s) =
+                st.last.trajectory.steps.iter().skip(rerun_from).find(|s| {
+                    s.tool_called.is_some() && !s.idempotent && s.idempotency_key.is_none()
+                })
         {
             let reason = format!(
                 "strict idempotency: step {} ({}) is not idempotent and would run again",

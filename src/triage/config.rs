@@ -242,7 +242,9 @@ impl Ctx<'_> {
             "sequence" => {
                 self.known(t, path, &["strategy", "steps"])?;
                 let Some(Value::Array(a)) = t.get("steps") else {
-                    return Err(self.err(&format!("{path}.steps"), "expected an array of strategies"));
+                    return Err(
+                        self.err(&format!("{path}.steps"), "expected an array of strategies")
+                    );
                 };
                 Strategy::Sequence {
                     steps: a
@@ -336,7 +338,9 @@ impl PolicyFile {
                 Some(Value::Array(a)) => {
                     for (i, v) in a.iter().enumerate() {
                         let key = format!("classifier.constraints[{i}]");
-                        let s = v.as_str().ok_or_else(|| cx.err(&key, "expected a string"))?;
+                        let s = v
+                            .as_str()
+                            .ok_or_else(|| cx.err(&key, "expected a string"))?;
                         regex::Regex::new(s).map_err(|e| cx.err(&key, e.to_string()))?;
                         out.classifier.constraints.push(s.to_string());
                     }

@@ -44,7 +44,11 @@ impl Backoff {
             .base_ms
             .saturating_mul(1u64.checked_shl(k.min(62)).unwrap_or(u64::MAX))
             .min(self.cap_ms);
-        let jitter = if ceiling == 0 { 0 } else { rng.u64(0..=ceiling) };
+        let jitter = if ceiling == 0 {
+            0
+        } else {
+            rng.u64(0..=ceiling)
+        };
         jitter.max(retry_after_ms.unwrap_or(0))
     }
 }
@@ -227,21 +231,20 @@ impl Strategy {
                     None => escalate(format!("max_attempts ({max_attempts}) reached")),
                 }
             }
-            Strategy::BackoffAndRetry(b) => match st.bump(ft, "backoff_and_retry", b.max_attempts)
-            {
-                Some(k) => RecoveryAction::Retry {
-                    hint: None,
-                    inject: None,
-                    delay_ms: b.delay_ms(k, f.retry_after_ms, rng),
-                },
-                None => escalate(format!("max_attempts ({}) reached", b.max_attempts)),
-            },
-            Strategy::Replan { hint, max_replans } => {
-                match st.bump(ft, "replan", *max_replans) {
-                    Some(_) => RecoveryAction::Replan { hint: hint.clone() },
-                    None => escalate(format!("max_replans ({max_replans}) reached")),
+            Strategy::BackoffAndRetry(b) => {
+                match st.bump(ft, "backoff_and_retry", b.max_attempts) {
+                    Some(k) => RecoveryAction::Retry {
+                        hint: None,
+                        inject: None,
+                        delay_ms: b.delay_ms(k, f.retry_after_ms, rng),
+                    },
+                    None => escalate(format!("max_attempts ({}) reached", b.max_attempts)),
                 }
             }
+            Strategy::Replan { hint, max_replans } => match st.bump(ft, "replan", *max_replans) {
+                Some(_) => RecoveryAction::Replan { hint: hint.clone() },
+                None => escalate(format!("max_replans ({max_replans}) reached")),
+            },
             Strategy::ResumeFromSubgoal => match first_incomplete_subgoal(f.trajectory) {
                 Some(from_subgoal) => RecoveryAction::Resume { from_subgoal },
                 None => escalate("no incomplete subgoal to resume from".into()),

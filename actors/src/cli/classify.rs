@@ -164,7 +164,13 @@ mod tests {
     fn json_mode_keeps_order_and_names_bad_lines() {
         let mut out = Vec::new();
         let s = run(true, INPUT.as_bytes(), &mut out).unwrap();
-        assert_eq!(s, Summary { classified: 3, errors: 2 });
+        assert_eq!(
+            s,
+            Summary {
+                classified: 3,
+                errors: 2
+            }
+        );
         let lines: Vec<serde_json::Value> = String::from_utf8(out)
             .unwrap()
             .lines()
