@@ -75,6 +75,11 @@ pub struct PolicyConfig {
     pub pool_latency_strength: f64,
     /// Discount of success counts per visit of a node (1 = none).
     pub discount: f64,
+    /// Sharpening of the posteriors that Thompson sampling draws from (their pseudo-counts are
+    /// multiplied by it; 1 = plain Thompson sampling, more = less exploration).
+    pub sharpen: f64,
+    /// Discount of a hierarchy level's predictive evidence per observation (1 = none).
+    pub model_discount: f64,
     /// Discount of latency and cost per observation (1 = none).
     pub latency_discount: f64,
     /// Page-Hinkley tolerance per observation.
@@ -83,6 +88,9 @@ pub struct PolicyConfig {
     pub change_lambda: f64,
     /// Observations before the change detector may fire.
     pub change_min_obs: u32,
+    /// The finest levels of the hierarchy that run change detection (1 = the exact cluster
+    /// only, 2 = also the nodes with one feature less).
+    pub change_levels: u32,
     /// Pseudo-observations kept (at the recent success rate) when a change is detected; the
     /// node's finer clusters forget the arm the same way.
     pub change_keep: f64,
@@ -108,10 +116,13 @@ impl Default for PolicyConfig {
             pool_strength: 4.0,
             pool_latency_strength: 2.0,
             discount: 0.995,
+            sharpen: 1.0,
+            model_discount: 0.995,
             latency_discount: 0.95,
             change_delta: 0.05,
             change_lambda: 5.0,
             change_min_obs: 8,
+            change_levels: 2,
             change_keep: 2.0,
             recent_rate: 0.3,
             unknown_weight: 0.5,
@@ -293,6 +304,8 @@ pub struct PolicySnapshot {
     pub stages: Vec<StageArms>,
     /// Per cluster node: key, visits, per-arm evidence (flat arm order).
     pub nodes: Vec<(String, u64, Vec<ArmStats>)>,
+    /// Per hierarchy level (its feature names): per-arm log predictive evidence.
+    pub levels: Vec<(String, Vec<f64>)>,
     /// Stage observations learned from.
     pub learned: u64,
     /// Infrastructure failures ignored.
@@ -303,13 +316,44 @@ pub struct PolicySnapshot {
     pub changes: u64,
 }
 
-/// Effective per-arm posterior in a task's exact cluster.
-#[derive(Debug, Clone, Copy, Default)]
-struct Effective {
-    alpha: f64,
-    beta: f64,
-    latency: f64,
-    cost: f64,
+/// Effective per-arm beliefs for one task: a mixture of Betas (one per hierarchy level) for
+/// success, point estimates of latency and cost.
+#[derive(Debug, Clone)]
+struct Eff {
+    n_nodes: usize,
+    /// Per arm, per level: (cumulative weight, alpha, beta).
+    comps: Vec<(f64, f64, f64)>,
+    mean: Vec<f64>,
+    var: Vec<f64>,
+    latency: Vec<f64>,
+    cost: Vec<f64>,
+}
+
+impl Eff {
+    fn sample(&self, j: usize, rng: &mut fastrand::Rng) -> f64 {
+        let comps = &self.comps[j * self.n_nodes..(j + 1) * self.n_nodes];
+        let u = rng.f64();
+        let (_, a, b) = comps
+            .iter()
+            .find(|c| u < c.0)
+            .or(comps.last())
+            .copied()
+            .unwrap_or((1.0, 1.0, 1.0));
+        sample_beta(rng, a, b)
+    }
+
+    fn sample_all(&self, rng: &mut fastrand::Rng, p: &mut [f64]) {
+        for (j, x) in p.iter_mut().enumerate() {
+            *x = self.sample(j, rng);
+        }
+    }
+}
+
+/// The predictive evidence of one hierarchy level (a set of feature names) per arm.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct ModelEvidence {
+    signature: String,
+    log_evidence: Vec<f64>,
 }
 
 /// The contextual Thompson-sampling policy.
@@ -322,6 +366,7 @@ pub struct Policy {
     n_arms: usize,
     arm_index: HashMap<(String, Arm), usize>,
     nodes: HashMap<u64, Node>,
+    models: HashMap<u64, ModelEvidence>,
     learned: u64,
     infra_ignored: u64,
     infra_learned: u64,
@@ -340,6 +385,12 @@ fn check_config(c: &PolicyConfig) -> Result<(), PolicyError> {
     }
     if !(c.discount > 0.0 && c.discount <= 1.0) {
         return bad("discount", "must be in (0, 1]");
+    }
+    if !(c.sharpen > 0.0 && c.sharpen.is_finite()) {
+        return bad("sharpen", "must be > 0");
+    }
+    if !(c.model_discount > 0.0 && c.model_discount <= 1.0) {
+        return bad("model_discount", "must be in (0, 1]");
     }
     if !(c.latency_discount > 0.0 && c.latency_discount <= 1.0) {
         return bad("latency_discount", "must be in (0, 1]");
@@ -403,6 +454,7 @@ impl Policy {
             n_arms: n,
             arm_index,
             nodes: HashMap::new(),
+            models: HashMap::new(),
             learned: 0,
             infra_ignored: 0,
             infra_learned: 0,
@@ -447,7 +499,7 @@ impl Policy {
             .fold(1usize, |acc, s| acc.saturating_mul(s.arms.len()))
     }
 
-    fn effective(&self, features: &BTreeMap<String, String>) -> Vec<Effective> {
+    fn effective(&self, features: &BTreeMap<String, String>) -> Eff {
         let lattice = Lattice::new(features, self.config.full_lattice_max_features);
         let c = &self.config;
         let n_nodes = lattice.nodes.len();
@@ -456,65 +508,83 @@ impl Policy {
             .iter()
             .map(|n| self.nodes.get(&n.hash))
             .collect();
-        let prior_mean = c.prior_alpha / (c.prior_alpha + c.prior_beta);
-        let prior_strength = c.prior_alpha + c.prior_beta;
-        let mut out = Vec::with_capacity(self.n_arms);
-        // Per node: (mean, strength, latency mean (log), latency strength, cost, cost strength)
-        let mut mean = vec![0.0; n_nodes];
-        let mut strength = vec![0.0; n_nodes];
+        let models: Vec<Option<&ModelEvidence>> = lattice
+            .nodes
+            .iter()
+            .map(|n| self.models.get(&n.signature))
+            .collect();
+        let mut eff = Eff {
+            n_nodes,
+            comps: Vec::with_capacity(self.n_arms * n_nodes),
+            mean: Vec::with_capacity(self.n_arms),
+            var: Vec::with_capacity(self.n_arms),
+            latency: Vec::with_capacity(self.n_arms),
+            cost: Vec::with_capacity(self.n_arms),
+        };
         let mut lat: Vec<Option<f64>> = vec![None; n_nodes];
         let mut cost: Vec<Option<f64>> = vec![None; n_nodes];
+        let mut logw = vec![0.0; n_nodes];
         for j in 0..self.n_arms {
+            // Success: Bayesian model averaging over the levels of the hierarchy (which
+            // features matter for this arm), weighted by each level's predictive evidence.
+            for (i, m) in models.iter().enumerate() {
+                logw[i] = m
+                    .and_then(|m| m.log_evidence.get(j))
+                    .copied()
+                    .unwrap_or(0.0);
+            }
+            let top = logw.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let mut total_w = 0.0;
+            let base = eff.comps.len();
+            let (mut m1, mut m2) = (0.0, 0.0);
+            for i in 0..n_nodes {
+                let w = (logw[i] - top).exp();
+                let (s, f) = found[i]
+                    .and_then(|n| n.arms.get(j).map(|a| a.counts_at(n.visits, c.discount)))
+                    .unwrap_or((0.0, 0.0));
+                let (a, b) = (c.prior_alpha + s, c.prior_beta + f);
+                let mean = a / (a + b);
+                let (a, b) = (a * c.sharpen, b * c.sharpen);
+                let var = mean * (1.0 - mean) / (a + b + 1.0);
+                total_w += w;
+                m1 += w * mean;
+                m2 += w * (var + mean * mean);
+                eff.comps.push((total_w, a, b));
+            }
+            for comp in &mut eff.comps[base..] {
+                comp.0 /= total_w;
+            }
+            let mean = m1 / total_w;
+            eff.mean.push(mean);
+            eff.var.push((m2 / total_w - mean * mean).max(0.0));
+            // Latency and cost: each node starts from its parents' estimates.
             for (i, ln) in lattice.nodes.iter().enumerate() {
-                let (pm, ps, pl, pc) = if ln.parents.is_empty() {
-                    (prior_mean, prior_strength, None, None)
-                } else {
-                    let k = ln.parents.len() as f64;
-                    let mut m = 0.0;
-                    let mut s = 0.0;
-                    let (mut l_sum, mut l_n, mut c_sum, mut c_n) = (0.0, 0.0, 0.0, 0.0);
-                    for &p in &ln.parents {
-                        m += mean[p];
-                        s += strength[p];
-                        if let Some(v) = lat[p] {
-                            l_sum += v;
-                            l_n += 1.0;
-                        }
-                        if let Some(v) = cost[p] {
-                            c_sum += v;
-                            c_n += 1.0;
-                        }
+                let (mut l_sum, mut l_n, mut c_sum, mut c_n) = (0.0, 0.0, 0.0, 0.0);
+                for &p in &ln.parents {
+                    if let Some(v) = lat[p] {
+                        l_sum += v;
+                        l_n += 1.0;
                     }
-                    (
-                        m / k,
-                        (s / k).min(c.pool_strength),
-                        (l_n > 0.0).then(|| l_sum / l_n),
-                        (c_n > 0.0).then(|| c_sum / c_n),
-                    )
-                };
-                let (succ, fail, lw, ls, cw, cs) = match found[i].and_then(|n| {
-                    n.arms.get(j).map(|a| {
-                        let (s, f) = a.counts_at(n.visits, c.discount);
+                    if let Some(v) = cost[p] {
+                        c_sum += v;
+                        c_n += 1.0;
+                    }
+                }
+                let (pl, pc) = (
+                    (l_n > 0.0).then(|| l_sum / l_n),
+                    (c_n > 0.0).then(|| c_sum / c_n),
+                );
+                let (lw, ls, cw, cs) = found[i]
+                    .and_then(|n| n.arms.get(j))
+                    .map(|a| {
                         (
-                            s,
-                            f,
                             a.latency_weight,
                             a.latency_log_sum,
                             a.cost_weight,
                             a.cost_sum,
                         )
                     })
-                }) {
-                    Some(t) => t,
-                    None => (0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
-                };
-                let total = ps + succ + fail;
-                mean[i] = if total > 0.0 {
-                    (ps * pm + succ) / total
-                } else {
-                    pm
-                };
-                strength[i] = total;
+                    .unwrap_or((0.0, 0.0, 0.0, 0.0));
                 let pls = c.pool_latency_strength;
                 lat[i] = match pl {
                     Some(p) => Some((pls * p + ls) / (pls + lw)),
@@ -528,34 +598,28 @@ impl Policy {
                 };
             }
             let last = n_nodes - 1;
-            let m = mean[last].clamp(1e-6, 1.0 - 1e-6);
-            let s = strength[last].max(1e-3);
-            out.push(Effective {
-                alpha: m * s,
-                beta: (1.0 - m) * s,
-                // Unknown latency or cost: optimistic (0), so that the arm gets tried.
-                latency: lat[last].map(f64::exp).unwrap_or(0.0),
-                cost: cost[last].unwrap_or(0.0),
-            });
+            // Unknown latency or cost: optimistic (0), so that the arm gets tried.
+            eff.latency.push(lat[last].map(f64::exp).unwrap_or(0.0));
+            eff.cost.push(cost[last].unwrap_or(0.0));
         }
-        out
+        eff
     }
 
-    fn plan_value(&self, p: &[f64], eff: &[Effective], plan: &[usize]) -> f64 {
+    fn plan_value(&self, p: &[f64], eff: &Eff, plan: &[usize]) -> f64 {
         let mut prob = 1.0;
         let mut l = 0.0;
         let mut cst = 0.0;
         for (s, &a) in plan.iter().enumerate() {
             let j = self.offsets[s] + a;
             prob *= p[j];
-            l += eff[j].latency;
-            cst += eff[j].cost;
+            l += eff.latency[j];
+            cst += eff.cost[j];
         }
         (prob * self.config.reward.passed_value(l, cst)).clamp(0.0, 1.0)
     }
 
     /// The best plan for the success probabilities `p` (flat arm order).
-    fn best_plan(&self, p: &[f64], eff: &[Effective], plan: &mut Vec<usize>) -> f64 {
+    fn best_plan(&self, p: &[f64], eff: &Eff, plan: &mut Vec<usize>) -> f64 {
         let n_stages = self.stages.len();
         plan.clear();
         plan.resize(n_stages, 0);
@@ -588,7 +652,7 @@ impl Policy {
             let mut best = (f64::NEG_INFINITY, 0);
             for a in 0..st.arms.len() {
                 let j = self.offsets[s] + a;
-                let v = p[j] * self.config.reward.passed_value(eff[j].latency, eff[j].cost);
+                let v = p[j] * self.config.reward.passed_value(eff.latency[j], eff.cost[j]);
                 if v > best.0 {
                     best = (v, a);
                 }
@@ -623,12 +687,7 @@ impl Policy {
     pub fn choose(&self, features: &BTreeMap<String, String>, rng: &mut fastrand::Rng) -> Choice {
         let eff = self.effective(features);
         let mut p = vec![0.0; self.n_arms];
-        let sample = |rng: &mut fastrand::Rng, p: &mut Vec<f64>| {
-            for (j, e) in eff.iter().enumerate() {
-                p[j] = sample_beta(rng, e.alpha, e.beta);
-            }
-        };
-        sample(rng, &mut p);
+        eff.sample_all(rng, &mut p);
         let mut chosen = Vec::new();
         self.best_plan(&p, &eff, &mut chosen);
         // Propensity: the chosen draw plus `propensity_draws` more; per stage the frequency of
@@ -638,7 +697,7 @@ impl Policy {
         let mut prefix = vec![1usize; n_stages];
         let mut other = Vec::new();
         for _ in 0..draws {
-            sample(rng, &mut p);
+            eff.sample_all(rng, &mut p);
             self.best_plan(&p, &eff, &mut other);
             for s in 0..n_stages {
                 if other[s] != chosen[s] {
@@ -648,7 +707,7 @@ impl Policy {
             }
         }
         let total = (draws + 1) as f64;
-        let means: Vec<f64> = eff.iter().map(|e| e.alpha / (e.alpha + e.beta)).collect();
+        let means = eff.mean.clone();
         let mut greedy = Vec::new();
         self.best_plan(&means, &eff, &mut greedy);
         let mean_value = self.plan_value(&means, &eff, &chosen);
@@ -658,9 +717,6 @@ impl Policy {
         let mut plan_propensity = 1.0;
         for (s, &a) in chosen.iter().enumerate() {
             let j = self.offsets[s] + a;
-            let e = eff[j];
-            let n = e.alpha + e.beta;
-            let m = e.alpha / n;
             let prop = prefix[s] as f64 / prev;
             prev = prefix[s] as f64;
             plan_propensity *= prop;
@@ -668,8 +724,8 @@ impl Policy {
                 stage: self.stages[s].stage.clone(),
                 arm: self.stages[s].arms[a].clone(),
                 propensity: prop,
-                p_mean: m,
-                p_std: (m * (1.0 - m) / (n + 1.0)).sqrt(),
+                p_mean: eff.mean[j],
+                p_std: eff.var[j].sqrt(),
             });
         }
         Choice {
@@ -696,9 +752,7 @@ impl Policy {
         let mut plan = Vec::new();
         let mut counts: BTreeMap<Vec<usize>, usize> = BTreeMap::new();
         for _ in 0..draws {
-            for (j, e) in eff.iter().enumerate() {
-                p[j] = sample_beta(rng, e.alpha, e.beta);
-            }
+            eff.sample_all(rng, &mut p);
             self.best_plan(&p, &eff, &mut plan);
             *counts.entry(plan.clone()).or_default() += 1;
         }
@@ -724,7 +778,7 @@ impl Policy {
     /// The greedy plan (posterior means, no sampling) and its expected value.
     pub fn greedy(&self, features: &BTreeMap<String, String>) -> (Vec<usize>, f64) {
         let eff = self.effective(features);
-        let means: Vec<f64> = eff.iter().map(|e| e.alpha / (e.alpha + e.beta)).collect();
+        let means = eff.mean.clone();
         let mut plan = Vec::new();
         let v = self.best_plan(&means, &eff, &mut plan);
         (plan, v)
@@ -741,7 +795,7 @@ impl Policy {
             return 0.0;
         }
         let eff = self.effective(features);
-        let means: Vec<f64> = eff.iter().map(|e| e.alpha / (e.alpha + e.beta)).collect();
+        let means = eff.mean.clone();
         self.plan_value(&means, &eff, plan)
     }
 
@@ -758,11 +812,10 @@ impl Policy {
         let eff = self.effective(features);
         let mut out: Vec<(usize, f64, f64, f64)> = (0..st.arms.len())
             .map(|a| {
-                let e = eff[self.offsets[stage] + a];
-                let n = e.alpha + e.beta;
-                let m = e.alpha / n;
-                let v = m * self.config.reward.passed_value(e.latency, e.cost);
-                (a, m, (m * (1.0 - m) / (n + 1.0)).sqrt(), v)
+                let j = self.offsets[stage] + a;
+                let m = eff.mean[j];
+                let v = m * self.config.reward.passed_value(eff.latency[j], eff.cost[j]);
+                (a, m, eff.var[j].sqrt(), v)
             })
             .collect();
         out.sort_by(|x, y| y.3.total_cmp(&x.3));
@@ -785,9 +838,9 @@ impl Policy {
             if tried.contains(&a) {
                 continue;
             }
-            let e = eff[self.offsets[stage] + a];
-            let v = sample_beta(rng, e.alpha, e.beta)
-                * self.config.reward.passed_value(e.latency, e.cost);
+            let j = self.offsets[stage] + a;
+            let v =
+                eff.sample(j, rng) * self.config.reward.passed_value(eff.latency[j], eff.cost[j]);
             if best.is_none_or(|(b, _)| v > b) {
                 best = Some((v, a));
             }
@@ -839,7 +892,11 @@ impl Policy {
         let lattice = Lattice::new(&obs.features, self.config.full_lattice_max_features);
         let c = self.config.clone();
         let mut fired: Vec<(u64, usize)> = Vec::new();
+        let k = obs.features.len().min(31) as u32;
         for (i, ln) in lattice.nodes.iter().enumerate() {
+            // Change detection on the finest levels only: coarser nodes mix clusters whose share
+            // moves as the policy learns, which would look like change.
+            let detect = ln.mask.count_ones() + c.change_levels > k;
             let n_arms = self.n_arms;
             let node = self.nodes.entry(ln.hash).or_insert_with(|| Node {
                 key: lattice.key(&obs.features, i),
@@ -848,14 +905,34 @@ impl Policy {
             });
             node.visits += 1;
             let visits = node.visits;
+            let model = self
+                .models
+                .entry(ln.signature)
+                .or_insert_with(|| ModelEvidence {
+                    signature: lattice.signature(&obs.features, i),
+                    log_evidence: vec![0.0; n_arms],
+                });
             for &(j, x, weight_fail, lat, cost) in &items {
                 let Some(a) = node.arms.get_mut(j) else {
                     continue;
                 };
                 a.age_to(visits, c.discount);
+                // The level's predictive evidence: how well its cell predicted this outcome.
+                if let Some(ev) = model.log_evidence.get_mut(j) {
+                    let pa = c.prior_alpha + a.successes;
+                    let pb = c.prior_beta + a.failures;
+                    let pred = pa / (pa + pb);
+                    let ll = if x > 0.0 {
+                        pred.ln()
+                    } else {
+                        weight_fail * (1.0 - pred).ln()
+                    };
+                    *ev = *ev * c.model_discount + ll;
+                }
                 a.observe_recent(x, c.recent_rate);
-                if a.detector
-                    .observe(x, c.change_delta, c.change_lambda, c.change_min_obs)
+                if detect
+                    && a.detector
+                        .observe(x, c.change_delta, c.change_lambda, c.change_min_obs)
                 {
                     a.forget(c.change_keep);
                     fired.push((ln.hash, j));
@@ -911,7 +988,14 @@ impl Policy {
             .map(|n| (n.key.clone(), n.visits, n.arms.clone()))
             .collect();
         nodes.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut levels: Vec<(String, Vec<f64>)> = self
+            .models
+            .values()
+            .map(|m| (m.signature.clone(), m.log_evidence.clone()))
+            .collect();
+        levels.sort_by(|a, b| a.0.cmp(&b.0));
         PolicySnapshot {
+            levels,
             version: 1,
             config: self.config.clone(),
             stages: self.stages.clone(),
@@ -941,6 +1025,22 @@ impl Policy {
                 )));
             }
             p.nodes.insert(key_hash(&key), Node { key, visits, arms });
+        }
+        for (signature, log_evidence) in snapshot.levels {
+            if log_evidence.len() != p.n_arms {
+                return Err(PolicyError::BadSnapshot(format!(
+                    "level `{signature}` has {} arms, the stages have {}",
+                    log_evidence.len(),
+                    p.n_arms
+                )));
+            }
+            p.models.insert(
+                key_hash(&signature),
+                ModelEvidence {
+                    signature,
+                    log_evidence,
+                },
+            );
         }
         p.learned = snapshot.learned;
         p.infra_ignored = snapshot.infra_ignored;

@@ -24,6 +24,8 @@ pub struct LatticeNode {
     pub mask: u32,
     /// Stable hash of the fixed `name=value` pairs.
     pub hash: u64,
+    /// Stable hash of the fixed feature names (the node's level: which features it keeps).
+    pub signature: u64,
     /// Indices (into the lattice's node list) of the parents: the coarser nodes it pools from.
     pub parents: Vec<usize>,
 }
@@ -59,6 +61,7 @@ impl Lattice {
         let mut nodes: Vec<LatticeNode> = Vec::with_capacity(masks.len());
         for &mask in &masks {
             let hash = mask_hash(&pairs, mask);
+            let signature = signature_hash(&pairs, mask);
             let parents = if mask == 0 {
                 Vec::new()
             } else {
@@ -81,10 +84,27 @@ impl Lattice {
             nodes.push(LatticeNode {
                 mask,
                 hash,
+                signature,
                 parents,
             });
         }
         Lattice { nodes }
+    }
+
+    /// The readable signature of node `i` (the feature names it fixes: `"filetype|tenant"`,
+    /// `"*"` for global).
+    pub fn signature(&self, features: &BTreeMap<String, String>, i: usize) -> String {
+        let mask = self.nodes.get(i).map(|n| n.mask).unwrap_or(0);
+        if mask == 0 {
+            return GLOBAL_KEY.to_string();
+        }
+        features
+            .keys()
+            .enumerate()
+            .filter(|(i, _)| *i < 32 && mask & (1u32 << i) != 0)
+            .map(|(_, k)| k.as_str())
+            .collect::<Vec<_>>()
+            .join("|")
     }
 
     /// The readable key of node `i` for `features` (`"filetype=pdf|tenant=B"`, `"*"` for global).
@@ -119,6 +139,22 @@ pub fn key_hash(key: &str) -> u64 {
             h = fnv(b"|", h);
         }
         h = fnv(part.as_bytes(), h);
+    }
+    h
+}
+
+fn signature_hash(pairs: &[(&str, &str)], mask: u32) -> u64 {
+    let mut h = FNV_OFFSET;
+    let mut first = true;
+    for (i, (k, _)) in pairs.iter().enumerate() {
+        if mask & (1u32 << i) == 0 {
+            continue;
+        }
+        if !first {
+            h = fnv(b"|", h);
+        }
+        first = false;
+        h = fnv(k.as_bytes(), h);
     }
     h
 }
@@ -170,6 +206,7 @@ mod tests {
                 assert!(p < i);
             }
             assert_eq!(n.hash, key_hash(&lat.key(&f, i)), "node {i}");
+            assert_eq!(n.signature, key_hash(&lat.signature(&f, i)), "node {i}");
         }
         assert_eq!(lat.key(&f, 7), "filetype=pdf|size=big|tenant=B");
         assert_eq!(cluster_key(&f), "filetype=pdf|size=big|tenant=B");

@@ -1,1 +1,516 @@
-//! sim_run (in progress).
+//! sim_run: the core-level learning simulation: runs tasks of a simulated environment through
+//! the policy (no actors), with infrastructure retries and one fallback per failed stage, and
+//! computes the learning KPIs of FORMAT.md (regret against the oracle and the random baseline,
+//! per-window series, drift recovery).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::learn::bandit::{
+    Arm, Observation, Policy, PolicyConfig, PolicyError, RewardParams, StageArms, StageObservation,
+    StageOutcome,
+};
+use crate::learn::sop::{SopBook, SopConfig, SopEvent};
+use crate::record::ArmChoice;
+use crate::taxonomy::FailureCategory;
+use crate::tools::sim::SimEnv;
+use crate::tools::tool::{CallContext, Tool, ToolError, ToolOutput};
+
+/// Errors of the simulation.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SimRunError {
+    /// The policy could not be built for the environment.
+    #[error("environment `{env}`: {source}")]
+    Policy {
+        /// The environment.
+        env: String,
+        /// Why.
+        source: PolicyError,
+    },
+    /// The environment names a tool it does not provide, or a tool call did not complete.
+    #[error("environment `{env}`: {reason}")]
+    Env {
+        /// The environment.
+        env: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// How the simulation runs tasks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SimRunConfig {
+    /// Retries of a call after an infrastructure fault (same arm).
+    pub infra_retries: u32,
+    /// Fallback arms tried after a stage's arm failed on its own (strategy failure, invalid).
+    pub stage_fallbacks: u32,
+    /// Tasks per window of the KPI series.
+    pub window: u64,
+    /// Tasks after a drift point within which the drifted clusters must have recovered.
+    pub recovery_tasks: u64,
+    /// Whether to keep the per-task trace.
+    pub trace: bool,
+}
+
+impl Default for SimRunConfig {
+    fn default() -> Self {
+        SimRunConfig {
+            infra_retries: 3,
+            stage_fallbacks: 1,
+            window: 100,
+            recovery_tasks: 150,
+            trace: false,
+        }
+    }
+}
+
+/// KPIs of one window of tasks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WindowKpi {
+    /// First task index.
+    pub start: u64,
+    /// One past the last task index.
+    pub end: u64,
+    /// Share of tasks that passed.
+    pub success_rate: f64,
+    /// Mean reward earned.
+    pub mean_reward: f64,
+    /// Mean regret of the first attempt's plan.
+    pub mean_regret: f64,
+    /// Regret over the random baseline's regret in the window.
+    pub regret_ratio: f64,
+    /// Share of choices that were not the greedy plan.
+    pub exploration_rate: f64,
+}
+
+/// How the policy followed the drift of the environment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DriftRecovery {
+    /// The first drift point.
+    pub after_task: u64,
+    /// Tasks a drift entry applies to, after the drift point.
+    pub affected_tasks: u64,
+    /// Of those, the ones at least `recovery_tasks` after the drift point.
+    pub affected_after_recovery: u64,
+    /// Regret ratio of the affected tasks after the recovery allowance.
+    pub regret_ratio_after_recovery: f64,
+    /// Mean regret of the affected tasks after the recovery allowance.
+    pub mean_regret_after_recovery: f64,
+    /// Regret ratio of the affected tasks during the recovery allowance.
+    pub regret_ratio_during_recovery: f64,
+}
+
+/// One task of the trace.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskTrace {
+    /// Task index.
+    pub task: u64,
+    /// Its features.
+    pub features: BTreeMap<String, String>,
+    /// The first attempt's arms as `tool/strategy`, in stage order.
+    pub plan: Vec<String>,
+    /// Whether it passed.
+    pub passed: bool,
+    /// Reward earned.
+    pub reward: f64,
+    /// Regret of the first attempt's plan.
+    pub regret: f64,
+}
+
+/// What a learning simulation measured (FORMAT.md's KPIs).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LearningReport {
+    /// The environment's name.
+    pub env: String,
+    /// The seed.
+    pub seed: u64,
+    /// Tasks run.
+    pub tasks: u64,
+    /// Share of tasks that passed.
+    pub success_rate: f64,
+    /// Mean reward earned.
+    pub mean_reward: f64,
+    /// Mean expected reward of the oracle's plans.
+    pub oracle_mean_reward: f64,
+    /// Mean expected reward of a uniformly random plan.
+    pub random_mean_reward: f64,
+    /// Sum over tasks of oracle minus the chosen plan's expected reward.
+    pub cumulative_regret: f64,
+    /// The same for the random baseline.
+    pub random_cumulative_regret: f64,
+    /// `cumulative_regret / random_cumulative_regret`.
+    pub regret_ratio: f64,
+    /// Share of the last 100 choices that were not the greedy plan.
+    pub exploration_rate_last_100: f64,
+    /// Infrastructure failures the policy learned from (must be 0).
+    pub infra_failures_learned_from: u64,
+    /// Infrastructure failures seen (and ignored).
+    pub infra_failures_seen: u64,
+    /// Changes detected by the policy.
+    pub changes_detected: u64,
+    /// SOPs promoted (shadow book: recorded, not routed).
+    pub sops_promoted: u64,
+    /// KPIs per window.
+    pub windows: Vec<WindowKpi>,
+    /// Drift recovery, when the environment drifts.
+    pub drift: Option<DriftRecovery>,
+    /// Per-task trace, when asked for.
+    pub trace: Vec<TaskTrace>,
+}
+
+/// The policy's stages and arms for an environment.
+pub fn stage_arms(env: &SimEnv) -> Vec<StageArms> {
+    env.stages()
+        .iter()
+        .map(|s| StageArms {
+            stage: s.name.clone(),
+            arms: s
+                .arms
+                .iter()
+                .map(|a| Arm::new(a.tool.clone(), a.strategy.clone()))
+                .collect(),
+        })
+        .collect()
+}
+
+/// The policy's reward for an environment.
+pub fn reward_params(env: &SimEnv) -> RewardParams {
+    let r = env.reward_config();
+    RewardParams {
+        success: r.success,
+        latency: r.latency,
+        cost: r.cost,
+        max_cost: r.max_cost,
+        sla_ms: r.sla_ms,
+    }
+}
+
+/// Polls a tool future that completes without waiting (simulated tools do).
+fn call_now(
+    tool: &dyn Tool,
+    args: Value,
+    ctx: &CallContext,
+) -> Option<Result<ToolOutput, ToolError>> {
+    let mut fut = tool.call(args, ctx);
+    let mut cx = Context::from_waker(Waker::noop());
+    match fut.as_mut().poll(&mut cx) {
+        Poll::Ready(r) => Some(r),
+        Poll::Pending => None,
+    }
+}
+
+struct Exec {
+    passed: bool,
+    latency: f64,
+    cost: f64,
+    obs: Vec<StageObservation>,
+}
+
+struct Runner<'a> {
+    env: &'a SimEnv,
+    tools: HashMap<String, Arc<dyn Tool>>,
+    cfg: &'a SimRunConfig,
+}
+
+impl Runner<'_> {
+    fn err(&self, reason: String) -> SimRunError {
+        SimRunError::Env {
+            env: self.env.name().to_string(),
+            reason,
+        }
+    }
+
+    /// Runs a task: per stage the chosen arm (infrastructure faults retried on the same arm),
+    /// then up to `stage_fallbacks` other arms chosen by the policy if it failed on its own.
+    fn run_task(
+        &self,
+        policy: &Policy,
+        index: u64,
+        features: &BTreeMap<String, String>,
+        plan: &[usize],
+        rng: &mut fastrand::Rng,
+    ) -> Result<Exec, SimRunError> {
+        let mut ex = Exec {
+            passed: true,
+            latency: 0.0,
+            cost: 0.0,
+            obs: Vec::new(),
+        };
+        for (s, stage) in self.env.stages().iter().enumerate() {
+            let mut tried = vec![plan[s]];
+            let mut arm_i = plan[s];
+            let mut attempt = 0u32;
+            let mut call = 0u32;
+            let stage_ok = loop {
+                let arm = stage
+                    .arms
+                    .get(arm_i)
+                    .ok_or_else(|| self.err(format!("stage `{}` arm {arm_i}", stage.name)))?;
+                let tool = self
+                    .tools
+                    .get(&arm.tool)
+                    .ok_or_else(|| self.err(format!("no tool `{}`", arm.tool)))?;
+                let mut args = arm.params.clone();
+                args.insert("strategy".into(), Value::String(arm.strategy.clone()));
+                let mut infra_left = self.cfg.infra_retries;
+                let outcome = loop {
+                    let ctx = CallContext {
+                        run_id: format!("sim-{index}"),
+                        task_index: index,
+                        attempt,
+                        stage: stage.name.clone(),
+                        call,
+                        features: features.clone(),
+                    };
+                    call += 1;
+                    let r = call_now(tool.as_ref(), Value::Object(args.clone()), &ctx)
+                        .ok_or_else(|| self.err(format!("tool `{}` did not complete", arm.tool)))?;
+                    let (outcome, lat, cost) = match r {
+                        Ok(out) => {
+                            let o = if self.env.validate(&stage.name, &out.value).is_ok() {
+                                StageOutcome::Valid
+                            } else {
+                                StageOutcome::Invalid
+                            };
+                            (o, out.latency_ms, out.cost)
+                        }
+                        Err(e) => (StageOutcome::Failed(e.category), e.latency_ms, e.cost),
+                    };
+                    ex.latency += lat;
+                    ex.cost += cost;
+                    ex.obs.push(StageObservation {
+                        stage: stage.name.clone(),
+                        arm: Arm::new(arm.tool.clone(), arm.strategy.clone()),
+                        outcome,
+                        latency_ms: lat,
+                        cost,
+                    });
+                    if outcome == StageOutcome::Failed(FailureCategory::Infrastructure)
+                        && infra_left > 0
+                    {
+                        infra_left -= 1;
+                        continue;
+                    }
+                    break outcome;
+                };
+                if outcome == StageOutcome::Valid {
+                    break true;
+                }
+                if outcome == StageOutcome::Failed(FailureCategory::Infrastructure)
+                    || tried.len() > self.cfg.stage_fallbacks as usize
+                {
+                    break false;
+                }
+                match policy.fallback(features, s, &tried, rng) {
+                    Some(next) => {
+                        tried.push(next);
+                        arm_i = next;
+                        attempt += 1;
+                        call = 0;
+                    }
+                    None => break false,
+                }
+            };
+            if !stage_ok {
+                ex.passed = false;
+                break;
+            }
+        }
+        Ok(ex)
+    }
+}
+
+#[derive(Default)]
+struct Acc {
+    n: u64,
+    passed: u64,
+    reward: f64,
+    regret: f64,
+    random_regret: f64,
+    explored: u64,
+}
+
+impl Acc {
+    fn add(&mut self, passed: bool, reward: f64, regret: f64, random_regret: f64, greedy: bool) {
+        self.n += 1;
+        self.passed += u64::from(passed);
+        self.reward += reward;
+        self.regret += regret;
+        self.random_regret += random_regret;
+        self.explored += u64::from(!greedy);
+    }
+    fn ratio(&self) -> f64 {
+        if self.random_regret > 1e-12 {
+            self.regret / self.random_regret
+        } else {
+            0.0
+        }
+    }
+    fn div(&self, x: f64) -> f64 {
+        if self.n == 0 { 0.0 } else { x / self.n as f64 }
+    }
+}
+
+/// Runs `tasks` tasks of `env` (drawn with `seed`) through a fresh policy with `policy_config`
+/// (its reward is replaced by the environment's) and measures the KPIs.
+pub fn run_learning(
+    env: &SimEnv,
+    policy_config: PolicyConfig,
+    tasks: u64,
+    seed: u64,
+) -> Result<LearningReport, SimRunError> {
+    run_learning_with(env, policy_config, &SimRunConfig::default(), tasks, seed).map(|(r, _)| r)
+}
+
+/// [`run_learning`] with the simulation's own configuration; also returns the trained policy.
+pub fn run_learning_with(
+    env: &SimEnv,
+    mut policy_config: PolicyConfig,
+    cfg: &SimRunConfig,
+    tasks: u64,
+    seed: u64,
+) -> Result<(LearningReport, Policy), SimRunError> {
+    policy_config.reward = reward_params(env);
+    let mut policy =
+        Policy::new(policy_config, stage_arms(env)).map_err(|source| SimRunError::Policy {
+            env: env.name().to_string(),
+            source,
+        })?;
+    let seeded = env.clone().with_seed(seed);
+    let tools: HashMap<String, Arc<dyn Tool>> = seeded
+        .tools()
+        .into_iter()
+        .map(|t| (t.spec().name.clone(), t))
+        .collect();
+    let runner = Runner {
+        env: &seeded,
+        tools,
+        cfg,
+    };
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0x5eed_b0a7);
+    let mut sops = SopBook::new(SopConfig::default());
+    let mut sops_promoted = 0u64;
+    let first_drift = env.spec().drift.iter().map(|d| d.after_task).min();
+    let mut total = Acc::default();
+    let mut window = Acc::default();
+    let mut windows = Vec::new();
+    let mut recent: Vec<bool> = Vec::new();
+    let mut during = Acc::default();
+    let mut after = Acc::default();
+    let mut affected = 0u64;
+    let mut oracle_sum = 0.0;
+    let mut random_sum = 0.0;
+    let mut trace = Vec::new();
+    let mut infra_seen = 0u64;
+    for index in 0..tasks {
+        let task = seeded.draw_task(seed, index);
+        let f = &task.features;
+        let choice = policy.choose(f, &mut rng);
+        let plan = choice.arms();
+        let (_, oracle) = seeded.oracle(index, f);
+        let random = seeded.random_baseline(index, f);
+        let chosen = seeded
+            .expected_reward(index, f, &plan)
+            .map_err(|e| runner.err(e.to_string()))?;
+        let regret = (oracle - chosen).max(0.0);
+        let random_regret = (oracle - random).max(0.0);
+        oracle_sum += oracle;
+        random_sum += random;
+        let ex = runner.run_task(&policy, index, f, &choice.indices, &mut rng)?;
+        let reward = seeded.reward(ex.passed, ex.latency, ex.cost);
+        let summary = policy.update(&Observation {
+            features: f.clone(),
+            stages: ex.obs,
+        });
+        infra_seen += u64::from(summary.infra_ignored);
+        total.add(ex.passed, reward, regret, random_regret, choice.greedy);
+        window.add(ex.passed, reward, regret, random_regret, choice.greedy);
+        recent.push(choice.greedy);
+        // Shadow SOP book (recorded, not routed, so the regret is the policy's alone).
+        let arms: Vec<ArmChoice> = choice.arm_choices();
+        sops.record_run(f, &arms, ex.passed, &format!("sim-{index}"), None);
+        if (index + 1) % 50 == 0 {
+            sops_promoted += sops
+                .consolidate(index)
+                .iter()
+                .filter(|e| matches!(e, SopEvent::Promoted(_)))
+                .count() as u64;
+        }
+        if let Some(d0) = first_drift {
+            let hit = env.spec().drift.iter().any(|d| {
+                index >= d.after_task && d.matcher.iter().all(|(k, v)| f.get(k) == Some(v))
+            });
+            if hit {
+                affected += 1;
+                if index < d0 + cfg.recovery_tasks {
+                    during.add(ex.passed, reward, regret, random_regret, choice.greedy);
+                } else {
+                    after.add(ex.passed, reward, regret, random_regret, choice.greedy);
+                }
+            }
+        }
+        if cfg.trace {
+            trace.push(TaskTrace {
+                task: index,
+                features: f.clone(),
+                plan: plan.iter().map(|(t, s)| format!("{t}/{s}")).collect(),
+                passed: ex.passed,
+                reward,
+                regret,
+            });
+        }
+        if window.n == cfg.window.max(1) || index + 1 == tasks {
+            windows.push(WindowKpi {
+                start: index + 1 - window.n,
+                end: index + 1,
+                success_rate: window.div(window.passed as f64),
+                mean_reward: window.div(window.reward),
+                mean_regret: window.div(window.regret),
+                regret_ratio: window.ratio(),
+                exploration_rate: window.div(window.explored as f64),
+            });
+            window = Acc::default();
+        }
+    }
+    let last: Vec<&bool> = recent.iter().rev().take(100).collect();
+    let exploration_rate_last_100 = if last.is_empty() {
+        0.0
+    } else {
+        last.iter().filter(|g| !***g).count() as f64 / last.len() as f64
+    };
+    let drift = first_drift.filter(|d| *d < tasks).map(|d0| DriftRecovery {
+        after_task: d0,
+        affected_tasks: affected,
+        affected_after_recovery: after.n,
+        regret_ratio_after_recovery: after.ratio(),
+        mean_regret_after_recovery: after.div(after.regret),
+        regret_ratio_during_recovery: during.ratio(),
+    });
+    let n = tasks.max(1) as f64;
+    let report = LearningReport {
+        env: env.name().to_string(),
+        seed,
+        tasks,
+        success_rate: total.div(total.passed as f64),
+        mean_reward: total.div(total.reward),
+        oracle_mean_reward: oracle_sum / n,
+        random_mean_reward: random_sum / n,
+        cumulative_regret: total.regret,
+        random_cumulative_regret: total.random_regret,
+        regret_ratio: total.ratio(),
+        exploration_rate_last_100,
+        infra_failures_learned_from: policy.infra_learned(),
+        infra_failures_seen: infra_seen,
+        changes_detected: policy.changes_detected(),
+        sops_promoted,
+        windows,
+        drift,
+        trace,
+    };
+    Ok((report, policy))
+}

@@ -1,0 +1,91 @@
+//! Learning simulation on the simulated environments: the policy's regret against the oracle,
+//! drift recovery, and that infrastructure faults are never learned from.
+
+use std::path::PathBuf;
+
+use hindsight::learn::PolicyConfig;
+use hindsight::learn::sim_run::{LearningReport, run_learning};
+use hindsight::tools::sim::SimEnv;
+
+fn env(name: &str) -> SimEnv {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("config/envs")
+        .join(name);
+    SimEnv::load(&path).unwrap()
+}
+
+fn run(name: &str, seed: u64, tasks: u64) -> LearningReport {
+    let cfg: PolicyConfig = match std::env::var("LEARN_CFG") {
+        Ok(j) => serde_json::from_str(&j).unwrap(),
+        Err(_) => PolicyConfig::default(),
+    };
+    let r = run_learning(&env(name), cfg, tasks, seed).unwrap();
+    eprintln!(
+        "{name} seed {seed}: regret_ratio {:.3} mean_reward {:.3} oracle {:.3} random {:.3} success {:.3} explore_last_100 {:.2} infra_seen {} changes {} sops {} drift {:?}",
+        r.regret_ratio,
+        r.mean_reward,
+        r.oracle_mean_reward,
+        r.random_mean_reward,
+        r.success_rate,
+        r.exploration_rate_last_100,
+        r.infra_failures_seen,
+        r.changes_detected,
+        r.sops_promoted,
+        r.drift
+    );
+    if std::env::var("LEARN_DEBUG").is_ok() {
+        for w in &r.windows {
+            eprintln!("  {w:?}");
+        }
+    }
+    r
+}
+
+fn check(name: &str, seeds: &[u64]) {
+    let reports: Vec<LearningReport> = seeds.iter().map(|&s| run(name, s, 1000)).collect();
+    for (r, &seed) in reports.iter().zip(seeds) {
+        assert_eq!(r.tasks, 1000);
+        assert_eq!(r.infra_failures_learned_from, 0);
+        assert!(
+            r.infra_failures_seen > 0,
+            "{name}: the environment has faults"
+        );
+        assert!(
+            r.regret_ratio <= 0.2,
+            "{name} seed {seed}: regret ratio {}",
+            r.regret_ratio
+        );
+        if let Some(d) = &r.drift {
+            assert!(
+                d.regret_ratio_after_recovery <= 0.2,
+                "{name} seed {seed}: after the drift at {} the drifted clusters are not back near the oracle: {d:?}",
+                d.after_task
+            );
+        }
+        let last = r.windows.last().unwrap();
+        assert!(
+            last.regret_ratio <= 0.2,
+            "{name} seed {seed}: last window {last:?}"
+        );
+    }
+}
+
+#[test]
+fn bank_statements_regret_and_drift_recovery() {
+    check("bank_statements.toml", &[1, 2, 3]);
+}
+
+#[test]
+fn web_research_many_arms() {
+    check("web_research.toml", &[1, 2]);
+}
+
+#[test]
+fn flaky_ocr_infrastructure_noise_on_the_best_arm() {
+    check("flaky_ocr.toml", &[1, 2]);
+}
+
+#[test]
+fn etl_pipeline_four_stages() {
+    check("etl_pipeline.toml", &[1, 2]);
+}
