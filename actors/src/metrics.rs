@@ -57,6 +57,18 @@ struct ToolOutcomeLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HttpLabel {
+    method: String,
+    route: String,
+    status: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabel {
+    route: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ActorLabel {
     actor: String,
 }
@@ -66,6 +78,11 @@ type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 fn tool_histogram() -> Histogram {
     // 1 ms .. ~33 s.
     Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+fn http_histogram() -> Histogram {
+    // 0.5 ms .. ~16 s.
+    Histogram::new(exponential_buckets(0.000_5, 2.0, 16))
 }
 
 fn commit_histogram() -> Histogram {
@@ -85,6 +102,8 @@ struct Inner {
     actor_restarts: Family<ActorLabel, Counter>,
     store_commit: Histogram,
     reflect_retries: Counter,
+    http_requests: Family<HttpLabel, Counter>,
+    http_latency: HistogramFamily<RouteLabel>,
 }
 
 /// The daemon's metrics. Clone it into every actor; all clones share one registry.
@@ -120,6 +139,9 @@ impl Metrics {
         let actor_restarts = Family::<ActorLabel, Counter>::default();
         let store_commit = commit_histogram();
         let reflect_retries = Counter::default();
+        let http_requests = Family::<HttpLabel, Counter>::default();
+        let http_latency: HistogramFamily<RouteLabel> =
+            Family::new_with_constructor(http_histogram as fn() -> Histogram);
         registry.register("runs_started", "Runs accepted", runs_started.clone());
         registry.register(
             "runs_in_flight",
@@ -166,6 +188,16 @@ impl Metrics {
             "Runs sent back by ReflectRetry",
             reflect_retries.clone(),
         );
+        registry.register(
+            "http_requests",
+            "HTTP requests answered, by method, route template and status",
+            http_requests.clone(),
+        );
+        registry.register(
+            "http_request_duration_seconds",
+            "HTTP request latency, by route template",
+            http_latency.clone(),
+        );
         Metrics {
             inner: Arc::new(Inner {
                 registry,
@@ -179,6 +211,8 @@ impl Metrics {
                 actor_restarts,
                 store_commit,
                 reflect_retries,
+                http_requests,
+                http_latency,
             }),
         }
     }
@@ -263,6 +297,25 @@ impl Metrics {
         self.inner.reflect_retries.inc();
     }
 
+    /// The API answered a request on `route` (the route template, `/runs/{id}`, never the raw
+    /// path) with `status` after `latency`.
+    pub fn http_request(&self, method: &str, route: &str, status: u16, latency: Duration) {
+        self.inner
+            .http_requests
+            .get_or_create(&HttpLabel {
+                method: method.to_string(),
+                route: route.to_string(),
+                status: status.to_string(),
+            })
+            .inc();
+        self.inner
+            .http_latency
+            .get_or_create(&RouteLabel {
+                route: route.to_string(),
+            })
+            .observe(latency.as_secs_f64());
+    }
+
     /// The OpenMetrics text exposition of every metric.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -298,6 +351,7 @@ mod tests {
         m.actor_restarted("executor");
         m.store_commit(Duration::from_micros(200));
         m.reflect_retry();
+        m.http_request("GET", "/runs/{id}", 404, Duration::from_millis(2));
         let text = m.encode();
         assert!(text.ends_with("# EOF\n"), "{text}");
         assert_eq!(
@@ -324,5 +378,11 @@ mod tests {
         assert!(text.contains("hindsight_actor_restarts_total{actor=\"executor\"} 1"));
         assert!(text.contains("hindsight_store_commit_duration_seconds_count 1"));
         assert!(text.contains("hindsight_reflect_retries_total 1"));
+        assert!(text.contains(
+            "hindsight_http_requests_total{method=\"GET\",route=\"/runs/{id}\",status=\"404\"} 1"
+        ));
+        assert!(
+            text.contains("hindsight_http_request_duration_seconds_count{route=\"/runs/{id}\"} 1")
+        );
     }
 }

@@ -23,6 +23,7 @@ struct Fake {
     feedback_by_key: Mutex<HashMap<String, u32>>,
     slow_started: Notify,
     slow_release: Notify,
+    metrics: hindsight_actors::metrics::Metrics,
 }
 
 fn arm(stage: &str, tool: &str) -> ArmChoice {
@@ -264,7 +265,11 @@ impl Backend for Fake {
     }
 
     fn metrics_text(&self) -> String {
-        "# TYPE hindsight_runs counter\nhindsight_runs_total 3\n# EOF\n".into()
+        self.metrics.encode()
+    }
+
+    fn metrics(&self) -> Option<&hindsight_actors::metrics::Metrics> {
+        Some(&self.metrics)
     }
 }
 
@@ -444,12 +449,16 @@ async fn every_route_answers() {
         .await
         .unwrap();
     assert_eq!(resp.status().as_u16(), 200);
+    let text = resp.text().await.unwrap();
     assert!(
-        resp.text()
-            .await
-            .unwrap()
-            .contains("hindsight_runs_total 3")
+        text.contains(
+            "hindsight_http_requests_total{method=\"POST\",route=\"/orchestrate\",status=\"200\"} 1"
+        ),
+        "{text}"
     );
+    assert!(text.contains(
+        "hindsight_http_requests_total{method=\"GET\",route=\"/runs/{id}\",status=\"200\"} 1"
+    ));
     let (st, body) = s.get("/openapi.json", None).await;
     assert_eq!((st, body["openapi"].as_str()), (200, Some("3.1.0")));
     s.stop().await;
@@ -732,6 +741,13 @@ async fn unknown_routes_methods_and_ids() {
     let (st, body) = s.get("/nowhere", Some(KEY_A)).await;
     assert_eq!(st, 404);
     assert!(body["error"].is_string());
+    // Unknown paths are counted under one label, not one per path.
+    assert!(
+        s.backend
+            .metrics
+            .encode()
+            .contains("route=\"unmatched\",status=\"404\"} 1")
+    );
     let (st, body) = s.get("/orchestrate", Some(KEY_A)).await;
     assert_eq!(st, 405);
     assert!(body["error"].is_string());

@@ -140,4 +140,9 @@ pub trait Backend: Send + Sync + 'static {
 
     /// The Prometheus text exposition of the metrics.
     fn metrics_text(&self) -> String;
+
+    /// The metrics the API records its requests in (`hindsight_http_requests_total`, ...), if any.
+    fn metrics(&self) -> Option<&crate::metrics::Metrics> {
+        None
+    }
 }

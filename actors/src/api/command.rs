@@ -1,10 +1,43 @@
-//! The `hindsight config` command group: `hash-key` (the `key_sha256` of an API token), `show`
-//! (the effective configuration as TOML) and `check` (validate a file and the environment).
+//! The command-line pieces of the daemon: `hindsight serve` options ([`ServeArgs`]) and the
+//! `hindsight config` group: `hash-key` (the `key_sha256` of an API token), `show` (the effective
+//! configuration as TOML) and `check` (validate a file and the environment).
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
-use hindsight::config::{Config, hash_key, key_from_arg};
+use hindsight::config::{Config, LogFormat, hash_key, key_from_arg};
+
+/// `hindsight serve [--config FILE] [--listen ADDR] [--log-format text|json]`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// The configuration file (default: $HINDSIGHT_CONFIG, else config/hindsight.toml if present).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Listen on this address instead of `api.listen`.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// `text` or `json` log lines instead of `log.format`.
+    #[arg(long, value_name = "FORMAT", value_parser = crate::telemetry::parse_log_format)]
+    pub log_format: Option<LogFormat>,
+}
+
+impl ServeArgs {
+    /// The configuration: the file and the environment, then these options over them.
+    pub fn load(&self) -> Result<Config, String> {
+        let path = Config::locate(self.config.as_deref());
+        let mut config = Config::load(path.as_deref()).map_err(|e| e.to_string())?;
+        if let Some(listen) = &self.listen {
+            listen
+                .parse::<std::net::SocketAddr>()
+                .map_err(|e| format!("--listen: not a socket address ({e}): `{listen}`"))?;
+            config.api.listen = listen.clone();
+        }
+        if let Some(format) = self.log_format {
+            config.log.format = format;
+        }
+        Ok(config)
+    }
+}
 
 /// `hindsight config ...`.
 #[derive(Debug, clap::Args)]
@@ -82,6 +115,37 @@ mod tests {
             &mut out,
         )?;
         Ok(String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn serve_args_override_the_file() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("h.toml");
+        std::fs::write(&file, "[api]\nlisten = \"127.0.0.1:1\"\n").unwrap();
+        let file_arg = file.display().to_string();
+        let cli = Cli::try_parse_from([
+            "x",
+            "--config",
+            file_arg.as_str(),
+            "--listen",
+            "127.0.0.1:2",
+            "--log-format",
+            "json",
+        ])
+        .unwrap();
+        let config = cli.serve.load().unwrap();
+        assert_eq!(config.api.listen, "127.0.0.1:2");
+        assert_eq!(config.log.format, LogFormat::Json);
+        assert!(Cli::try_parse_from(["x", "--log-format", "xml"]).is_err());
+        let cli =
+            Cli::try_parse_from(["x", "--config", file_arg.as_str(), "--listen", "nope"]).unwrap();
+        assert!(cli.serve.load().unwrap_err().starts_with("--listen"));
     }
 
     #[test]

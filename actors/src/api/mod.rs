@@ -83,7 +83,12 @@ pub fn router<B: Backend>(backend: Arc<B>, config: &ApiConfig) -> Result<Router,
             limit,
             routes::time_limit,
         ))
-        .layer(axum::middleware::from_fn(routes::trace_request))
+        .layer(axum::middleware::from_fn_with_state(
+            AppState {
+                backend: Arc::clone(&backend),
+            },
+            routes::trace_request::<B>,
+        ))
         .with_state(AppState { backend });
     Ok(app)
 }

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use axum::Json;
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Extension, Path, Request, State};
+use axum::extract::{Extension, MatchedPath, Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -276,15 +276,29 @@ pub async fn time_limit(
     }
 }
 
-/// Middleware: a tracing span per request, and one log line with status and latency.
-pub async fn trace_request(req: Request, next: Next) -> Response {
+/// Middleware: a tracing span per request, one log line with status and latency, and the request
+/// counted in the backend's metrics under its route template.
+pub async fn trace_request<B: Backend>(
+    State(state): State<AppState<B>>,
+    req: Request,
+    next: Next,
+) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |m| m.as_str())
+        .to_string();
     let span = tracing::info_span!("http", %method, %path);
     let started = Instant::now();
     let response = tracing::Instrument::instrument(next.run(req), span.clone()).await;
     let status = response.status().as_u16();
-    let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let elapsed = started.elapsed();
+    let latency_ms = elapsed.as_secs_f64() * 1000.0;
     span.in_scope(|| tracing::info!(status, latency_ms, "response"));
+    if let Some(metrics) = state.backend.metrics() {
+        metrics.http_request(method.as_str(), &route, status, elapsed);
+    }
     response
 }
