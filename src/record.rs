@@ -101,18 +101,15 @@ impl RunState {
         if self.is_terminal() {
             return false;
         }
-        match (self, next) {
-            (_, Failed | Escalated | Aborted) => true,
-            (Received, Planned) => true,
-            (Planned, Executing) => true,
-            (Executing, Validating) => true,
-            (Executing, Recovering) => true,
-            (Validating, Succeeded) => true,
-            (Validating, Recovering) => true,
-            (Recovering, Planned) => true,
-            (Recovering, Executing) => true,
-            _ => false,
-        }
+        matches!(
+            (self, next),
+            (_, Failed | Escalated | Aborted)
+                | (Received, Planned)
+                | (Planned, Executing)
+                | (Executing, Validating | Recovering)
+                | (Validating, Succeeded | Recovering)
+                | (Recovering, Planned | Executing)
+        )
     }
 }
 

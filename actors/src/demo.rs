@@ -211,3 +211,115 @@ pub fn render_table(s: &Summary) -> String {
     }
     out
 }
+
+/// The report of everything the store holds for `env`: every logged run of the environment in
+/// task order, judged against the environment's oracle and random baseline.
+pub fn report_data(
+    store: &hindsight::store::Store,
+    env: &SimEnv,
+    now_ms: u64,
+) -> Result<crate::report::ReportData, RuntimeError> {
+    use crate::report::{ReportBuilder, SopEvent, SopEventKind, TaskOutcome};
+    let mut rows: Vec<(u64, hindsight::ExperienceTuple)> = Vec::new();
+    let prefix = format!("{}#", env.name());
+    for (_, exp) in store.experience_all()? {
+        let Ok(exp) = exp else { continue };
+        if let Some(i) = exp
+            .task_id
+            .strip_prefix(&prefix)
+            .and_then(|n| n.parse().ok())
+        {
+            rows.push((i, exp));
+        }
+    }
+    rows.sort_by_key(|(i, _)| *i);
+    let mut b = ReportBuilder::new(
+        &format!("hindsight: {}", env.name()),
+        env.name(),
+        100,
+        now_ms,
+    );
+    let mut first_task_of_run = std::collections::HashMap::new();
+    for (i, exp) in &rows {
+        first_task_of_run.insert(exp.run_id.clone(), *i);
+        let plan: Vec<(String, String)> = exp
+            .arms
+            .iter()
+            .map(|a| (a.tool.clone(), a.strategy.clone()))
+            .collect();
+        let expected = env
+            .expected_reward(*i, &exp.context_features, &plan)
+            .unwrap_or(0.0);
+        let (_, oracle) = env.oracle(*i, &exp.context_features);
+        b.task(TaskOutcome {
+            task: *i,
+            cluster: exp
+                .context_features
+                .values()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(" "),
+            plan: exp
+                .arms
+                .iter()
+                .map(|a| (a.stage.clone(), format!("{}/{}", a.tool, a.strategy)))
+                .collect(),
+            passed: exp.result.passed,
+            reward: exp.reward,
+            expected_reward: expected,
+            oracle_reward: oracle,
+            random_reward: env.random_baseline(*i, &exp.context_features),
+        });
+        for step in &exp.steps {
+            if let Some(class) = step.error_class {
+                let category = step
+                    .metadata
+                    .get("outcome")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("strategy");
+                let category = if category == "invalid" {
+                    "strategy"
+                } else {
+                    category
+                };
+                b.failure(class.as_str(), category);
+            }
+        }
+    }
+    for (_, sop) in store.scan::<hindsight::Sop>(crate::policy::SOPS)? {
+        let Ok(sop) = sop else { continue };
+        let task = sop
+            .evidence
+            .last()
+            .and_then(|r| first_task_of_run.get(r))
+            .copied()
+            .unwrap_or(0);
+        let kind = match sop.status {
+            hindsight::SopStatus::RolledBack => SopEventKind::RolledBack,
+            _ => SopEventKind::Promoted,
+        };
+        b.sop_event(SopEvent {
+            task,
+            sop_id: sop.sop_id.clone(),
+            version: sop.version,
+            cluster: sop
+                .preconditions
+                .values()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(" "),
+            kind,
+        });
+    }
+    b.summary("runs", rows.len());
+    Ok(b.build())
+}
+
+/// Writes the HTML report of the demo's data directory.
+pub fn write_report(opts: &DemoOptions, dir: &Path) -> Result<PathBuf, RuntimeError> {
+    let env = load_env(opts.env.as_deref())?;
+    let store =
+        hindsight::store::Store::open(&opts.data_dir, hindsight::store::StoreOptions::default())?;
+    let data = report_data(&store, &env, hindsight::now_ms())?;
+    crate::report::write_report(dir, &data).map_err(|e| RuntimeError::Rejected(e.to_string()))
+}

@@ -24,6 +24,10 @@ struct Cli {
 /// The command groups.
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// The main job: run a simulated environment through the whole tree and show what it learned.
+    Demo(cli::demo::Args),
+    /// Classify error messages (JSON lines on stdin).
+    Classify(cli::classify::Args),
     /// Read the episodic diary.
     Diary(cli::diary::Args),
     /// List runs.
@@ -36,6 +40,10 @@ enum Command {
 
 async fn dispatch(global: cli::Global, command: Command) -> Result<(), cli::Failure> {
     match command {
+        Command::Demo(args) => cli::demo::run(&global, args).await,
+        Command::Classify(args) => cli::classify::main(&args)
+            .map(|_| ())
+            .map_err(|e| cli::Failure::new(e.to_string())),
         Command::Diary(args) => cli::diary::run(&global, args).await,
         Command::Runs(args) => cli::runs::run(&global, args).await,
         Command::Store(args) => cli::store::run(&global, args).await,

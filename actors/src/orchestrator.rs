@@ -15,6 +15,8 @@ use crate::run::{RunOutcome, TreeCtx};
 
 /// Tasks by id, so that a task submitted twice is run once.
 pub const TASKS: KvTable = KvTable::new("tasks");
+/// Plans given with a task (the API's `/execute`), by run.
+pub const FORCED_PLANS: KvTable = KvTable::new("forced_plans");
 /// The final outcome of every finished run.
 pub const OUTCOMES: KvTable = KvTable::new("run_outcomes");
 
@@ -55,6 +57,8 @@ pub enum OrchestratorMsg {
     Submit {
         /// The task.
         task: Box<Task>,
+        /// A plan to run instead of asking the policy (the API's `/execute`), if any.
+        plan: Option<Vec<hindsight::ArmChoice>>,
         /// Where the outcome goes.
         reply: RpcReplyPort<SubmitResult>,
     },
@@ -193,7 +197,9 @@ impl Actor for Orchestrator {
             chaos.on_message();
         }
         match msg {
-            OrchestratorMsg::Submit { task, reply } => state.submit(myself, *task, reply)?,
+            OrchestratorMsg::Submit { task, plan, reply } => {
+                state.submit(myself, *task, plan, reply)?
+            }
             OrchestratorMsg::Persisted { run, task } => {
                 if state.ctx.live.claim(&run.run_id) {
                     crate::run::spawn_driver(state.ctx.clone(), *run, *task, false);
@@ -226,6 +232,7 @@ impl OrchestratorState {
         &mut self,
         myself: ActorRef<OrchestratorMsg>,
         task: Task,
+        plan: Option<Vec<hindsight::ArmChoice>>,
         reply: RpcReplyPort<SubmitResult>,
     ) -> Result<(), ActorProcessingErr> {
         if let Some(run_id) = self.run_of_task.get(&task.task_id).cloned() {
@@ -260,8 +267,14 @@ impl OrchestratorState {
         let store = self.ctx.store.clone();
         tokio::spawn(async move {
             let written = async {
-                store.put(TASKS, &task.task_id, &task).await?;
-                store.put_run(&run).await
+                let mut ops = vec![
+                    WriteOp::put(TASKS, &task.task_id, &task)?,
+                    WriteOp::run(&run)?,
+                ];
+                if let Some(plan) = &plan {
+                    ops.push(WriteOp::put(FORCED_PLANS, &run.run_id, plan)?);
+                }
+                store.write_batch(ops).await.map(|_| ())
             }
             .await;
             match written {

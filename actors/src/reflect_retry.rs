@@ -17,21 +17,20 @@ pub const DEFAULT_TEMPLATE: &str = "[Reflect & Retry - Attempt {attempt}/{max}] 
 /// Judges a finished run by its events: `Ok(())` or `Err(reason)`.
 pub type RunValidator = Arc<dyn Fn(&[RunEvent]) -> Result<(), String> + Send + Sync>;
 
-/// The default validator: a failed validation event is an error, with its reason.
+/// The default validator: the run's last validation, if it failed, is an error with its reason
+/// (an earlier failure that a recovery fixed is not).
 pub fn default_validator() -> RunValidator {
     Arc::new(|events: &[RunEvent]| {
-        for event in events.iter().rev() {
-            if let RunEvent::Validation {
-                passed: false,
-                reason,
-            } = event
-            {
-                return Err(reason
-                    .clone()
-                    .unwrap_or_else(|| "the output failed validation".to_string()));
+        let last = events.iter().rev().find_map(|e| match e {
+            RunEvent::Validation { passed, reason } => Some((*passed, reason.clone())),
+            _ => None,
+        });
+        match last {
+            Some((false, reason)) => {
+                Err(reason.unwrap_or_else(|| "the output failed validation".to_string()))
             }
+            _ => Ok(()),
         }
-        Ok(())
     })
 }
 
@@ -76,10 +75,15 @@ impl ReflectRetry {
         ReflectRetry { config, store }
     }
 
-    /// Why the run should be retried, if it should: the validator's reason, else the last error.
-    fn reason(&self, events: &[RunEvent]) -> Option<String> {
+    /// Why the run should be retried, if it should: the validator's reason; else, for a run that
+    /// did not pass, its last error event (error events alone trigger a reflection). A run that
+    /// passed after recovering from errors is not sent back.
+    fn reason(&self, passed: bool, events: &[RunEvent]) -> Option<String> {
         if let Err(reason) = (self.config.validator)(events) {
             return Some(reason);
+        }
+        if passed {
+            return None;
         }
         events.iter().rev().find_map(|e| match e {
             RunEvent::Error {
@@ -99,7 +103,7 @@ impl Plugin for ReflectRetry {
     }
 
     async fn after_run(&mut self, report: &RunReport) -> Result<Verdict, PluginError> {
-        let Some(reason) = self.reason(&report.events) else {
+        let Some(reason) = self.reason(report.passed, &report.events) else {
             return Ok(Verdict::Accept);
         };
         // The count is keyed by run and persisted before the verdict, so a restart of this actor
@@ -128,5 +132,89 @@ impl Plugin for ReflectRetry {
                 &reason,
             ),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hindsight::ErrorClass;
+
+    fn error() -> RunEvent {
+        RunEvent::Error {
+            stage: "extract".into(),
+            tool: "ocr".into(),
+            class: ErrorClass::Timeout,
+            message: "timed out".into(),
+        }
+    }
+
+    #[test]
+    fn the_template_is_filled() {
+        assert_eq!(
+            render_reflection(DEFAULT_TEMPLATE, 1, 2, "no header"),
+            "[Reflect & Retry - Attempt 1/2] no header\n\nPlease try again, adjusting your approach."
+        );
+    }
+
+    #[test]
+    fn only_the_last_validation_counts() {
+        let v = default_validator();
+        let fixed = [
+            RunEvent::Validation {
+                passed: false,
+                reason: Some("bad".into()),
+            },
+            RunEvent::Validation {
+                passed: true,
+                reason: None,
+            },
+        ];
+        assert_eq!(v(&fixed), Ok(()));
+        let broken = [RunEvent::Validation {
+            passed: false,
+            reason: Some("bad".into()),
+        }];
+        assert_eq!(v(&broken), Err("bad".to_string()));
+    }
+
+    #[tokio::test]
+    async fn error_events_trigger_only_runs_that_did_not_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), Default::default()).unwrap();
+        let mut rr = ReflectRetry::new(ReflectRetryConfig::default(), store);
+        let failed = RunReport {
+            run_id: "r1".into(),
+            round: 1,
+            passed: false,
+            events: vec![error()],
+        };
+        assert!(matches!(
+            rr.after_run(&failed).await.unwrap(),
+            Verdict::Retry { attempt: 1, .. }
+        ));
+        let passed = RunReport {
+            run_id: "r2".into(),
+            round: 1,
+            passed: true,
+            events: vec![error()],
+        };
+        assert_eq!(rr.after_run(&passed).await.unwrap(), Verdict::Accept);
+        // Rounds beyond max_retries stand.
+        let second = RunReport {
+            run_id: "r1".into(),
+            round: 2,
+            passed: false,
+            events: vec![error()],
+        };
+        assert!(matches!(
+            rr.after_run(&second).await.unwrap(),
+            Verdict::Retry { attempt: 2, .. }
+        ));
+        let third = RunReport {
+            round: 3,
+            ..second.clone()
+        };
+        assert_eq!(rr.after_run(&third).await.unwrap(), Verdict::Accept);
     }
 }

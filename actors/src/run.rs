@@ -347,6 +347,17 @@ async fn drive(
     if st.guidance.is_none() {
         st.guidance = bundle.guidance();
     }
+    if st.plan.is_none() && st.first_arms.is_empty() {
+        // A plan given with the task (the API's `/execute`) is run as given.
+        let forced: Option<Vec<ArmChoice>> =
+            ctx.store.get(crate::orchestrator::FORCED_PLANS, &run_id)?;
+        if let Some(arms) = forced {
+            let plan = PlanChoice::new(arms, None, true);
+            st.first_arms = plan.arms.clone();
+            st.first_plan_id = plan.plan_id.clone();
+            st.plan = Some(plan);
+        }
+    }
     loop {
         let (state, reason) = run_round(ctx, &run_id, &task, &mut st).await?;
         let report = RunReport {

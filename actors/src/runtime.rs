@@ -142,6 +142,15 @@ pub struct Submitter {
 impl Submitter {
     /// See [`Runtime::orchestrate`].
     pub async fn orchestrate(&self, task: Task) -> Result<RunOutcome, RuntimeError> {
+        self.run_with(task, None).await
+    }
+
+    /// Runs a task on a given plan (one arm per stage of the workflow) instead of the policy's.
+    pub async fn run_with(
+        &self,
+        task: Task,
+        plan: Option<Vec<hindsight::ArmChoice>>,
+    ) -> Result<RunOutcome, RuntimeError> {
         let answer = self
             .ctx
             .dir
@@ -149,6 +158,7 @@ impl Submitter {
             .call_with_timeout(
                 |reply| OrchestratorMsg::Submit {
                     task: Box::new(task.clone()),
+                    plan: plan.clone(),
                     reply,
                 },
                 Duration::from_secs(3600),

@@ -10,8 +10,10 @@ macro_rules! outln {
 }
 
 pub mod bench_store;
+pub mod bench_tree;
 pub mod classify;
 pub mod data;
+pub mod demo;
 pub mod diary;
 pub mod runs;
 pub mod store;
@@ -110,12 +112,18 @@ pub struct BenchArgs {
 enum BenchCommand {
     /// Durable records/s of the store, with group commit and with one commit per record.
     Store(bench_store::Args),
+    /// Full runs/s through the supervision tree, next to raw ractor and tokio baselines.
+    Runtime(bench_tree::RuntimeArgs),
+    /// Learning KPIs on a simulated environment against its oracle and random baseline.
+    Learning(bench_tree::LearningArgs),
 }
 
 /// Runs `hindsight bench ...`.
 pub async fn run_bench(global: &Global, args: BenchArgs) -> Result<(), Failure> {
     match args.command {
         BenchCommand::Store(a) => bench_store::run(global, a).await,
+        BenchCommand::Runtime(a) => bench_tree::runtime(global, a).await,
+        BenchCommand::Learning(a) => bench_tree::learning(global, a).await,
     }
 }
 

@@ -1,0 +1,156 @@
+//! `hindsight bench runtime` and `hindsight bench learning`.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+
+use hindsight_actors::bench;
+use hindsight_actors::demo::load_env;
+
+use super::{Failure, Global, print_json};
+
+/// `hindsight bench runtime [--runs N] [--concurrency C] [--json]`.
+#[derive(Debug, clap::Args)]
+pub struct RuntimeArgs {
+    /// Runs measured per configuration.
+    #[arg(long, default_value_t = 5000)]
+    pub runs: u64,
+    /// Runs in flight at once.
+    #[arg(long, default_value_t = 256)]
+    pub concurrency: usize,
+    /// The environment (default: bank statements).
+    #[arg(long, value_name = "FILE")]
+    pub env: Option<PathBuf>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `hindsight bench runtime`.
+pub async fn runtime(_global: &Global, args: RuntimeArgs) -> Result<(), Failure> {
+    let env = load_env(args.env.as_deref()).map_err(|e| Failure::new(e.to_string()))?;
+    let b = bench::runtime(&env, args.runs.max(1), args.concurrency.max(1))
+        .await
+        .map_err(|e| Failure::new(e.to_string()))?;
+    if args.json {
+        return print_json(&b);
+    }
+    outln!(
+        "full runs through the tree ({} runs, {} in flight):",
+        b.runs,
+        b.concurrency
+    )?;
+    outln!(
+        "  durable (fsync per group commit): {:>10.0} runs/s",
+        b.runs_per_sec_durable
+    )?;
+    outln!(
+        "  no fsync:                         {:>10.0} runs/s",
+        b.runs_per_sec_no_fsync
+    )?;
+    outln!("baselines measured in the same run:")?;
+    outln!(
+        "  ractor casts:                     {:>10.0} msgs/s",
+        b.ractor_casts_per_sec
+    )?;
+    outln!(
+        "  ractor call round trips:          {:>10.0} calls/s",
+        b.ractor_calls_per_sec
+    )?;
+    outln!(
+        "  tokio mpsc:                       {:>10.0} msgs/s",
+        b.tokio_channel_msgs_per_sec
+    )
+}
+
+/// `hindsight bench learning --env FILE [--tasks N] [--seed S] [--trace FILE] [--json]`.
+#[derive(Debug, clap::Args)]
+pub struct LearningArgs {
+    /// The simulated environment (default: bank statements).
+    #[arg(long, value_name = "FILE")]
+    pub env: Option<PathBuf>,
+    /// Tasks to run.
+    #[arg(long, default_value_t = 1000)]
+    pub tasks: u64,
+    /// Seed of the tasks and of every choice.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Write one JSON line per task here.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Tasks in flight at once.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One line of the trace.
+#[derive(serde::Serialize)]
+struct TraceLine<'a> {
+    task: u64,
+    features: &'a std::collections::BTreeMap<String, String>,
+    plan: &'a [String],
+    passed: bool,
+    reward: f64,
+}
+
+/// Runs `hindsight bench learning`.
+pub async fn learning(_global: &Global, args: LearningArgs) -> Result<(), Failure> {
+    let env = load_env(args.env.as_deref()).map_err(|e| Failure::new(e.to_string()))?;
+    let (b, records) = bench::learning(&env, args.tasks, args.seed, args.concurrency.max(1))
+        .await
+        .map_err(|e| Failure::new(e.to_string()))?;
+    if let Some(path) = &args.trace {
+        let file = std::fs::File::create(path).map_err(|e| {
+            Failure::new(format!(
+                "cannot create the trace file {}: {e}",
+                path.display()
+            ))
+        })?;
+        let mut w = std::io::BufWriter::new(file);
+        for r in &records {
+            let line = serde_json::to_string(&TraceLine {
+                task: r.task,
+                features: &r.features,
+                plan: &r.plan,
+                passed: r.passed,
+                reward: r.reward,
+            })
+            .map_err(|e| Failure::new(format!("cannot encode the trace: {e}")))?;
+            writeln!(w, "{line}").map_err(|e| {
+                Failure::new(format!(
+                    "cannot write the trace file {}: {e}",
+                    path.display()
+                ))
+            })?;
+        }
+        w.flush().map_err(|e| {
+            Failure::new(format!(
+                "cannot write the trace file {}: {e}",
+                path.display()
+            ))
+        })?;
+    }
+    if args.json {
+        return print_json(&b);
+    }
+    let s = &b.summary;
+    outln!(
+        "{} tasks of `{}`: success {:.1}%, mean reward {:.3} (oracle {:.3}, random {:.3})",
+        s.tasks,
+        s.env,
+        100.0 * s.success_rate,
+        s.mean_reward,
+        s.oracle_mean_reward,
+        s.random_mean_reward
+    )?;
+    outln!(
+        "regret {:.1} vs random {:.1}: ratio {:.3}; SOPs promoted {}; infra failures learned from {}",
+        s.cumulative_regret,
+        s.random_cumulative_regret,
+        s.regret_ratio,
+        b.sops_promoted,
+        b.infra_failures_learned_from
+    )
+}
