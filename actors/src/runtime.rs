@@ -55,8 +55,8 @@ pub struct RuntimeOptions {
     pub data_dir: PathBuf,
     /// `Immediate` (default) or `None` (tests and benchmarks).
     pub durability: Durability,
-    /// The workflow's simulated environment (its tools join the registry).
-    pub env: SimEnv,
+    /// The workflow: a simulated environment (its tools join the registry) or stages of your own.
+    pub workflow: WorkflowSource,
     /// More tools (custom Rust tools, MCP servers).
     pub registry: ToolRegistry,
     /// The bandit's configuration (its reward is taken from the environment).
@@ -77,13 +77,35 @@ pub struct RuntimeOptions {
     pub restart_period: Duration,
 }
 
+/// Where a tree's workflow comes from.
+pub enum WorkflowSource {
+    /// A simulated environment: its stages, arms, tools, output checks and reward.
+    Sim(SimEnv),
+    /// Stages of your own over tools in [`RuntimeOptions::registry`].
+    Custom {
+        /// The workflow's name.
+        name: String,
+        /// The stages and their candidate arms.
+        stages: Vec<crate::workflow::WorkflowStage>,
+        /// Checks a stage's output.
+        check: crate::workflow::OutputCheck,
+        /// The reward of a run.
+        reward: hindsight::tools::sim::RewardConfig,
+    },
+}
+
 impl RuntimeOptions {
-    /// Defaults on `env` with data under `data_dir`.
+    /// Defaults on the simulated environment `env` with data under `data_dir`.
     pub fn new(data_dir: impl Into<PathBuf>, env: SimEnv) -> RuntimeOptions {
+        RuntimeOptions::with_workflow(data_dir, WorkflowSource::Sim(env))
+    }
+
+    /// Defaults on any workflow with data under `data_dir`.
+    pub fn with_workflow(data_dir: impl Into<PathBuf>, workflow: WorkflowSource) -> RuntimeOptions {
         RuntimeOptions {
             data_dir: data_dir.into(),
             durability: Durability::Immediate,
-            env,
+            workflow,
             registry: ToolRegistry::new(),
             policy: PolicyConfig::default(),
             seed: 0,
@@ -105,9 +127,8 @@ pub struct Runtime {
     stats: Arc<RestartStats>,
 }
 
-/// The policy's reward parameters from an environment's reward configuration.
-pub fn reward_params(env: &SimEnv) -> RewardParams {
-    let r = env.reward_config();
+/// The policy's reward parameters from a reward configuration.
+pub fn reward_params(r: &hindsight::tools::sim::RewardConfig) -> RewardParams {
     RewardParams {
         success: r.success,
         latency: r.latency,
@@ -187,20 +208,29 @@ impl Runtime {
         store: Store,
         opts: RuntimeOptions,
     ) -> Result<Runtime, RuntimeError> {
-        let env = opts.env.clone().with_seed(opts.seed);
         let mut registry = opts.registry;
-        for tool in env.tools() {
-            registry
-                .register(tool)
-                .map_err(|e| RuntimeError::Rejected(e.to_string()))?;
+        if let WorkflowSource::Sim(env) = &opts.workflow {
+            for tool in env.clone().with_seed(opts.seed).tools() {
+                registry
+                    .register(tool)
+                    .map_err(|e| RuntimeError::Rejected(e.to_string()))?;
+            }
         }
         if let Some(chaos) = &opts.chaos {
             registry = crate::chaos_tools::wrap_registry(registry, chaos);
         }
         let registry = Arc::new(registry);
-        let workflow = Arc::new(Workflow::from_sim(&env, &registry)?);
+        let workflow = Arc::new(match opts.workflow {
+            WorkflowSource::Sim(env) => Workflow::from_sim(&env.with_seed(opts.seed), &registry)?,
+            WorkflowSource::Custom {
+                name,
+                stages,
+                check,
+                reward,
+            } => Workflow::new(name, stages, &registry, check, reward)?,
+        });
         let mut policy_config = opts.policy;
-        policy_config.reward = reward_params(&env);
+        policy_config.reward = reward_params(workflow.reward_config());
         let policy = Policy::new(policy_config, stage_arms(&workflow))?;
         // Simulated tools report virtual latency: backoff waits are virtual too.
         let runner = Arc::new(
