@@ -756,13 +756,13 @@ impl Compiled {
 
     /// The first rule (in priority order) with a matching pattern.
     fn first(&self, text: &str) -> Option<&'static Rule> {
+        // Patterns are numbered in rule order, so the first match belongs to the first rule.
         let rules = self.rules;
         self.set
             .matches(text)
             .iter()
-            .map(|p| self.owner[p])
-            .min()
-            .map(|i| &rules[i])
+            .next()
+            .map(|p| &rules[self.owner[p]])
     }
 }
 
