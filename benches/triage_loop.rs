@@ -87,6 +87,20 @@ fn bench(c: &mut Criterion) {
             ))
         })
     });
+    g.bench_function("normalise_503", |b| {
+        b.iter(|| black_box(hindsight::triage::error::normalise(black_box("HTTP 503"))))
+    });
+    g.bench_function("http_status_503", |b| {
+        b.iter(|| black_box(hindsight::triage::error::http_status(black_box("http 503"))))
+    });
+    g.bench_function("classify_error_unknown", |b| {
+        b.iter(|| {
+            black_box(hindsight::triage::classify_error(
+                None,
+                black_box("the model produced an empty answer"),
+            ))
+        })
+    });
     g.finish();
 }
 

@@ -904,3 +904,43 @@ async fn budgets_and_recovery_time_are_capped() {
         "Retry-After honoured"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_tokio_clock_sleeps_the_backoff_in_paused_time() {
+    let policy = FailurePolicy::new().on(ExternalFault, Strategy::backoff_and_retry(3));
+    let a = Agent::new(policy, AgentConfig::default())
+        .with_clock(Arc::new(hindsight::triage::TokioClock::new(0)));
+    let start = tokio::time::Instant::now();
+    let r = a
+        .run("tokio", None, Value::Null, |ctx, _| async move {
+            if ctx.attempt() == 0 {
+                return Err(RunError::new("HTTP 503").retry_after(1_500));
+            }
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert!(r.delays_ms[0] >= 1_500);
+    assert!(start.elapsed() >= std::time::Duration::from_millis(r.delays_ms[0]));
+}
+
+#[tokio::test]
+async fn the_memory_store_keeps_named_checkpoints_and_the_last_k() {
+    use hindsight::triage::CheckpointStore;
+    let store = MemoryCheckpoints::new(2);
+    for i in 0..5u32 {
+        let cp = hindsight::Checkpoint {
+            run_id: "r".into(),
+            step_index: i,
+            name: (i == 1).then(|| "one".to_string()),
+            state: json!(i),
+            completed_steps: vec![],
+            created_ms: u64::from(i),
+        };
+        store.put(&cp).await.unwrap();
+    }
+    assert_eq!(store.latest("r").unwrap().unwrap().step_index, 4);
+    assert_eq!(store.named("r", "one").unwrap().unwrap().step_index, 1);
+    assert_eq!(store.all("r").len(), 3);
+    assert!(store.latest("other").unwrap().is_none());
+}

@@ -724,6 +724,12 @@ const TYPE_RULES: &[Rule] = &[
     ),
 ];
 
+/// Word boundaries as ASCII ones (`(?-u:\b)`): the text is ASCII-lowercased already, and ASCII
+/// boundaries keep every pattern inside the regex crate's DFA engines.
+fn ascii_boundaries(p: &str) -> String {
+    p.replace(r"\b", r"(?-u:\b)")
+}
+
 /// A rule list compiled into one `RegexSet` (one linear pass tells every pattern that matched)
 /// plus the index of the rule each pattern belongs to.
 struct Compiled {
@@ -734,11 +740,11 @@ struct Compiled {
 
 impl Compiled {
     fn new(rules: &'static [Rule]) -> Compiled {
-        let mut patterns = Vec::new();
+        let mut patterns: Vec<String> = Vec::new();
         let mut owner = Vec::new();
         for (i, r) in rules.iter().enumerate() {
             for p in r.patterns {
-                patterns.push(*p);
+                patterns.push(ascii_boundaries(p));
                 owner.push(i);
             }
         }
@@ -750,13 +756,13 @@ impl Compiled {
 
     /// The first rule (in priority order) with a matching pattern.
     fn first(&self, text: &str) -> Option<&'static Rule> {
+        // Patterns are numbered in rule order, so the first match belongs to the first rule.
         let rules = self.rules;
         self.set
             .matches(text)
             .iter()
-            .map(|p| self.owner[p])
-            .min()
-            .map(|i| &rules[i])
+            .next()
+            .map(|p| &rules[self.owner[p]])
     }
 }
 
@@ -773,21 +779,36 @@ static STATUS: LazyLock<Regex> = LazyLock::new(|| {
     let weak = r"(?:\breturned|\bgot|\breceived|\berror|\bfailed with|\bresponded with|\bwith|\bresponse)\s?(?:an?\s)?(?:http\s)?(?:status\s)?[:=]?\s?([45][0-9][0-9])(?:$|[,.;:)\]!\x22' -]\s?(?:$|[^a-z0-9]|error|response|status|from|for|when|while|on|at|in|after))";
     let reason = format!(r"\b([45][0-9][0-9])\s?[-:]?\s?(?:{REASONS})\b");
     let weak_end = r"(?:\breturned|\bgot|\breceived|\berror|\bfailed with|\bresponded with|\bwith|\bresponse)\s?(?:an?\s)?(?:http\s)?(?:status\s)?[:=]?\s?([45][0-9][0-9])$";
-    let all = format!("{strong}|{weak}|{reason}|{weak_end}");
+    let all = ascii_boundaries(&format!("{strong}|{weak}|{reason}|{weak_end}"));
     #[allow(clippy::expect_used)]
     Regex::new(&all).expect("built-in status pattern compiles")
 });
 
 /// The first explicit HTTP status (400..=599) the text names, if any.
+///
+/// Only match bounds are asked of the regex (its DFA; no capture engine): the status is the
+/// first standalone 3-digit run starting with 4 or 5 inside the match.
 pub fn http_status(normalised: &str) -> Option<u16> {
-    for caps in STATUS.captures_iter(normalised) {
-        for g in 1..caps.len() {
-            if let Some(m) = caps.get(g)
-                && let Ok(code) = m.as_str().parse::<u16>()
-                && (400..=599).contains(&code)
-            {
-                return Some(code);
+    STATUS
+        .find_iter(normalised)
+        .find_map(|m| first_status(m.as_str()))
+}
+
+/// The first run of exactly three digits, starting with 4 or 5, in `s`.
+fn first_status(s: &str) -> Option<u16> {
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i].is_ascii_digit() {
+            let start = i;
+            while i < b.len() && b[i].is_ascii_digit() {
+                i += 1;
             }
+            if i - start == 3 && matches!(b[start], b'4' | b'5') {
+                return s[start..i].parse().ok();
+            }
+        } else {
+            i += 1;
         }
     }
     None
@@ -846,7 +867,9 @@ pub fn normalise(message: &str) -> String {
     };
     push(head, &mut out);
     if let Some(t) = tail {
-        out.push(' ');
+        if !out.ends_with(' ') {
+            out.push(' ');
+        }
         push(t, &mut out);
     }
     while out.ends_with(' ') {

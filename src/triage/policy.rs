@@ -353,7 +353,12 @@ pub fn retry_after_ms(message: &str) -> Option<u64> {
     while !message.is_char_boundary(end) {
         end -= 1;
     }
-    let c = RETRY_AFTER.captures(&message[..end])?;
+    let text = &message[..end];
+    // `is_match` runs the DFA only; captures are built only when there is something to read.
+    if !RETRY_AFTER.is_match(text) {
+        return None;
+    }
+    let c = RETRY_AFTER.captures(text)?;
     let n: f64 = c.get(1)?.as_str().parse().ok()?;
     let unit = c.get(2).map(|u| u.as_str().to_ascii_lowercase());
     let ms = match unit.as_deref() {
