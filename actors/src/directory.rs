@@ -155,8 +155,24 @@ impl<M: Message> Slot<M> {
         R: Send + 'static,
         F: Fn(RpcReplyPort<R>) -> M,
     {
+        self.call_with(build, timeout, MAX_CALL_ATTEMPTS).await
+    }
+
+    /// Like [`Slot::call_with_timeout`], following up to `attempts` restarts of the callee. A
+    /// caller whose answer comes only at the end of a long run (a task submission) follows
+    /// every restart that happens meanwhile.
+    pub async fn call_with<R, F>(
+        &self,
+        build: F,
+        timeout: Duration,
+        attempts: u32,
+    ) -> Result<R, CallError>
+    where
+        R: Send + 'static,
+        F: Fn(RpcReplyPort<R>) -> M,
+    {
         let mut dead: Option<ActorRef<M>> = None;
-        for _ in 0..MAX_CALL_ATTEMPTS {
+        for _ in 0..attempts {
             let actor = self.successor(dead.as_ref(), DEFAULT_RESTART_WAIT).await?;
             match actor.call(&build, Some(timeout)).await {
                 Ok(CallResult::Success(reply)) => return Ok(reply),

@@ -254,7 +254,16 @@ impl OrchestratorState {
                     })
                 }));
             } else {
-                self.waiters.entry(run_id).or_default().push(reply);
+                self.waiters.entry(run_id.clone()).or_default().push(reply);
+                // A run that is not finished and that no driver carries (its driver was lost)
+                // is resumed from its last checkpoint.
+                if self.ctx.live.claim(&run_id) {
+                    if let Some(run) = self.runs.get(&run_id).cloned() {
+                        crate::run::spawn_driver(self.ctx.clone(), run, task, true);
+                    } else {
+                        self.ctx.live.release(&run_id);
+                    }
+                }
             }
             return Ok(());
         }
@@ -307,6 +316,14 @@ impl OrchestratorState {
         patch: RunPatch,
         reply: RpcReplyPort<Result<Run, String>>,
     ) {
+        if !self.runs.contains_key(&run_id) {
+            // Written by an earlier incarnation after this one loaded its runs.
+            if let Ok(Some(stored)) = self.ctx.store.get_run(&run_id) {
+                self.run_of_task
+                    .insert(stored.task_id.clone(), run_id.clone());
+                self.runs.insert(run_id.clone(), stored);
+            }
+        }
         let Some(run) = self.runs.get_mut(&run_id) else {
             let _ = reply.send(Err(format!("unknown run {run_id}")));
             return;
@@ -344,18 +361,29 @@ impl OrchestratorState {
 
     fn finished(&mut self, outcome: RunOutcome, reply: RpcReplyPort<Result<(), String>>) {
         let run_id = outcome.run_id.clone();
+        // The driver's outcome is authoritative: this incarnation may know the run only from
+        // the store, in an earlier state, or not at all yet.
         let mut run = match self.runs.get(&run_id) {
             Some(r) => r.clone(),
-            None => {
-                let _ = reply.send(Err(format!("unknown run {run_id}")));
-                return;
-            }
+            None => match self.ctx.store.get_run(&run_id) {
+                Ok(Some(r)) => r,
+                _ => {
+                    let mut r = Run::new(run_id.clone(), &Task::default(), now_ms());
+                    r.task_id = outcome.task_id.clone();
+                    r
+                }
+            },
         };
+        self.run_of_task
+            .insert(outcome.task_id.clone(), run_id.clone());
         if !run.state.is_terminal() {
-            if let Err(e) = run.transition(outcome.state, now_ms()) {
-                let _ = reply.send(Err(e.to_string()));
-                return;
+            if run.transition(outcome.state, now_ms()).is_err() {
+                tracing::debug!(run_id = %run_id, from = %run.state, to = %outcome.state, "terminal state recorded from the driver's outcome");
+                run.state = outcome.state;
+                run.updated_ms = now_ms();
             }
+        } else if run.state != outcome.state {
+            tracing::warn!(run_id = %run_id, "a run already ended reports another end; the first stands");
         }
         run.attempts = outcome.attempts;
         run.reward = Some(outcome.reward);

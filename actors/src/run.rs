@@ -251,10 +251,14 @@ pub fn spawn_driver(ctx: Arc<TreeCtx>, run: Run, task: Task, resume: bool) {
         let finished = ctx
             .dir
             .orchestrator
-            .call(|reply| OrchestratorMsg::Finished {
-                outcome: Box::new(outcome.clone()),
-                reply,
-            })
+            .call_with(
+                |reply| OrchestratorMsg::Finished {
+                    outcome: Box::new(outcome.clone()),
+                    reply,
+                },
+                crate::directory::DEFAULT_CALL_TIMEOUT,
+                1_000,
+            )
             .await;
         match finished {
             Ok(Ok(())) => {}

@@ -176,13 +176,14 @@ impl Submitter {
             .ctx
             .dir
             .orchestrator
-            .call_with_timeout(
+            .call_with(
                 |reply| OrchestratorMsg::Submit {
                     task: Box::new(task.clone()),
                     plan: plan.clone(),
                     reply,
                 },
                 Duration::from_secs(3600),
+                u32::MAX,
             )
             .await?;
         answer.map_err(RuntimeError::Rejected)

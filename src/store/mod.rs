@@ -902,3 +902,31 @@ impl Store {
 
 #[cfg(test)]
 mod tests;
+
+/// The recovery loop's checkpoints, kept in the store (durable, with its retention rules).
+impl crate::triage::checkpoint::CheckpointStore for Store {
+    fn put<'a>(&'a self, cp: &'a Checkpoint) -> crate::triage::checkpoint::PutFuture<'a> {
+        Box::pin(async move {
+            self.put_checkpoint(cp)
+                .await
+                .map_err(crate::triage::checkpoint::CheckpointError::backend)
+        })
+    }
+
+    fn latest(
+        &self,
+        run_id: &str,
+    ) -> Result<Option<Checkpoint>, crate::triage::checkpoint::CheckpointError> {
+        self.latest_checkpoint(run_id)
+            .map_err(crate::triage::checkpoint::CheckpointError::backend)
+    }
+
+    fn named(
+        &self,
+        run_id: &str,
+        name: &str,
+    ) -> Result<Option<Checkpoint>, crate::triage::checkpoint::CheckpointError> {
+        self.checkpoint_named(run_id, name)
+            .map_err(crate::triage::checkpoint::CheckpointError::backend)
+    }
+}

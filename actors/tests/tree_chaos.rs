@@ -1,0 +1,81 @@
+//! The tree under fault injection: 1,000 tasks with 1% of actor messages panicking and 10% of
+//! tool calls failing. Every task ends exactly once, restarts are counted, and nothing that was
+//! acknowledged is lost.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+
+use hindsight::store::Durability;
+use hindsight::tools::sim::SimEnv;
+use hindsight_actors::chaos::{ChaosHandle, ChaosPlan};
+use hindsight_actors::runtime::{Runtime, RuntimeOptions};
+use hindsight_actors::workload;
+
+const PLAN: &str = r#"
+seed = 99
+[[tools]]
+name = "*"
+fault_probability = 0.10
+classes = ["TransientNetwork", "RateLimit", "Timeout", "SchemaMismatch"]
+[[actors]]
+name = "*"
+panic_probability = 0.01
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_tasks_under_actor_panics_and_tool_faults_each_end_exactly_once() {
+    // Injected panics are expected: keep their messages out of the test output.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let chaos = info
+            .payload()
+            .downcast_ref::<String>()
+            .is_some_and(|m| m.starts_with("chaos:"));
+        if !chaos {
+            default_hook(info);
+        }
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/envs/bank_statements.toml");
+    let env = SimEnv::load(&path).unwrap();
+    let plan = ChaosPlan::parse(PLAN, "chaos plan").unwrap();
+    let chaos = ChaosHandle::new(plan);
+    let mut opts = RuntimeOptions::new(dir.path(), env.clone());
+    opts.durability = Durability::None;
+    opts.seed = 5;
+    opts.chaos = Some(chaos.clone());
+    opts.max_restarts = 1_000;
+    let rt = Runtime::start(opts).await.unwrap();
+    let records = workload::run_tasks(&rt, &env, 5, 1000, 16, |_| {}).await.unwrap();
+    let restarts = rt.restarts();
+    let counts = chaos.counts();
+    println!(
+        "chaos: {} actor messages, {} panics injected, {} restarts, {} of {} tool calls faulted",
+        counts.messages, counts.panics, restarts, counts.tool_faults, counts.tool_calls
+    );
+    // Every task ended, once, in a terminal state.
+    assert_eq!(records.len(), 1000);
+    let tasks: HashSet<u64> = records.iter().map(|r| r.task).collect();
+    assert_eq!(tasks.len(), 1000);
+    for r in &records {
+        assert!(
+            matches!(r.state.as_str(), "succeeded" | "failed" | "escalated" | "aborted"),
+            "task {} ended {}",
+            r.task,
+            r.state
+        );
+    }
+    assert!(counts.panics > 0 && counts.tool_faults > 0, "faults were injected");
+    assert!(restarts > 0, "the supervisor restarted the actors that panicked");
+    let store = rt.store().clone();
+    rt.shutdown().await;
+
+    // Nothing acknowledged was lost: one terminal run record and one experience per task.
+    let runs: Vec<_> = store.list_runs().unwrap().into_iter().map(|r| r.unwrap()).collect();
+    assert_eq!(runs.len(), 1000);
+    assert!(runs.iter().all(|r| r.state.is_terminal()));
+    let log = store.experience_all().unwrap();
+    let logged: HashSet<String> = log.iter().map(|(_, e)| e.as_ref().unwrap().run_id.clone()).collect();
+    assert_eq!(log.len(), 1000, "exactly one experience per run");
+    assert_eq!(logged.len(), 1000);
+}
