@@ -1,2 +1,61 @@
-//! The `hindsight` binary.
-fn main() {}
+//! The `hindsight` binary: parses the command line and dispatches each command group to
+//! `cli::<group>::run`. Every error is printed as one sentence on stderr, with exit code 2.
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// The command line of `hindsight`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "hindsight",
+    version,
+    about = "hindsight: supervised, self-improving tool-using agents"
+)]
+struct Cli {
+    #[command(flatten)]
+    global: cli::Global,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The command groups.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Read the episodic diary.
+    Diary(cli::diary::Args),
+    /// List runs.
+    Runs(cli::runs::Args),
+    /// Inspect and maintain the database.
+    Store(cli::store::Args),
+    /// Measure performance.
+    Bench(cli::BenchArgs),
+}
+
+async fn dispatch(global: cli::Global, command: Command) -> Result<(), cli::Failure> {
+    match command {
+        Command::Diary(args) => cli::diary::run(&global, args).await,
+        Command::Runs(args) => cli::runs::run(&global, args).await,
+        Command::Store(args) => cli::store::run(&global, args).await,
+        Command::Bench(args) => cli::run_bench(&global, args).await,
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| cli::Failure::new(format!("cannot start the async runtime: {e}")))
+        .and_then(|rt| rt.block_on(dispatch(cli.global, cli.command)));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) if failure.is_broken_pipe() => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("{failure}");
+            ExitCode::from(2)
+        }
+    }
+}

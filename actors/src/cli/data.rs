@@ -1,0 +1,76 @@
+//! The data directory: opening its database for a command, and printing times.
+
+use std::path::Path;
+
+use hindsight::store::{FILE_NAME, Store, StoreError, StoreOptions};
+
+use super::Failure;
+
+/// Opens the database of an existing data directory (commands that read or maintain it must
+/// not silently create an empty one).
+pub fn open_existing(data: &Path, options: StoreOptions) -> Result<Store, Failure> {
+    let file = data.join(FILE_NAME);
+    if !file.is_file() {
+        return Err(Failure::new(format!(
+            "there is no database at {}: pass --data DIR naming a hindsight data directory",
+            file.display()
+        )));
+    }
+    open(data, options)
+}
+
+/// Opens (creating if needed) the database of a data directory.
+pub fn open(data: &Path, options: StoreOptions) -> Result<Store, Failure> {
+    Store::open(data, options).map_err(|e| match e {
+        StoreError::Open { path, reason } if reason.to_lowercase().contains("already open") => {
+            Failure::new(format!(
+                "cannot open the database {}: another process (a running hindsight?) has it open",
+                path.display()
+            ))
+        }
+        other => other.into(),
+    })
+}
+
+/// `ms` since the Unix epoch as an RFC 3339 UTC time, `2026-11-22T01:50:00.123Z`.
+pub fn format_time(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_rfc3339_utc() {
+        assert_eq!(format_time(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(format_time(951_782_400_123), "2000-02-29T00:00:00.123Z");
+        assert_eq!(format_time(1_795_311_000_000), "2026-11-22T01:30:00.000Z");
+    }
+
+    #[test]
+    fn a_missing_database_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = open_existing(dir.path(), StoreOptions::default()).unwrap_err();
+        assert!(err.to_string().contains("hindsight.redb"), "{err}");
+    }
+}

@@ -1,0 +1,130 @@
+//! The command-line interface: global options, the one-sentence [`Failure`] error, and one
+//! module per command group.
+
+/// Writes one line on stdout, like `println!`, but returns a [`Failure`] instead of panicking
+/// when stdout is gone (a closed pipe ends the command quietly).
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::cli::write_line(format_args!($($arg)*))
+    };
+}
+
+pub mod bench_store;
+pub mod data;
+pub mod diary;
+pub mod runs;
+pub mod store;
+
+use std::fmt;
+use std::path::PathBuf;
+
+use clap::Subcommand;
+use hindsight::store::StoreError;
+
+/// Options every command takes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Global {
+    /// The data directory (holds hindsight.redb).
+    #[arg(
+        long,
+        global = true,
+        value_name = "DIR",
+        default_value = "./hindsight-data"
+    )]
+    pub data: PathBuf,
+}
+
+/// A command failure: one plain sentence naming the file, key or field at fault. The binary
+/// prints it on stderr and exits with code 2.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    sentence: String,
+    broken_pipe: bool,
+}
+
+impl Failure {
+    /// A failure described by `sentence`.
+    pub fn new(sentence: impl Into<String>) -> Failure {
+        Failure {
+            sentence: sentence.into(),
+            broken_pipe: false,
+        }
+    }
+
+    /// Whether the failure is only that the reader of stdout went away (`hindsight ... | head`),
+    /// which ends the command quietly and successfully.
+    pub fn is_broken_pipe(&self) -> bool {
+        self.broken_pipe
+    }
+}
+
+/// Writes one line on stdout (use the `outln!` macro).
+pub fn write_line(args: fmt::Arguments<'_>) -> Result<(), Failure> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_fmt(args)
+        .and_then(|()| stdout.write_all(b"\n"))
+        .map_err(|e| Failure {
+            broken_pipe: e.kind() == std::io::ErrorKind::BrokenPipe,
+            sentence: format!("cannot write to stdout: {e}"),
+        })
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = self.sentence.trim_end();
+        if s.ends_with(['.', '!', '?']) {
+            f.write_str(s)
+        } else {
+            write!(f, "{s}.")
+        }
+    }
+}
+
+impl std::error::Error for Failure {}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Failure {
+        Failure::new(e.to_string())
+    }
+}
+
+/// Writes `value` as pretty JSON on stdout.
+pub fn print_json<T: serde::Serialize + ?Sized>(value: &T) -> Result<(), Failure> {
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|e| Failure::new(format!("cannot write the output as JSON: {e}")))?;
+    outln!("{text}")
+}
+
+/// `hindsight bench ...`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    command: BenchCommand,
+}
+
+/// The benchmarks.
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Durable records/s of the store, with group commit and with one commit per record.
+    Store(bench_store::Args),
+}
+
+/// Runs `hindsight bench ...`.
+pub async fn run_bench(global: &Global, args: BenchArgs) -> Result<(), Failure> {
+    match args.command {
+        BenchCommand::Store(a) => bench_store::run(global, a).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_is_one_sentence() {
+        assert_eq!(Failure::new("no such key k").to_string(), "no such key k.");
+        assert_eq!(Failure::new("done.").to_string(), "done.");
+    }
+}

@@ -1,0 +1,107 @@
+//! The record envelope: every stored value is one format-version byte followed by postcard.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// The format version written by this build.
+pub const VERSION: u8 = 1;
+
+/// Why bytes could not be turned into a record or back.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EnvelopeError {
+    /// The value has no bytes at all, so not even a version byte.
+    #[error("the envelope is empty (no version byte)")]
+    Empty,
+    /// The version byte is not one this build can read.
+    #[error("unknown format version {found} (this build reads version {VERSION})")]
+    UnknownVersion {
+        /// The version byte found.
+        found: u8,
+    },
+    /// The postcard body does not decode as the expected record.
+    #[error("the body does not decode: {0}")]
+    Body(String),
+    /// The body decoded but bytes were left over, so it was not the expected record.
+    #[error("{0} bytes left over after the record")]
+    TrailingBytes(usize),
+    /// The record could not be encoded.
+    #[error("the record cannot be encoded: {0}")]
+    Encode(String),
+}
+
+/// Encodes `value` as an envelope: [`VERSION`] then postcard.
+pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, EnvelopeError> {
+    let out = vec![VERSION];
+    postcard::to_extend(value, out).map_err(|e| EnvelopeError::Encode(e.to_string()))
+}
+
+/// Decodes an envelope written by [`encode`], checking the version and that every byte is used.
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, EnvelopeError> {
+    let (&version, body) = bytes.split_first().ok_or(EnvelopeError::Empty)?;
+    if version != VERSION {
+        return Err(EnvelopeError::UnknownVersion { found: version });
+    }
+    let (value, rest) =
+        postcard::take_from_bytes::<T>(body).map_err(|e| EnvelopeError::Body(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(EnvelopeError::TrailingBytes(rest.len()));
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct Rec {
+        name: String,
+        n: u64,
+        xs: Vec<f64>,
+    }
+
+    fn rec() -> Rec {
+        Rec {
+            name: "alpha".into(),
+            n: 42,
+            xs: vec![0.5, -1.25],
+        }
+    }
+
+    #[test]
+    fn round_trip_starts_with_the_version_byte() {
+        let bytes = encode(&rec()).unwrap();
+        assert_eq!(bytes[0], VERSION);
+        assert_eq!(decode::<Rec>(&bytes).unwrap(), rec());
+    }
+
+    #[test]
+    fn empty_bytes_are_rejected() {
+        assert_eq!(decode::<Rec>(&[]), Err(EnvelopeError::Empty));
+    }
+
+    #[test]
+    fn a_wrong_version_is_rejected() {
+        let mut bytes = encode(&rec()).unwrap();
+        bytes[0] = 9;
+        assert_eq!(
+            decode::<Rec>(&bytes),
+            Err(EnvelopeError::UnknownVersion { found: 9 })
+        );
+    }
+
+    #[test]
+    fn a_truncated_body_is_rejected() {
+        let bytes = encode(&rec()).unwrap();
+        let err = decode::<Rec>(&bytes[..bytes.len() - 3]).unwrap_err();
+        assert!(matches!(err, EnvelopeError::Body(_)), "{err:?}");
+    }
+
+    #[test]
+    fn trailing_bytes_are_rejected() {
+        let mut bytes = encode(&rec()).unwrap();
+        bytes.extend_from_slice(&[1, 2]);
+        assert_eq!(decode::<Rec>(&bytes), Err(EnvelopeError::TrailingBytes(2)));
+    }
+}

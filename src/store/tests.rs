@@ -1,0 +1,484 @@
+//! Unit tests of the store: round trips, group commit, retention, compaction, monotonic keys.
+
+use std::collections::BTreeMap;
+
+use serde_json::json;
+
+use super::*;
+use crate::record::{ArmChoice, RunResult, RunState};
+use crate::taxonomy::{ErrorClass, Step};
+
+fn opts() -> StoreOptions {
+    StoreOptions {
+        durability: Durability::None,
+        ..StoreOptions::default()
+    }
+}
+
+fn run(id: &str, state: RunState) -> Run {
+    Run {
+        run_id: id.into(),
+        task_id: format!("task-{id}"),
+        state,
+        attempts: 2,
+        created_ms: 10,
+        updated_ms: 20,
+        tenant: Some("acme".into()),
+        plan_id: Some("plan-1".into()),
+        sop_id: None,
+        reward: Some(0.75),
+        reason: None,
+    }
+}
+
+fn step(i: u32) -> Step {
+    let mut metadata = BTreeMap::new();
+    metadata.insert("stage".to_string(), json!("parse"));
+    metadata.insert("nested".to_string(), json!({"a": [1, 2.5, null, "x"]}));
+    Step {
+        index: i,
+        action: "tool_call".into(),
+        tool_called: Some("pdf_parser".into()),
+        tool_input: Some(json!({"path": "/tmp/a.pdf", "pages": [1, 2], "strict": true})),
+        tool_output: Some(json!(null)),
+        llm_output: None,
+        error: Some("timed out".into()),
+        exception_type: Some("TimeoutError".into()),
+        error_class: Some(ErrorClass::Timeout),
+        timestamp_ms: 123,
+        latency_ms: 12.5,
+        cost: 0.01,
+        idempotent: true,
+        idempotency_key: Some(format!("k{i}")),
+        metadata,
+    }
+}
+
+fn checkpoint(run_id: &str, i: u32) -> Checkpoint {
+    Checkpoint {
+        run_id: run_id.into(),
+        step_index: i,
+        name: Some(format!("cp{i}")),
+        state: json!({"stage": i, "vars": {"x": -1, "big": u64::MAX, "f": 0.1}}),
+        completed_steps: (0..=i).map(step).collect(),
+        created_ms: 1000 + u64::from(i),
+    }
+}
+
+fn experience(run_id: &str, time_ms: u64) -> ExperienceTuple {
+    ExperienceTuple {
+        run_id: run_id.into(),
+        task_id: "t".into(),
+        plan_id: "p".into(),
+        user_id: Some("u".into()),
+        context_features: [("file_type".to_string(), "pdf".to_string())].into(),
+        arms: vec![ArmChoice {
+            stage: "parse".into(),
+            tool: "pdf_parser".into(),
+            strategy: "ocr".into(),
+            propensity: 0.25,
+        }],
+        steps: vec![step(0), step(1)],
+        result: RunResult {
+            state: RunState::Succeeded,
+            passed: true,
+            output: Some(json!({"rows": 3})),
+            latency_ms: 40.0,
+            cost: 0.02,
+            attempts: 1,
+        },
+        reward: 0.9,
+        user_feedback: None,
+        time_ms,
+    }
+}
+
+fn note(time_ms: u64, text: &str) -> NewDiaryEntry {
+    NewDiaryEntry {
+        time_ms,
+        run_id: Some("r1".into()),
+        kind: "note".into(),
+        text: text.into(),
+        tags: vec!["a".into()],
+    }
+}
+
+#[tokio::test]
+async fn every_record_type_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    let r = run("r1", RunState::Executing);
+    store.put_run(&r).await.unwrap();
+    assert_eq!(store.get_run("r1").unwrap(), Some(r));
+    assert_eq!(store.get_run("nope").unwrap(), None);
+
+    let cp = checkpoint("r1", 2);
+    store.put_checkpoint(&cp).await.unwrap();
+    assert_eq!(store.latest_checkpoint("r1").unwrap(), Some(cp.clone()));
+    assert_eq!(store.checkpoint_named("r1", "cp2").unwrap(), Some(cp));
+    assert_eq!(store.checkpoint_named("r1", "other").unwrap(), None);
+
+    let seq = store.append_diary(note(5, "hello")).await.unwrap();
+    let tail = store.diary_tail(10).unwrap();
+    assert_eq!(tail.len(), 1);
+    let e = tail[0].as_ref().unwrap();
+    assert_eq!((e.seq, e.time_ms, e.text.as_str()), (seq, 5, "hello"));
+
+    let x = experience("r1", 7);
+    let seq = store.append_experience(x.clone()).await.unwrap();
+    let all = store.experience_all().unwrap();
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].0, seq);
+    assert_eq!(all[0].1.as_ref().unwrap(), &x);
+
+    let v = json!({"ok": true, "n": [1, -2, 3.5], "s": "é"});
+    store.put_idempotent("idem-1", &v).await.unwrap();
+    assert_eq!(store.get_idempotent("idem-1").unwrap(), Some(v));
+    assert_eq!(store.get_idempotent("idem-2").unwrap(), None);
+
+    const T: KvTable = KvTable::new("things");
+    store.put(T, "a", &vec![1.5f64, 2.0]).await.unwrap();
+    assert_eq!(store.get::<Vec<f64>>(T, "a").unwrap(), Some(vec![1.5, 2.0]));
+    assert_eq!(
+        store.get::<Vec<f64>>(KvTable::new("absent"), "a").unwrap(),
+        None
+    );
+    store.delete(T, "a").await.unwrap();
+    assert_eq!(store.get::<Vec<f64>>(T, "a").unwrap(), None);
+    assert_eq!(store.kv_tables().unwrap(), vec!["things".to_string()]);
+}
+
+#[tokio::test]
+async fn a_record_of_the_wrong_type_is_corrupt_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    const T: KvTable = KvTable::new("mixed");
+    store.put(T, "s", "a string").await.unwrap();
+    store.put(T, "n", &7u8).await.unwrap();
+    let err = store.get::<Run>(T, "s").unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Corrupt { table, key, .. } if table == "kv.mixed" && key == "s"),
+        "{err:?}"
+    );
+    let scanned = store.scan::<u8>(T).unwrap();
+    assert_eq!(scanned.len(), 2);
+    assert_eq!(scanned[0].0, "n");
+    assert_eq!(scanned[0].1, Ok(7));
+    assert!(scanned[1].1.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_writers_are_all_acked_and_all_present() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    let mut tasks = Vec::new();
+    for w in 0..32u64 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut seqs = Vec::new();
+            for i in 0..50u64 {
+                let seq = store
+                    .append_diary(note(w * 1000 + i, &format!("w{w} i{i}")))
+                    .await
+                    .unwrap();
+                seqs.push((seq, format!("w{w} i{i}")));
+            }
+            seqs
+        }));
+    }
+    let mut acked = Vec::new();
+    for t in tasks {
+        acked.extend(t.await.unwrap());
+    }
+    assert_eq!(acked.len(), 32 * 50);
+    let ws = store.writer_stats();
+    assert_eq!(ws.requests, 32 * 50);
+    assert_eq!(ws.failed_transactions, 0);
+    assert!(ws.transactions <= ws.requests);
+    let mut seqs: Vec<u64> = acked.iter().map(|a| a.0).collect();
+    seqs.sort_unstable();
+    seqs.dedup();
+    assert_eq!(
+        seqs.len(),
+        32 * 50,
+        "every append got its own sequence number"
+    );
+    let stored = store.diary_since(0).unwrap();
+    assert_eq!(stored.len(), 32 * 50);
+    let by_seq: BTreeMap<u64, String> = stored
+        .into_iter()
+        .map(|e| e.map(|e| (e.seq, e.text)).unwrap())
+        .collect();
+    for (seq, text) in acked {
+        assert_eq!(by_seq.get(&seq), Some(&text));
+    }
+}
+
+#[tokio::test]
+async fn a_batch_commits_together_and_reports_sequence_numbers() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    let acks = store
+        .write_batch(vec![
+            WriteOp::run(&run("r1", RunState::Planned)).unwrap(),
+            WriteOp::diary(&note(1, "a")).unwrap(),
+            WriteOp::diary(&note(2, "b")).unwrap(),
+            WriteOp::experience(&experience("r1", 3)).unwrap(),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(acks, vec![None, Some(1), Some(2), Some(1)]);
+    assert!(store.get_run("r1").unwrap().is_some());
+}
+
+#[tokio::test]
+async fn only_the_last_k_checkpoints_are_kept_and_finish_keeps_the_final_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        dir.path(),
+        StoreOptions {
+            checkpoints_per_run: 3,
+            ..opts()
+        },
+    )
+    .unwrap();
+    for i in 0..7 {
+        store.put_checkpoint(&checkpoint("r1", i)).await.unwrap();
+        store.put_checkpoint(&checkpoint("r10", i)).await.unwrap();
+    }
+    let kept: Vec<u32> = store
+        .checkpoints("r1")
+        .unwrap()
+        .into_iter()
+        .map(|(_, c)| c.unwrap().step_index)
+        .collect();
+    assert_eq!(kept, vec![4, 5, 6]);
+    assert_eq!(
+        store.checkpoints("r10").unwrap().len(),
+        3,
+        "a run id that extends another is separate"
+    );
+
+    store
+        .finish_run(&run("r1", RunState::Succeeded))
+        .await
+        .unwrap();
+    let kept: Vec<u32> = store
+        .checkpoints("r1")
+        .unwrap()
+        .into_iter()
+        .map(|(_, c)| c.unwrap().step_index)
+        .collect();
+    assert_eq!(kept, vec![6]);
+    assert_eq!(store.checkpoints("r10").unwrap().len(), 3);
+    assert_eq!(
+        store.get_run("r1").unwrap().map(|r| r.state),
+        Some(RunState::Succeeded)
+    );
+}
+
+#[tokio::test]
+async fn unfinished_runs_excludes_terminal_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    store.put_run(&run("a", RunState::Executing)).await.unwrap();
+    store.put_run(&run("b", RunState::Failed)).await.unwrap();
+    store.put_run(&run("c", RunState::Received)).await.unwrap();
+    let ids: Vec<String> = store
+        .unfinished_runs()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.unwrap().run_id)
+        .collect();
+    assert_eq!(ids, vec!["a", "c"]);
+    assert_eq!(store.list_runs().unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn compaction_applies_the_ttls() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        dir.path(),
+        StoreOptions {
+            diary_ttl_ms: Some(100),
+            experience_ttl_ms: Some(1000),
+            ..opts()
+        },
+    )
+    .unwrap();
+    for t in [0u64, 500, 950, 1000, 1500] {
+        store.append_diary(note(t, "n")).await.unwrap();
+        store.append_experience(experience("r", t)).await.unwrap();
+    }
+    // now = 1100: diary keeps time >= 1000, experience keeps time >= 100.
+    let report = store.compact(1100).unwrap();
+    assert_eq!(
+        report,
+        CompactReport {
+            diary_removed: 3,
+            experience_removed: 1,
+            damaged_kept: 0
+        }
+    );
+    let times: Vec<u64> = store
+        .diary_tail(100)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.unwrap().time_ms)
+        .collect();
+    assert_eq!(times, vec![1000, 1500]);
+    assert_eq!(store.experience_all().unwrap().len(), 4);
+    assert_eq!(store.compact(1100).unwrap(), CompactReport::default());
+}
+
+#[tokio::test]
+async fn compaction_without_ttls_removes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    store.append_diary(note(0, "old")).await.unwrap();
+    assert_eq!(store.compact(u64::MAX).unwrap(), CompactReport::default());
+    assert_eq!(store.diary_tail(10).unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn sequence_numbers_keep_increasing_after_reopen_and_compaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let ttl = StoreOptions {
+        diary_ttl_ms: Some(1),
+        experience_ttl_ms: Some(1),
+        ..opts()
+    };
+    let (d, x) = {
+        let store = Store::open(dir.path(), ttl.clone()).unwrap();
+        store.append_diary(note(0, "a")).await.unwrap();
+        let d = store.append_diary(note(0, "b")).await.unwrap();
+        let x = store.append_experience(experience("r", 0)).await.unwrap();
+        // Everything expires: the table is empty, yet keys must not restart.
+        store.compact(1000).unwrap();
+        assert!(store.diary_tail(10).unwrap().is_empty());
+        (d, x)
+    };
+    let store = Store::open(dir.path(), ttl).unwrap();
+    assert!(store.append_diary(note(0, "c")).await.unwrap() > d);
+    assert!(store.append_experience(experience("r", 0)).await.unwrap() > x);
+}
+
+#[tokio::test]
+async fn diary_tail_returns_the_last_n_oldest_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    for i in 0..10 {
+        store.append_diary(note(i, &format!("n{i}"))).await.unwrap();
+    }
+    let texts: Vec<String> = store
+        .diary_tail(3)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.unwrap().text)
+        .collect();
+    assert_eq!(texts, vec!["n7", "n8", "n9"]);
+    assert_eq!(store.diary_since(8).unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn stats_count_every_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    store.put_run(&run("r1", RunState::Planned)).await.unwrap();
+    store.append_diary(note(0, "a")).await.unwrap();
+    store.append_diary(note(0, "b")).await.unwrap();
+    store.put(KvTable::new("x"), "k", &1u32).await.unwrap();
+    let stats = store.stats().unwrap();
+    let count = |name: &str| {
+        stats
+            .tables
+            .iter()
+            .find(|t| t.table == name)
+            .map(|t| t.records)
+    };
+    assert_eq!(count("runs"), Some(1));
+    assert_eq!(count("diary"), Some(2));
+    assert_eq!(count("kv.x"), Some(1));
+    assert_eq!(count("checkpoints"), Some(0));
+    assert!(stats.file_bytes > 0);
+}
+
+#[tokio::test]
+async fn one_request_per_transaction_still_acks_everyone() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open_with_batch_limit(dir.path(), opts(), 1).unwrap();
+    let futs: Vec<_> = (0..20)
+        .map(|i| {
+            let s = store.clone();
+            tokio::spawn(async move { s.append_diary(note(i, "x")).await })
+        })
+        .collect();
+    for f in futs {
+        f.await.unwrap().unwrap();
+    }
+    assert_eq!(store.writer_stats().transactions, 20);
+    assert_eq!(store.diary_tail(100).unwrap().len(), 20);
+}
+
+#[test]
+fn opening_an_unusable_path_names_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let blocker = dir.path().join("file");
+    std::fs::write(&blocker, b"not a dir").unwrap();
+    let err = Store::open(&blocker, opts()).unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Open { path, .. } if path == &blocker.join(FILE_NAME)),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("hindsight.redb"), "{err}");
+}
+
+#[test]
+fn a_second_open_of_the_same_file_is_a_typed_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let _first = Store::open(dir.path(), opts()).unwrap();
+    assert!(matches!(
+        Store::open(dir.path(), opts()),
+        Err(StoreError::Open { .. })
+    ));
+}
+
+#[test]
+fn dropping_the_last_clone_releases_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    let clone = store.clone();
+    drop(store);
+    drop(clone);
+    Store::open(dir.path(), opts()).unwrap();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn requests_queued_during_a_commit_share_the_next_transaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    // Hold redb's write lock so the writer is stuck on its first batch while the rest queue.
+    let blocker = store.inner.db.begin_write().unwrap();
+    let tasks: Vec<_> = (0..100)
+        .map(|i| {
+            let s = store.clone();
+            tokio::spawn(async move { s.append_diary(note(i, "q")).await })
+        })
+        .collect();
+    // Every spawned task runs up to its await (its request sent) before this one resumes.
+    tokio::task::yield_now().await;
+    drop(blocker);
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let ws = store.writer_stats();
+    assert_eq!(ws.requests, 100);
+    assert!(ws.transactions <= 2, "{ws:?}");
+    assert_eq!(store.diary_tail(1000).unwrap().len(), 100);
+}
+
+#[test]
+fn the_store_is_clone_send_sync() {
+    fn check<T: Clone + Send + Sync + 'static>() {}
+    check::<Store>();
+}
