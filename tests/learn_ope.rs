@@ -110,7 +110,13 @@ async fn the_log_and_the_policy_survive_a_restart_and_are_evaluated() {
         eval.logged_mean_reward
     );
     assert!(live_dr > report.random_mean_reward, "{live_dr}");
-    let decision = eval.promotion.expect("a live policy was given");
-    assert!(decision.reason.contains("candidate"));
-    assert!(eval.ranker_vs_live.is_some());
+    let decision = eval.promotion.clone().expect("a live policy was given");
+    let cmp = eval.ranker_vs_live.expect("compared");
+    let cfg = EvaluationConfig::default();
+    assert_eq!(
+        decision.promote,
+        cmp.candidate.effective_n >= cfg.min_effective_n
+            && cmp.diff - cfg.z * cmp.diff_se >= -cfg.margin,
+        "{decision:?} {cmp:?}"
+    );
 }

@@ -137,7 +137,7 @@ impl Default for PolicyConfig {
             change_keep: 2.0,
             recent_rate: 0.3,
             unknown_weight: 0.5,
-            propensity_draws: 64,
+            propensity_draws: 32,
             max_enumerate: 4096,
             full_lattice_max_features: 4,
         }
@@ -421,6 +421,12 @@ fn check_config(c: &PolicyConfig) -> Result<(), PolicyError> {
     if c.propensity_draws == 0 {
         return bad("propensity_draws", "must be >= 1");
     }
+    if c.full_lattice_max_features > 8 {
+        return bad(
+            "full_lattice_max_features",
+            "must be at most 8 (the full hierarchy has 2^n levels)",
+        );
+    }
     if c.max_enumerate == 0 {
         return bad("max_enumerate", "must be >= 1");
     }
@@ -680,13 +686,20 @@ impl Policy {
         plan.clear();
         plan.resize(n_stages, 0);
         if self.plan_count() <= self.config.max_enumerate {
-            let mut cur = vec![0usize; n_stages];
+            let mut buf = [0usize; 16];
+            let mut heap = Vec::new();
+            let cur: &mut [usize] = if n_stages <= buf.len() {
+                &mut buf[..n_stages]
+            } else {
+                heap.resize(n_stages, 0);
+                &mut heap
+            };
             let mut best = f64::NEG_INFINITY;
             loop {
-                let v = self.plan_value(p, eff, &cur);
+                let v = self.plan_value(p, eff, cur);
                 if v > best {
                     best = v;
-                    plan.copy_from_slice(&cur);
+                    plan.copy_from_slice(cur);
                 }
                 // Mixed-radix increment.
                 let mut s = 0;
@@ -1368,6 +1381,6 @@ mod tests {
         assert!(e.to_string().contains("discount"));
         assert!(Policy::new(PolicyConfig::default(), vec![]).is_err());
         let cfg: PolicyConfig = serde_json::from_str("{\"discount\": 0.9}").unwrap();
-        assert_eq!(cfg.propensity_draws, 64);
+        assert_eq!(cfg.propensity_draws, 32);
     }
 }

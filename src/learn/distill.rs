@@ -36,7 +36,7 @@ impl Default for RankerConfig {
             epochs: 8,
             learning_rate: 0.1,
             l2: 1e-5,
-            max_weight: 10.0,
+            max_weight: 3.0,
         }
     }
 }
