@@ -12,6 +12,12 @@ use crate::learn::posterior::{ArmStats, sample_beta};
 use crate::record::ArmChoice;
 use crate::taxonomy::FailureCategory;
 
+/// The store table the live policy's snapshot is kept in (`Store::put(KvTable::new(
+/// POLICY_TABLE), POLICY_KEY, &policy.snapshot())`).
+pub const POLICY_TABLE: &str = "posteriors";
+/// The key of the live policy's snapshot in [`POLICY_TABLE`].
+pub const POLICY_KEY: &str = "policy";
+
 /// The reward function of FORMAT.md:
 /// `success - latency * min(1, L / sla_ms) - cost * min(1, C / max_cost)` when the task passes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -75,9 +81,13 @@ pub struct PolicyConfig {
     pub pool_latency_strength: f64,
     /// Discount of success counts per visit of a node (1 = none).
     pub discount: f64,
-    /// Sharpening of the posteriors that Thompson sampling draws from (their pseudo-counts are
-    /// multiplied by it; 1 = plain Thompson sampling, more = less exploration).
+    /// Sharpening of the posteriors that Thompson sampling draws from (each observation counts
+    /// this many times when sampling; the prior does not: 1 = plain Thompson sampling, more =
+    /// less exploration of what the data already tells apart).
     pub sharpen: f64,
+    /// Sharpening of the levels' evidence (their log weights are multiplied by it; 1 = Bayesian
+    /// model averaging).
+    pub evidence_sharpen: f64,
     /// Discount of a hierarchy level's predictive evidence per observation (1 = none).
     pub model_discount: f64,
     /// Discount of latency and cost per observation (1 = none).
@@ -116,7 +126,8 @@ impl Default for PolicyConfig {
             pool_strength: 4.0,
             pool_latency_strength: 2.0,
             discount: 0.995,
-            sharpen: 1.0,
+            sharpen: 5.0,
+            evidence_sharpen: 1.0,
             model_discount: 0.995,
             latency_discount: 0.95,
             change_delta: 0.05,
@@ -126,7 +137,7 @@ impl Default for PolicyConfig {
             change_keep: 2.0,
             recent_rate: 0.3,
             unknown_weight: 0.5,
-            propensity_draws: 64,
+            propensity_draws: 32,
             max_enumerate: 4096,
             full_lattice_max_features: 4,
         }
@@ -389,6 +400,9 @@ fn check_config(c: &PolicyConfig) -> Result<(), PolicyError> {
     if !(c.sharpen > 0.0 && c.sharpen.is_finite()) {
         return bad("sharpen", "must be > 0");
     }
+    if !(c.evidence_sharpen > 0.0 && c.evidence_sharpen.is_finite()) {
+        return bad("evidence_sharpen", "must be > 0");
+    }
     if !(c.model_discount > 0.0 && c.model_discount <= 1.0) {
         return bad("model_discount", "must be in (0, 1]");
     }
@@ -406,6 +420,12 @@ fn check_config(c: &PolicyConfig) -> Result<(), PolicyError> {
     }
     if c.propensity_draws == 0 {
         return bad("propensity_draws", "must be >= 1");
+    }
+    if c.full_lattice_max_features > 8 {
+        return bad(
+            "full_lattice_max_features",
+            "must be at most 8 (the full hierarchy has 2^n levels)",
+        );
     }
     if c.max_enumerate == 0 {
         return bad("max_enumerate", "must be >= 1");
@@ -499,6 +519,45 @@ impl Policy {
             .fold(1usize, |acc, s| acc.saturating_mul(s.arms.len()))
     }
 
+    /// Per lattice node, arm `j`'s success posterior `(mean, strength)` in the node's cell: the
+    /// node's own (discounted) counts on top of a prior centred on its parents' means, with
+    /// their strength capped at `pool_strength` (the global node uses the configured prior).
+    fn cell_posteriors(
+        &self,
+        lattice: &Lattice,
+        found: &[Option<&Node>],
+        j: usize,
+        out: &mut [(f64, f64, f64)],
+    ) {
+        let c = &self.config;
+        for (i, ln) in lattice.nodes.iter().enumerate() {
+            let (pm, ps) = if ln.parents.is_empty() {
+                (
+                    c.prior_alpha / (c.prior_alpha + c.prior_beta),
+                    c.prior_alpha + c.prior_beta,
+                )
+            } else {
+                let k = ln.parents.len() as f64;
+                let (mut m, mut st) = (0.0, 0.0);
+                for &p in &ln.parents {
+                    m += out[p].0;
+                    st += out[p].1;
+                }
+                (m / k, (st / k).min(c.pool_strength))
+            };
+            let (s, f) = found[i]
+                .and_then(|n| n.arms.get(j).map(|a| a.counts_at(n.visits, c.discount)))
+                .unwrap_or((0.0, 0.0));
+            let total = ps + s + f;
+            let mean = if total > 0.0 {
+                ((ps * pm + s) / total).clamp(1e-6, 1.0 - 1e-6)
+            } else {
+                pm
+            };
+            out[i] = (mean, total.max(1e-3), s + f);
+        }
+    }
+
     fn effective(&self, features: &BTreeMap<String, String>) -> Eff {
         let lattice = Lattice::new(features, self.config.full_lattice_max_features);
         let c = &self.config;
@@ -524,6 +583,7 @@ impl Policy {
         let mut lat: Vec<Option<f64>> = vec![None; n_nodes];
         let mut cost: Vec<Option<f64>> = vec![None; n_nodes];
         let mut logw = vec![0.0; n_nodes];
+        let mut cells = vec![(0.0, 0.0, 0.0); n_nodes];
         for j in 0..self.n_arms {
             // Success: Bayesian model averaging over the levels of the hierarchy (which
             // features matter for this arm), weighted by each level's predictive evidence.
@@ -534,17 +594,19 @@ impl Policy {
                     .unwrap_or(0.0);
             }
             let top = logw.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            for l in logw.iter_mut() {
+                *l = top + (*l - top) * c.evidence_sharpen;
+            }
             let mut total_w = 0.0;
             let base = eff.comps.len();
             let (mut m1, mut m2) = (0.0, 0.0);
+            self.cell_posteriors(&lattice, &found, j, &mut cells);
             for i in 0..n_nodes {
                 let w = (logw[i] - top).exp();
-                let (s, f) = found[i]
-                    .and_then(|n| n.arms.get(j).map(|a| a.counts_at(n.visits, c.discount)))
-                    .unwrap_or((0.0, 0.0));
-                let (a, b) = (c.prior_alpha + s, c.prior_beta + f);
-                let mean = a / (a + b);
-                let (a, b) = (a * c.sharpen, b * c.sharpen);
+                let (mean, strength, data) = cells[i];
+                // Sharpening weighs the data, not the prior: a cell with no data stays broad.
+                let strength = strength + (c.sharpen - 1.0) * data;
+                let (a, b) = (mean * strength, (1.0 - mean) * strength);
                 let var = mean * (1.0 - mean) / (a + b + 1.0);
                 total_w += w;
                 m1 += w * mean;
@@ -624,13 +686,20 @@ impl Policy {
         plan.clear();
         plan.resize(n_stages, 0);
         if self.plan_count() <= self.config.max_enumerate {
-            let mut cur = vec![0usize; n_stages];
+            let mut buf = [0usize; 16];
+            let mut heap = Vec::new();
+            let cur: &mut [usize] = if n_stages <= buf.len() {
+                &mut buf[..n_stages]
+            } else {
+                heap.resize(n_stages, 0);
+                &mut heap
+            };
             let mut best = f64::NEG_INFINITY;
             loop {
-                let v = self.plan_value(p, eff, &cur);
+                let v = self.plan_value(p, eff, cur);
                 if v > best {
                     best = v;
-                    plan.copy_from_slice(&cur);
+                    plan.copy_from_slice(cur);
                 }
                 // Mixed-radix increment.
                 let mut s = 0;
@@ -891,6 +960,22 @@ impl Policy {
         }
         let lattice = Lattice::new(&obs.features, self.config.full_lattice_max_features);
         let c = self.config.clone();
+        // Each level's predictive probability of success for each item, before this update.
+        let preds: Vec<Vec<f64>> = {
+            let found: Vec<Option<&Node>> = lattice
+                .nodes
+                .iter()
+                .map(|n| self.nodes.get(&n.hash))
+                .collect();
+            let mut cells = vec![(0.0, 0.0, 0.0); lattice.nodes.len()];
+            items
+                .iter()
+                .map(|&(j, ..)| {
+                    self.cell_posteriors(&lattice, &found, j, &mut cells);
+                    cells.iter().map(|x| x.0).collect()
+                })
+                .collect()
+        };
         let mut fired: Vec<(u64, usize)> = Vec::new();
         let k = obs.features.len().min(31) as u32;
         for (i, ln) in lattice.nodes.iter().enumerate() {
@@ -912,16 +997,14 @@ impl Policy {
                     signature: lattice.signature(&obs.features, i),
                     log_evidence: vec![0.0; n_arms],
                 });
-            for &(j, x, weight_fail, lat, cost) in &items {
+            for (item, &(j, x, weight_fail, lat, cost)) in items.iter().enumerate() {
                 let Some(a) = node.arms.get_mut(j) else {
                     continue;
                 };
                 a.age_to(visits, c.discount);
                 // The level's predictive evidence: how well its cell predicted this outcome.
                 if let Some(ev) = model.log_evidence.get_mut(j) {
-                    let pa = c.prior_alpha + a.successes;
-                    let pb = c.prior_beta + a.failures;
-                    let pred = pa / (pa + pb);
+                    let pred = preds[item][i];
                     let ll = if x > 0.0 {
                         pred.ln()
                     } else {
@@ -1298,6 +1381,6 @@ mod tests {
         assert!(e.to_string().contains("discount"));
         assert!(Policy::new(PolicyConfig::default(), vec![]).is_err());
         let cfg: PolicyConfig = serde_json::from_str("{\"discount\": 0.9}").unwrap();
-        assert_eq!(cfg.propensity_draws, 64);
+        assert_eq!(cfg.propensity_draws, 32);
     }
 }

@@ -6,8 +6,12 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::learn::bandit::{Arm, StageArms};
-use crate::learn::ope::{Comparison, LogRecord, RewardModel, TargetPolicy};
+use crate::learn::bandit::{Arm, Policy, StageArms};
+use crate::learn::ope::{
+    Comparison, Estimate, GreedyTarget, LogRecord, PolicyTarget, RewardModel, TabularModel,
+    TargetPolicy, compare, doubly_robust, ips, log_from_experience, snips,
+};
+use crate::record::ExperienceTuple;
 
 /// Configuration of the ranker's fit (serde, with defaults).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -32,7 +36,7 @@ impl Default for RankerConfig {
             epochs: 8,
             learning_rate: 0.1,
             l2: 1e-5,
-            max_weight: 10.0,
+            max_weight: 3.0,
         }
     }
 }
@@ -263,6 +267,184 @@ impl DistillSchedule {
         } else {
             false
         }
+    }
+}
+
+/// How `evaluate_log` evaluates (serde, with defaults).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EvaluationConfig {
+    /// Share of the log (its newest rows) held out for evaluation; the rest fits the ranker and
+    /// the reward model.
+    pub holdout_share: f64,
+    /// Importance weights of IPS are clipped at this.
+    pub clip: f64,
+    /// Posterior draws per context for the live policy's distribution.
+    pub draws: usize,
+    /// Seed of every draw.
+    pub seed: u64,
+    /// The ranker's fit.
+    pub ranker: RankerConfig,
+    /// The ranker is promoted when its lower bound is at least `-margin`.
+    pub margin: f64,
+    /// Normal quantile of that bound.
+    pub z: f64,
+    /// Minimum effective sample size behind the ranker's estimate.
+    pub min_effective_n: f64,
+}
+
+impl Default for EvaluationConfig {
+    fn default() -> Self {
+        EvaluationConfig {
+            holdout_share: 0.3,
+            clip: 50.0,
+            draws: 64,
+            seed: 7,
+            ranker: RankerConfig::default(),
+            margin: 0.01,
+            z: 1.96,
+            min_effective_n: 30.0,
+        }
+    }
+}
+
+/// The value of one policy on the held-out log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyValue {
+    /// `live`, `greedy` or `ranker`.
+    pub name: String,
+    /// Inverse propensity scoring (clipped).
+    pub ips: Estimate,
+    /// Self-normalised IPS.
+    pub snips: Estimate,
+    /// Doubly robust.
+    pub dr: Estimate,
+}
+
+/// What `hindsight policy evaluate` prints.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyEvaluation {
+    /// Experience rows read.
+    pub rows: usize,
+    /// Rows without usable propensities (skipped).
+    pub skipped: usize,
+    /// Rows that fitted the ranker and the reward model.
+    pub train_rows: usize,
+    /// Rows the policies were evaluated on.
+    pub holdout_rows: usize,
+    /// Mean reward the logging policy earned on the held-out rows.
+    pub logged_mean_reward: f64,
+    /// The live policy (when its snapshot was given), the greedy policy of the reward model,
+    /// and the distilled ranker.
+    pub policies: Vec<PolicyValue>,
+    /// Paired doubly robust comparison of the ranker against the live policy.
+    pub ranker_vs_live: Option<Comparison>,
+    /// Whether the ranker would be promoted.
+    pub promotion: Option<Promotion>,
+    /// Why there is no promotion decision, when there is none.
+    pub note: Option<String>,
+}
+
+/// The stages of a log, in the order of their first appearance, with every arm seen.
+pub fn stages_of(log: &[LogRecord]) -> Vec<StageArms> {
+    let mut stages: Vec<StageArms> = Vec::new();
+    for r in log {
+        for (name, arm) in r.stages.iter().zip(&r.plan) {
+            match stages.iter_mut().find(|s| &s.stage == name) {
+                Some(s) => {
+                    if !s.arms.contains(arm) {
+                        s.arms.push(arm.clone());
+                    }
+                }
+                None => stages.push(StageArms {
+                    stage: name.clone(),
+                    arms: vec![arm.clone()],
+                }),
+            }
+        }
+    }
+    stages
+}
+
+fn value_of(
+    name: &str,
+    log: &[LogRecord],
+    target: &dyn TargetPolicy,
+    model: &dyn RewardModel,
+    clip: f64,
+) -> PolicyValue {
+    PolicyValue {
+        name: name.to_string(),
+        ips: ips(log, target, clip),
+        snips: snips(log, target),
+        dr: doubly_robust(log, target, model),
+    }
+}
+
+/// Evaluates the live policy (if given), the greedy policy and a ranker distilled from the
+/// older part of the experience log, off-policy on its newest part, and decides whether the
+/// ranker would be promoted over the live policy.
+pub fn evaluate_log(
+    tuples: &[ExperienceTuple],
+    live: Option<&Policy>,
+    cfg: &EvaluationConfig,
+) -> PolicyEvaluation {
+    let (log, skipped) = log_from_experience(tuples);
+    let share = cfg.holdout_share.clamp(0.0, 1.0);
+    let n_hold = ((log.len() as f64) * share).round() as usize;
+    let n_hold = if log.len() >= 2 {
+        n_hold.clamp(1, log.len() - 1)
+    } else {
+        log.len()
+    };
+    let (train, hold) = log.split_at(log.len() - n_hold);
+    let model = TabularModel::fit(train, 2.0);
+    let stages = stages_of(&log);
+    let mut rng = fastrand::Rng::with_seed(cfg.seed);
+    let ranker = Ranker::fit(train, &stages, cfg.ranker.clone(), &mut rng);
+    let greedy = GreedyTarget {
+        model: &model,
+        plans: TabularModel::plans_seen(train),
+    };
+    let mut policies = Vec::new();
+    let live_target = live.map(|p| PolicyTarget {
+        policy: p,
+        draws: cfg.draws,
+        seed: cfg.seed,
+    });
+    if let Some(t) = &live_target {
+        policies.push(value_of("live", hold, t, &model, cfg.clip));
+    }
+    policies.push(value_of("greedy", hold, &greedy, &model, cfg.clip));
+    policies.push(value_of("ranker", hold, &ranker, &model, cfg.clip));
+    let logged_mean_reward = if hold.is_empty() {
+        0.0
+    } else {
+        hold.iter().map(|r| r.reward).sum::<f64>() / hold.len() as f64
+    };
+    let (ranker_vs_live, promotion, note) = match (&live_target, hold.is_empty()) {
+        (_, true) => (None, None, Some("the log has no usable rows".to_string())),
+        (None, false) => (
+            None,
+            None,
+            Some("no live policy snapshot: no promotion decision".to_string()),
+        ),
+        (Some(t), false) => {
+            let cmp = compare(hold, &ranker, t, &model);
+            let decision = promotion_decision(&cmp, cfg.margin, cfg.z, cfg.min_effective_n);
+            (Some(cmp), Some(decision), None)
+        }
+    };
+    PolicyEvaluation {
+        rows: tuples.len(),
+        skipped,
+        train_rows: train.len(),
+        holdout_rows: hold.len(),
+        logged_mean_reward,
+        policies,
+        ranker_vs_live,
+        promotion,
+        note,
     }
 }
 

@@ -34,7 +34,7 @@ impl LogRecord {
             return None;
         }
         let propensity: f64 = t.arms.iter().map(|a| a.propensity).product();
-        if !(propensity > 0.0 && propensity <= 1.0 + 1e-9) || !t.reward.is_finite() {
+        if !(propensity > 0.0 && propensity <= 1.0 + 1e-9 && t.reward.is_finite()) {
             return None;
         }
         Some(LogRecord {

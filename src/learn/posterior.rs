@@ -6,11 +6,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::learn::drift::PageHinkley;
 
-/// A standard normal variate (Box-Muller).
+/// A standard normal variate (Marsaglia's polar method).
 pub fn sample_normal(rng: &mut fastrand::Rng) -> f64 {
-    let u1 = 1.0 - rng.f64(); // in (0, 1]
-    let u2 = rng.f64();
-    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    loop {
+        let u = 2.0 * rng.f64() - 1.0;
+        let v = 2.0 * rng.f64() - 1.0;
+        let s = u * u + v * v;
+        if s > 0.0 && s < 1.0 {
+            return u * (-2.0 * s.ln() / s).sqrt();
+        }
+    }
 }
 
 /// A Gamma(shape, 1) variate (Marsaglia-Tsang; boosted for shape < 1).
@@ -41,8 +46,19 @@ pub fn sample_gamma(rng: &mut fastrand::Rng, shape: f64) -> f64 {
     }
 }
 
-/// A Beta(alpha, beta) variate.
+/// Both shapes at least this large: a Beta is drawn from its normal approximation.
+pub const BETA_NORMAL_MIN_SHAPE: f64 = 12.0;
+
+/// A Beta(alpha, beta) variate (from two gammas; from the normal with the same mean and
+/// variance when both shapes are at least [`BETA_NORMAL_MIN_SHAPE`], which is much faster and
+/// close enough for Thompson sampling).
 pub fn sample_beta(rng: &mut fastrand::Rng, alpha: f64, beta: f64) -> f64 {
+    if alpha >= BETA_NORMAL_MIN_SHAPE && beta >= BETA_NORMAL_MIN_SHAPE {
+        let n = alpha + beta;
+        let m = alpha / n;
+        let sd = (m * (1.0 - m) / (n + 1.0)).sqrt();
+        return (m + sd * sample_normal(rng)).clamp(0.0, 1.0);
+    }
     let x = sample_gamma(rng, alpha);
     let y = sample_gamma(rng, beta);
     let s = x + y;
@@ -142,7 +158,13 @@ mod tests {
     #[test]
     fn beta_samples_have_the_right_mean() {
         let mut rng = fastrand::Rng::with_seed(3);
-        for &(a, b) in &[(1.0, 1.0), (0.3, 0.7), (20.0, 5.0), (2.0, 50.0)] {
+        for &(a, b) in &[
+            (1.0, 1.0),
+            (0.3, 0.7),
+            (20.0, 5.0),
+            (2.0, 50.0),
+            (40.0, 15.0),
+        ] {
             let n = 20_000;
             let mean: f64 = (0..n).map(|_| sample_beta(&mut rng, a, b)).sum::<f64>() / n as f64;
             let want = a / (a + b);

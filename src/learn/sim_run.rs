@@ -95,7 +95,7 @@ pub struct DriftRecovery {
     pub after_task: u64,
     /// Tasks a drift entry applies to, after the drift point.
     pub affected_tasks: u64,
-    /// Of those, the ones at least `recovery_tasks` after the drift point.
+    /// Of those, the ones at least `recovery_tasks` after every drift point that applies.
     pub affected_after_recovery: u64,
     /// Regret ratio of the affected tasks after the recovery allowance.
     pub regret_ratio_after_recovery: f64,
@@ -114,6 +114,8 @@ pub struct TaskTrace {
     pub features: BTreeMap<String, String>,
     /// The first attempt's arms as `tool/strategy`, in stage order.
     pub plan: Vec<String>,
+    /// The first attempt's arms with their propensities.
+    pub arms: Vec<ArmChoice>,
     /// Whether it passed.
     pub passed: bool,
     /// Reward earned.
@@ -441,17 +443,21 @@ pub fn run_learning_with(
                 .filter(|e| matches!(e, SopEvent::Promoted(_)))
                 .count() as u64;
         }
-        if let Some(d0) = first_drift {
-            let hit = env.spec().drift.iter().any(|d| {
-                index >= d.after_task && d.matcher.iter().all(|(k, v)| f.get(k) == Some(v))
-            });
-            if hit {
-                affected += 1;
-                if index < d0 + cfg.recovery_tasks {
-                    during.add(ex.passed, reward, regret, random_regret, choice.greedy);
-                } else {
-                    after.add(ex.passed, reward, regret, random_regret, choice.greedy);
-                }
+        // A task a drift entry applies to is "during recovery" while any of its drift points
+        // is less than `recovery_tasks` old, "after recovery" otherwise.
+        let applying: Vec<u64> = env
+            .spec()
+            .drift
+            .iter()
+            .filter(|d| index >= d.after_task && d.matcher.iter().all(|(k, v)| f.get(k) == Some(v)))
+            .map(|d| d.after_task)
+            .collect();
+        if !applying.is_empty() {
+            affected += 1;
+            if applying.iter().any(|a| index < a + cfg.recovery_tasks) {
+                during.add(ex.passed, reward, regret, random_regret, choice.greedy);
+            } else {
+                after.add(ex.passed, reward, regret, random_regret, choice.greedy);
             }
         }
         if cfg.trace {
@@ -459,6 +465,7 @@ pub fn run_learning_with(
                 task: index,
                 features: f.clone(),
                 plan: plan.iter().map(|(t, s)| format!("{t}/{s}")).collect(),
+                arms: arms.clone(),
                 passed: ex.passed,
                 reward,
                 regret,

@@ -1,0 +1,133 @@
+//! `hindsight policy ...`: the learning policy from the command line. `evaluate` compares the
+//! live policy, a greedy policy and the ranker distilled from the experience log, off-policy
+//! (IPS, self-normalised IPS, doubly robust) on the log's newest rows.
+
+use clap::Subcommand;
+use hindsight::ExperienceTuple;
+use hindsight::learn::bandit::{POLICY_KEY, POLICY_TABLE, Policy, PolicySnapshot};
+use hindsight::learn::distill::{EvaluationConfig, PolicyEvaluation, evaluate_log};
+use hindsight::store::{KvTable, StoreOptions};
+
+use super::data::open_existing;
+use super::{Failure, Global, print_json};
+
+/// `hindsight policy ...`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    command: PolicyCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum PolicyCommand {
+    /// Off-policy evaluation of the live policy, a greedy policy and the distilled ranker on the
+    /// experience log, and whether the ranker would be promoted.
+    Evaluate {
+        /// Share of the newest rows held out for evaluation (the rest fits the ranker).
+        #[arg(long, default_value_t = 0.3)]
+        holdout: f64,
+        /// Margin by which the ranker may be worse than the live policy and still be promoted.
+        #[arg(long, default_value_t = 0.01)]
+        margin: f64,
+        /// Seed of the posterior draws and of the ranker's fit.
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Runs `hindsight policy ...`.
+pub async fn run(global: &Global, args: Args) -> Result<(), Failure> {
+    match args.command {
+        PolicyCommand::Evaluate {
+            holdout,
+            margin,
+            seed,
+            json,
+        } => {
+            if !(0.0..1.0).contains(&holdout) {
+                return Err(Failure::new(format!(
+                    "--holdout must be in [0, 1), got {holdout}"
+                )));
+            }
+            let store = open_existing(&global.data, StoreOptions::default())?;
+            let mut tuples = Vec::new();
+            for (seq, row) in store.experience_all()? {
+                match row {
+                    Ok(t) => tuples.push(t),
+                    Err(e) => eprintln!("experience row {seq} skipped: {e}"),
+                }
+            }
+            let snapshot: Option<PolicySnapshot> =
+                store.get(KvTable::new(POLICY_TABLE), POLICY_KEY)?;
+            let live = match snapshot {
+                Some(s) => Some(Policy::restore(s).map_err(|e| {
+                    Failure::new(format!("table `{POLICY_TABLE}` key `{POLICY_KEY}`: {e}"))
+                })?),
+                None => None,
+            };
+            let cfg = EvaluationConfig {
+                holdout_share: holdout,
+                margin,
+                seed,
+                ..EvaluationConfig::default()
+            };
+            let report = evaluate(&tuples, live.as_ref(), &cfg);
+            if json {
+                print_json(&report)
+            } else {
+                print_table(&report)
+            }
+        }
+    }
+}
+
+/// The evaluation of an experience log (the part of `evaluate` that needs no store).
+pub fn evaluate(
+    tuples: &[ExperienceTuple],
+    live: Option<&Policy>,
+    cfg: &EvaluationConfig,
+) -> PolicyEvaluation {
+    evaluate_log(tuples, live, cfg)
+}
+
+fn print_table(r: &PolicyEvaluation) -> Result<(), Failure> {
+    outln!(
+        "experience rows {} (skipped {}), fitted on {}, evaluated on {}; logged mean reward {:.4}",
+        r.rows,
+        r.skipped,
+        r.train_rows,
+        r.holdout_rows,
+        r.logged_mean_reward
+    )?;
+    outln!(
+        "{:<8} {:>16} {:>16} {:>16} {:>8}",
+        "policy",
+        "IPS",
+        "SNIPS",
+        "DR",
+        "ESS"
+    )?;
+    for p in &r.policies {
+        outln!(
+            "{:<8} {:>7.4} ±{:<7.4} {:>7.4} ±{:<7.4} {:>7.4} ±{:<7.4} {:>8.1}",
+            p.name,
+            p.ips.value,
+            1.96 * p.ips.std_err,
+            p.snips.value,
+            1.96 * p.snips.std_err,
+            p.dr.value,
+            1.96 * p.dr.std_err,
+            p.dr.effective_n
+        )?;
+    }
+    if let Some(p) = &r.promotion {
+        outln!("ranker: {}", p.reason)?;
+    }
+    if let Some(n) = &r.note {
+        outln!("note: {n}")?;
+    }
+    Ok(())
+}
