@@ -26,6 +26,8 @@ struct Cli {
 enum Command {
     /// The main job: run a simulated environment through the whole tree and show what it learned.
     Demo(cli::demo::Args),
+    /// Evaluate the learning policy off-policy on the experience log.
+    Policy(cli::policy::Args),
     /// Classify error messages (JSON lines on stdin).
     Classify(cli::classify::Args),
     /// Read the episodic diary.
@@ -41,6 +43,7 @@ enum Command {
 async fn dispatch(global: cli::Global, command: Command) -> Result<(), cli::Failure> {
     match command {
         Command::Demo(args) => cli::demo::run(&global, args).await,
+        Command::Policy(args) => cli::policy::run(&global, args).await,
         Command::Classify(args) => cli::classify::main(&args)
             .map(|_| ())
             .map_err(|e| cli::Failure::new(e.to_string())),

@@ -66,6 +66,8 @@ pub enum OrchestratorMsg {
     Transition {
         /// The run.
         run_id: String,
+        /// The state the driver last had acknowledged.
+        from: RunState,
         /// The state asked for.
         next: RunState,
         /// Fields to update with it.
@@ -207,10 +209,11 @@ impl Actor for Orchestrator {
             }
             OrchestratorMsg::Transition {
                 run_id,
+                from,
                 next,
                 patch,
                 reply,
-            } => state.transition(run_id, next, patch, reply),
+            } => state.transition(run_id, from, next, patch, reply),
             OrchestratorMsg::Finished { outcome, reply } => state.finished(*outcome, reply),
             OrchestratorMsg::Get { run_id, reply } => {
                 let _ = reply.send(state.runs.get(&run_id).cloned());
@@ -312,6 +315,7 @@ impl OrchestratorState {
     fn transition(
         &mut self,
         run_id: String,
+        from: RunState,
         next: RunState,
         patch: RunPatch,
         reply: RpcReplyPort<Result<Run, String>>,
@@ -329,8 +333,13 @@ impl OrchestratorState {
             return;
         };
         // A driver re-sending a transition that already happened (its first answer was lost in
-        // a restart) gets the run as it is.
+        // a restart) gets the run as it is. A driver's `from` was acknowledged, hence written:
+        // this incarnation may have loaded the run before that write landed, so the driver's
+        // acknowledged history is what the transition is checked against.
         if run.state != next {
+            if run.state != from && from.can_transition_to(next) {
+                run.state = from;
+            }
             if let Err(e) = run.transition(next, now_ms()) {
                 let _ = reply.send(Err(e.to_string()));
                 return;

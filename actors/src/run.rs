@@ -204,6 +204,8 @@ struct DriverState {
     tool_errors: BTreeMap<ErrorClass, u32>,
     recoveries: Vec<RecoveryRecord>,
     reflect_retries: u32,
+    /// The run state the orchestrator last acknowledged.
+    state: Option<RunState>,
     /// The failure policy's per-run counters.
     policy_state: hindsight::triage::policy::PolicyState,
     /// Citations of what memory retrieved for the run.
@@ -286,23 +288,29 @@ pub enum DriveError {
     Transition(String),
 }
 
+/// Asks the orchestrator for a transition; `st.state` is the state it last acknowledged.
 async fn transition(
     ctx: &TreeCtx,
     run_id: &str,
+    st: &mut DriverState,
     next: RunState,
     patch: RunPatch,
 ) -> Result<Run, DriveError> {
+    let from = st.state.unwrap_or(RunState::Received);
     let answer = ctx
         .dir
         .orchestrator
         .call(|reply| OrchestratorMsg::Transition {
             run_id: run_id.to_string(),
+            from,
             next,
             patch: patch.clone(),
             reply,
         })
         .await?;
-    answer.map_err(DriveError::Transition)
+    let run = answer.map_err(DriveError::Transition)?;
+    st.state = Some(run.state);
+    Ok(run)
 }
 
 async fn checkpoint(ctx: &TreeCtx, run_id: &str, st: &DriverState) -> Result<(), DriveError> {
@@ -416,7 +424,7 @@ async fn drive(
                 st.outputs.clear();
                 if state == RunState::Succeeded {
                     // The run passed its stages but its validator rejected it: back to recovering.
-                    transition(ctx, &run_id, RunState::Recovering, RunPatch::default()).await?;
+                    transition(ctx, &run_id, &mut st, RunState::Recovering, RunPatch::default()).await?;
                 }
                 checkpoint(ctx, &run_id, &st).await?;
             }
@@ -462,6 +470,7 @@ async fn run_round(
         transition(
             ctx,
             run_id,
+            st,
             RunState::Planned,
             RunPatch {
                 attempts: Some(st.attempt + 1),
@@ -471,18 +480,18 @@ async fn run_round(
             },
         )
         .await?;
-        transition(ctx, run_id, RunState::Executing, RunPatch::default()).await?;
+        transition(ctx, run_id, st, RunState::Executing, RunPatch::default()).await?;
         let failure = match execute_stages(ctx, run_id, task, &plan, st).await? {
             Some(f) => f,
             None => {
-                transition(ctx, run_id, RunState::Validating, RunPatch::default()).await?;
+                transition(ctx, run_id, st, RunState::Validating, RunPatch::default()).await?;
                 match validate(ctx, &plan, st).await? {
                     None => return Ok((RunState::Succeeded, None)),
                     Some(f) => f,
                 }
             }
         };
-        transition(ctx, run_id, RunState::Recovering, RunPatch::default()).await?;
+        transition(ctx, run_id, st, RunState::Recovering, RunPatch::default()).await?;
         let mut rng = fastrand::Rng::with_seed(
             crate::workflow::stable_hash(run_id)
                 ^ u64::from(st.attempt).wrapping_mul(0x9e37_79b9_7f4a_7c15),

@@ -14,6 +14,7 @@ pub mod bench_tree;
 pub mod classify;
 pub mod data;
 pub mod demo;
+pub mod policy;
 pub mod diary;
 pub mod runs;
 pub mod store;
