@@ -10,7 +10,9 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use hindsight::model::openai::{OpenAiClient, OpenAiConfig};
-use hindsight::model::{ChatMessage, ChatRequest, Embedder, LanguageModel, ModelError, Role, cosine};
+use hindsight::model::{
+    ChatMessage, ChatRequest, Embedder, LanguageModel, ModelError, Role, cosine,
+};
 use hindsight::taxonomy::ErrorClass;
 use hindsight::tools::RetryPolicy;
 use serde_json::{Value, json};
@@ -28,7 +30,14 @@ async fn start_server(venv: &Path, gguf: &Path, embedding: bool) -> (Child, Stri
     let mut cmd = Command::new(venv.join("bin/python"));
     cmd.args(["-m", "llama_cpp.server", "--model"])
         .arg(gguf)
-        .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--n_ctx", "1024"])
+        .args([
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--n_ctx",
+            "1024",
+        ])
         .args(["--model_alias", "smollm2"])
         .args(["--embedding", if embedding { "true" } else { "false" }])
         .stdout(Stdio::null())
@@ -52,7 +61,13 @@ async fn start_server(venv: &Path, gguf: &Path, embedding: bool) -> (Child, Stri
     assert!(
         matches!(up, Ok(true)),
         "llama_cpp.server did not come up; its log ends with:\n{}",
-        seen.iter().rev().take(30).rev().cloned().collect::<Vec<_>>().join("\n")
+        seen.iter()
+            .rev()
+            .take(30)
+            .rev()
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     // Keep draining its log so it never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
@@ -117,37 +132,74 @@ async fn real_llama_cpp_server_chat_embeddings_and_errors() {
     assert!(serde_json::from_str::<Value>(&out).unwrap().is_object());
 
     // Error paths against the real server: a malformed request, a deadline too short.
-    let e = c.post("chat/completions", &json!({"messages": "not a list"})).await.unwrap_err();
-    assert!(matches!(e, ModelError::Request { class: ErrorClass::SchemaMismatch | ErrorClass::TransientNetwork, .. }), "{e}");
+    let e = c
+        .post("chat/completions", &json!({"messages": "not a list"}))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ModelError::Request {
+                class: ErrorClass::SchemaMismatch | ErrorClass::TransientNetwork,
+                ..
+            }
+        ),
+        "{e}"
+    );
     let impatient = client(&url, 1);
     let long = ChatRequest {
         max_tokens: Some(256),
         ..req.clone()
     };
     let e = impatient.complete(&long).await.unwrap_err();
-    assert!(matches!(e, ModelError::Request { class: ErrorClass::Timeout, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            ModelError::Request {
+                class: ErrorClass::Timeout,
+                ..
+            }
+        ),
+        "{e}"
+    );
 
     // Server down.
     chat_server.kill().await.unwrap();
     chat_server.wait().await.unwrap();
     let e = c.complete(&req).await.unwrap_err();
-    assert!(matches!(e, ModelError::Request { class: ErrorClass::TransientNetwork, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            ModelError::Request {
+                class: ErrorClass::TransientNetwork,
+                ..
+            }
+        ),
+        "{e}"
+    );
 
     // Embeddings: the stock server returns one vector per token for a causal model; the client
     // mean-pools them.
     let (mut embed_server, url) = start_server(&venv, &gguf, true).await;
     let e = client(&url, 60_000);
-    let texts: Vec<String> = ["the invoice total is wrong", "the invoice total is incorrect", "tomorrow it will rain in Paris"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let texts: Vec<String> = [
+        "the invoice total is wrong",
+        "the invoice total is incorrect",
+        "tomorrow it will rain in Paris",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     let v = e.embed(&texts).await.unwrap();
     assert_eq!(v.len(), 3);
     assert_eq!(e.dimension(), v[0].len());
     assert!(v[0].len() >= 64, "dimension {}", v[0].len());
     let near = cosine(&v[0], &v[1]);
     let far = cosine(&v[0], &v[2]);
-    println!("dimension {}, cosine near {near:.3}, far {far:.3}", v[0].len());
+    println!(
+        "dimension {}, cosine near {near:.3}, far {far:.3}",
+        v[0].len()
+    );
     assert!(near > far, "near {near} far {far}");
     embed_server.kill().await.unwrap();
 }
