@@ -278,3 +278,31 @@ async fn echo_round_trip() {
     assert!(median < 50.0, "median {median} ms");
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_call_hits_the_request_deadline_and_the_server_lives_on() {
+    let mut cfg = everything_config();
+    cfg.request_timeout_ms = 300;
+    let server = McpServer::connect(cfg).await.unwrap();
+    let t = Instant::now();
+    let e = server
+        .call(
+            "trigger-long-running-operation",
+            json!({"duration": 5, "steps": 5}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (e.class, e.category),
+        (ErrorClass::Timeout, FailureCategory::Infrastructure),
+        "{e}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(3));
+    let out = server
+        .call("echo", json!({"message": "still here"}))
+        .await
+        .unwrap();
+    assert!(out.value["text"].as_str().unwrap().contains("still here"));
+    assert_eq!(server.health(), Health::Up);
+    server.shutdown().await;
+}
