@@ -276,5 +276,56 @@ async fn echo_round_trip() {
         "echo round trip through rmcp to server-everything: median {median:.3} ms, p99 {p99:.3} ms (n=1000)"
     );
     assert!(median < 50.0, "median {median} ms");
+
+    // The same through the registry and the resilient runner (schema validation, breaker, ...).
+    let mut reg = ToolRegistry::new();
+    for t in server.tools() {
+        reg.register(t).unwrap();
+    }
+    let runner = ToolRunner::new(Arc::new(reg), Arc::new(TokioClock::new()), 1);
+    let ctx = CallContext::default();
+    let opts = CallOptions::default();
+    let mut samples = Vec::with_capacity(1000);
+    for i in 0..1000 {
+        let t = Instant::now();
+        let r = runner
+            .call("echo", json!({"message": format!("m{i}")}), &ctx, &opts)
+            .await;
+        assert!(r.result.is_ok());
+        samples.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    samples.sort_by(f64::total_cmp);
+    println!(
+        "echo through ToolRunner: median {:.3} ms, p99 {:.3} ms (n=1000)",
+        samples[500], samples[990]
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_call_hits_the_request_deadline_and_the_server_lives_on() {
+    let mut cfg = everything_config();
+    cfg.request_timeout_ms = 300;
+    let server = McpServer::connect(cfg).await.unwrap();
+    let t = Instant::now();
+    let e = server
+        .call(
+            "trigger-long-running-operation",
+            json!({"duration": 5, "steps": 5}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (e.class, e.category),
+        (ErrorClass::Timeout, FailureCategory::Infrastructure),
+        "{e}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(3));
+    let out = server
+        .call("echo", json!({"message": "still here"}))
+        .await
+        .unwrap();
+    assert!(out.value["text"].as_str().unwrap().contains("still here"));
+    assert_eq!(server.health(), Health::Up);
     server.shutdown().await;
 }

@@ -581,3 +581,25 @@ async fn virtual_clock_adds_waits_to_latency_and_never_sleeps() {
     assert!(clock.now_ms() as f64 >= sum_latency - 300.0);
     assert!(wall.elapsed() < Duration::from_secs(5), "nothing was slept");
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_spec_rate_limit_spaces_calls() {
+    let mut t = Scripted::new("t", vec![Ok(ok(Value::Null))]);
+    t.spec.rate_limit = Some(hindsight::tools::RateLimit {
+        calls: 2,
+        per_ms: 1000,
+    });
+    let tool = Arc::new(t);
+    let runner = runner_with(tool.clone(), policy(1, 10, 10));
+    let start = tokio::time::Instant::now();
+    let mut waits = Vec::new();
+    for _ in 0..5 {
+        let r = runner
+            .call("t", json!({"n": 1}), &ctx(), &CallOptions::default())
+            .await;
+        waits.push(r.attempts[0].wait_ms);
+    }
+    // Two calls per second: calls 3-4 wait for the first window, call 5 for the second.
+    assert_eq!(waits, [0, 0, 1000, 0, 1000]);
+    assert_eq!(start.elapsed(), Duration::from_millis(2000));
+}

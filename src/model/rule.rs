@@ -209,7 +209,7 @@ pub fn synthesize_lessons(failures: &[FailureNote]) -> Value {
             )
         })
         .collect();
-    lessons.sort_by(|a, b| b.0.cmp(&a.0));
+    lessons.sort_by_key(|l| std::cmp::Reverse(l.0));
     json!({ "lessons": lessons.into_iter().map(|(_, v)| v).collect::<Vec<_>>() })
 }
 

@@ -62,7 +62,7 @@ pub fn npm_servers() -> PathBuf {
 /// llama.cpp, ~5 minutes) and returns the venv folder.
 pub fn llama_venv() -> PathBuf {
     let venv = target_dir().join("llama-venv");
-    if !venv.join(".installed").exists() {
+    {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/install_llama.sh");
         let out = Command::new("bash")
             .arg(&script)

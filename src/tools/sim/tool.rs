@@ -57,7 +57,12 @@ impl SimTool {
             per_call: arms.iter().map(|(_, a)| a.numbers.cost).sum::<f64>() / n,
             expected_latency_ms: arms.iter().map(|(_, a)| a.numbers.latency_ms).sum::<f64>() / n,
         };
-        let stages: Vec<&str> = arms.iter().map(|(s, _)| s.name.as_str()).collect();
+        let mut stages: Vec<&str> = Vec::new();
+        for (s, _) in &arms {
+            if !stages.contains(&s.name.as_str()) {
+                stages.push(&s.name);
+            }
+        }
         let spec = ToolSpec {
             name: name.to_string(),
             description: format!(

