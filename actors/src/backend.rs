@@ -304,9 +304,8 @@ impl TreeBackend {
             (Some(id), _) => id.clone(),
             (None, Some(key)) => format!("idem-{}", hex16(key)),
             (None, None) => format!(
-                "t-{}-{:x}-{}",
+                "t-{:x}-{}",
                 self.started_ms,
-                hindsight::now_ms(),
                 self.next_id.fetch_add(1, Ordering::Relaxed)
             ),
         };
