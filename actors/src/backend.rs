@@ -337,10 +337,22 @@ impl TreeBackend {
         }
     }
 
+    /// A run's steps so far, from its latest checkpoint (the run driver keeps them in the
+    /// checkpoint's state under `steps`).
     fn steps_of(&self, run_id: &str) -> Vec<Step> {
         match self.store().latest_checkpoint(run_id) {
-            Ok(Some(c)) => c.completed_steps,
-            _ => Vec::new(),
+            Ok(Some(c)) if !c.completed_steps.is_empty() => c.completed_steps,
+            Ok(Some(c)) => c
+                .state
+                .get("steps")
+                .cloned()
+                .and_then(|v| serde_json::from_value(v).ok())
+                .unwrap_or_default(),
+            Ok(None) => Vec::new(),
+            Err(e) => {
+                tracing::warn!(run_id, error = %e, "the run's checkpoint cannot be read");
+                Vec::new()
+            }
         }
     }
 
