@@ -541,12 +541,21 @@ async fn serve_every_route_with_tenant_isolation_and_graceful_shutdown() {
     )
     .await;
     assert_eq!(s, 200, "{fb}");
-    assert!(fb["accepted"].is_boolean(), "{fb}");
-    if fb["accepted"] == true {
-        assert!(fb["lesson_id"].is_string(), "{fb}");
-    } else {
-        assert!(fb["reason"].as_str().unwrap().contains("acme/"), "{fb}");
-    }
+    assert_eq!(fb["accepted"], true, "{fb}");
+    let lesson_id = fb["lesson_id"].as_str().unwrap().to_string();
+    // The lesson is retrievable by its tenant only.
+    let q = json!({"query": format!("do not use {failing_tool} for scanned statements"),
+                   "features": {"file_type": "pdf"}, "tools": [failing_tool], "k": 50});
+    let (_, mine) = post(&c, &d, "/memory/retrieve", KEY_A, q.clone()).await;
+    assert!(
+        mine["items"].as_array().unwrap().iter().any(|i| i["id"] == lesson_id.as_str()),
+        "tenant A does not retrieve its lesson {lesson_id}: {mine}"
+    );
+    let (_, theirs) = post(&c, &d, "/memory/retrieve", KEY_B, q).await;
+    assert!(
+        !theirs["items"].as_array().unwrap().iter().any(|i| i["id"] == lesson_id.as_str()),
+        "tenant B retrieved tenant A's lesson: {theirs}"
+    );
     let (s, _) = post(
         &c,
         &d,
