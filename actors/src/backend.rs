@@ -293,7 +293,9 @@ impl TreeBackend {
 
     fn check_running(&self) -> BackendResult<()> {
         if self.stopping.load(Ordering::SeqCst) {
-            return Err(BackendError::Unavailable("the daemon is shutting down".into()));
+            return Err(BackendError::Unavailable(
+                "the daemon is shutting down".into(),
+            ));
         }
         Ok(())
     }
@@ -444,7 +446,11 @@ impl TreeBackend {
                 entries
                     .into_iter()
                     .filter_map(Result::ok)
-                    .filter(|e| e.run_id.as_deref().is_some_and(|r| run_in_tenant(tenant, r)))
+                    .filter(|e| {
+                        e.run_id
+                            .as_deref()
+                            .is_some_and(|r| run_in_tenant(tenant, r))
+                    })
                     .map(|e| e.seq.to_string())
                     .collect()
             })
@@ -701,10 +707,7 @@ impl Backend for TreeBackend {
             .map_err(call_error)?;
         let visible = self.visible(tenant).await?;
         // An SOP the tenant may not see is not named (its plan is still the policy's choice).
-        let sop_id = choice
-            .sop_id
-            .clone()
-            .filter(|id| visible.sops.contains(id));
+        let sop_id = choice.sop_id.clone().filter(|id| visible.sops.contains(id));
         let plan_id = if choice.sop_id.is_some() && sop_id.is_none() {
             crate::policy::PlanChoice::new(choice.arms.clone(), None, choice.greedy).plan_id
         } else {
@@ -861,19 +864,22 @@ impl Backend for TreeBackend {
                         (*v, sd * scale)
                     })
                     .collect();
-                let shares = stage_propensities(&values, 512, seed ^ crate::workflow::stable_hash(&stage));
+                let shares =
+                    stage_propensities(&values, 512, seed ^ crate::workflow::stable_hash(&stage));
                 let arms = arms
                     .into_iter()
                     .zip(shares)
                     .take(request.k)
-                    .map(|((tool, strategy, mean, std_dev, _), propensity)| RankedArm {
-                        n: self.effective_n(mean, std_dev),
-                        tool,
-                        strategy,
-                        mean,
-                        std_dev,
-                        propensity,
-                    })
+                    .map(
+                        |((tool, strategy, mean, std_dev, _), propensity)| RankedArm {
+                            n: self.effective_n(mean, std_dev),
+                            tool,
+                            strategy,
+                            mean,
+                            std_dev,
+                            propensity,
+                        },
+                    )
                     .collect();
                 StageArms { stage, arms }
             })
@@ -1121,7 +1127,10 @@ impl Backend for TreeBackend {
             },
         );
         for s in &self.servers {
-            components.insert(format!("mcp:{}", s.name()), format!("{:?}", s.health()).to_lowercase());
+            components.insert(
+                format!("mcp:{}", s.name()),
+                format!("{:?}", s.health()).to_lowercase(),
+            );
         }
         let stopping = self.stopping.load(Ordering::SeqCst);
         let all_ok = components

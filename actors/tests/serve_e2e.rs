@@ -83,12 +83,14 @@ fn start(config: &Path, log: &Path) -> Daemon {
         let _ = BufReader::new(stdout).read_line(&mut line);
         let _ = tx.send(line);
     });
-    let line = rx.recv_timeout(Duration::from_secs(120)).unwrap_or_else(|_| {
-        panic!(
-            "the daemon printed no address: {}",
-            std::fs::read_to_string(log).unwrap_or_default()
-        )
-    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(120))
+        .unwrap_or_else(|_| {
+            panic!(
+                "the daemon printed no address: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            )
+        });
     let base = line
         .trim()
         .strip_prefix("listening on ")
@@ -487,7 +489,10 @@ async fn serve_every_route_with_tenant_isolation_and_graceful_shutdown() {
     for st in stages {
         let ranked = st["arms"].as_array().unwrap();
         assert!(!ranked.is_empty() && ranked.len() <= 2, "{st}");
-        let total: f64 = ranked.iter().map(|a| a["propensity"].as_f64().unwrap()).sum();
+        let total: f64 = ranked
+            .iter()
+            .map(|a| a["propensity"].as_f64().unwrap())
+            .sum();
         assert!(total <= 1.0 + 1e-9, "{st}");
     }
     assert!(
@@ -507,7 +512,14 @@ async fn serve_every_route_with_tenant_isolation_and_graceful_shutdown() {
         json!({"features": {"file_type": "pdf"}, "stage": arms[0]["stage"], "tool": arms[0]["tool"],
                "strategy": arms[0]["strategy"], "reward": 0.0, "passed": false, "error_class": class})
     };
-    let (s, up) = post(&c, &d, "/policy/update", KEY_A, update(json!("SchemaMismatch"))).await;
+    let (s, up) = post(
+        &c,
+        &d,
+        "/policy/update",
+        KEY_A,
+        update(json!("SchemaMismatch")),
+    )
+    .await;
     assert_eq!(s, 200, "{up}");
     assert_eq!(up["applied"], true, "{up}");
     assert_eq!(up["cluster"], "file_type=pdf");
@@ -548,12 +560,20 @@ async fn serve_every_route_with_tenant_isolation_and_graceful_shutdown() {
                    "features": {"file_type": "pdf"}, "tools": [failing_tool], "k": 50});
     let (_, mine) = post(&c, &d, "/memory/retrieve", KEY_A, q.clone()).await;
     assert!(
-        mine["items"].as_array().unwrap().iter().any(|i| i["id"] == lesson_id.as_str()),
+        mine["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|i| i["id"] == lesson_id.as_str()),
         "tenant A does not retrieve its lesson {lesson_id}: {mine}"
     );
     let (_, theirs) = post(&c, &d, "/memory/retrieve", KEY_B, q).await;
     assert!(
-        !theirs["items"].as_array().unwrap().iter().any(|i| i["id"] == lesson_id.as_str()),
+        !theirs["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|i| i["id"] == lesson_id.as_str()),
         "tenant B retrieved tenant A's lesson: {theirs}"
     );
     let (s, _) = post(
@@ -612,7 +632,10 @@ async fn serve_every_route_with_tenant_isolation_and_graceful_shutdown() {
         .find_map(|l| l.strip_prefix("hindsight_runs_started_total "))
         .unwrap_or_else(|| panic!("no runs_started: {text}"));
     assert!(started.trim().parse::<f64>().unwrap() >= 203.0, "{started}");
-    assert!(text.contains("hindsight_runs_finished_total{state="), "{text}");
+    assert!(
+        text.contains("hindsight_runs_finished_total{state="),
+        "{text}"
+    );
     assert!(text.contains("hindsight_http_requests_total"), "{text}");
 
     // SIGTERM: stops accepting, shuts the tree down, exits 0.
@@ -635,7 +658,10 @@ async fn serve_every_route_with_tenant_isolation_and_graceful_shutdown() {
     assert_eq!(s, 200, "{again}");
     assert_eq!(again["run_id"], "run-acme/first");
     assert_eq!(again["state"], first["state"], "a task runs once");
-    assert!(terminate(d), "the restarted daemon did not exit 0 on SIGTERM");
+    assert!(
+        terminate(d),
+        "the restarted daemon did not exit 0 on SIGTERM"
+    );
 }
 
 #[test]
