@@ -596,6 +596,23 @@ impl Visible {
         }
     }
 
+    /// The SOP and plan ids to show: an SOP the tenant may not see (promoted from another
+    /// tenant's runs, shared through the policy) is not named; the plan id is then its arms'.
+    fn provenance(
+        &self,
+        sop_id: Option<String>,
+        plan_id: Option<String>,
+        arms: &[ArmChoice],
+    ) -> (Option<String>, Option<String>) {
+        match sop_id {
+            Some(id) if !self.sops.contains(&id) => (
+                None,
+                Some(crate::policy::PlanChoice::new(arms.to_vec(), None, true).plan_id),
+            ),
+            other => (other, plan_id),
+        }
+    }
+
     fn allows_citation(&self, citation: &str) -> bool {
         citation
             .split_once(':')
@@ -643,11 +660,12 @@ impl Backend for TreeBackend {
         self.claim_key(tenant, key.as_deref(), &task).await?;
         let (o, _) = self.submit(task, None).await?;
         let visible = self.visible(tenant).await?;
+        let (sop_id, plan_id) = visible.provenance(o.sop_id, o.plan_id, &o.final_arms);
         Ok(OrchestrateResponse {
             run_id: o.run_id,
             task_id: o.task_id,
-            plan_id: o.plan_id,
-            sop_id: o.sop_id,
+            plan_id,
+            sop_id,
             state: o.state,
             passed: o.passed,
             attempts: o.attempts,
@@ -707,14 +725,10 @@ impl Backend for TreeBackend {
             .map_err(call_error)?;
         let visible = self.visible(tenant).await?;
         // An SOP the tenant may not see is not named (its plan is still the policy's choice).
-        let sop_id = choice.sop_id.clone().filter(|id| visible.sops.contains(id));
-        let plan_id = if choice.sop_id.is_some() && sop_id.is_none() {
-            crate::policy::PlanChoice::new(choice.arms.clone(), None, choice.greedy).plan_id
-        } else {
-            choice.plan_id
-        };
+        let (sop_id, plan_id) =
+            visible.provenance(choice.sop_id, Some(choice.plan_id), &choice.arms);
         Ok(PlanResponse {
-            plan_id,
+            plan_id: plan_id.unwrap_or_default(),
             sop_id,
             cluster: hindsight::learn::cluster::cluster_key(&task.features),
             arms: choice.arms,
@@ -1024,7 +1038,7 @@ impl Backend for TreeBackend {
 
     async fn run(&self, tenant: &str, run_id: &str) -> BackendResult<Option<RunView>> {
         self.check_running()?;
-        let Some(run) = self.own_run(tenant, run_id).await? else {
+        let Some(mut run) = self.own_run(tenant, run_id).await? else {
             return Ok(None);
         };
         let outcome = self
@@ -1037,6 +1051,17 @@ impl Backend for TreeBackend {
             })
             .await
             .map_err(call_error)?;
+        if run.sop_id.is_some() {
+            let visible = self.visible(tenant).await?;
+            let last = outcome
+                .as_ref()
+                .map(|o| o.final_arms.clone())
+                .unwrap_or_default();
+            let (sop_id, plan_id) =
+                visible.provenance(run.sop_id.take(), run.plan_id.take(), &last);
+            run.sop_id = sop_id;
+            run.plan_id = plan_id;
+        }
         Ok(Some(RunView {
             arms: outcome.map(|o| o.arms).unwrap_or_default(),
             steps: self.steps_of(run_id),

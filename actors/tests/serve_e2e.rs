@@ -437,6 +437,30 @@ async fn serve_every_route_with_tenant_isolation_and_graceful_shutdown() {
     assert_eq!(theirs["sops"], json!([]));
     let (s, _) = get(&c, &d, "/sop/no-such-sop", KEY_A).await;
     assert_eq!(s, 404);
+    // The policy (shared) may route tenant B's tasks of that cluster through tenant A's SOP, but
+    // B is never told its id; A is.
+    let mut a_named = false;
+    for i in 0..20 {
+        let body = json!({"task_id": format!("same-cluster-{i}"), "goal": "parse the statement",
+                          "features": {"file_type": "pdf", "bank": "chase"}});
+        let (s, b) = post(&c, &d, "/orchestrate", KEY_B, body.clone()).await;
+        assert_eq!(s, 200, "{b}");
+        assert!(
+            b["sop_id"].is_null(),
+            "tenant B was told tenant A's SOP: {b}"
+        );
+        assert!(!b["plan_id"].as_str().unwrap().starts_with("sop:"), "{b}");
+        let run_path = format!("/runs/{}", enc(b["run_id"].as_str().unwrap()));
+        let (s, v) = get(&c, &d, &run_path, KEY_B).await;
+        assert_eq!(s, 200);
+        assert!(v["run"]["sop_id"].is_null(), "{v}");
+        let (_, a) = post(&c, &d, "/orchestrate", KEY_A, body).await;
+        a_named |= a["sop_id"] == sop_id.as_str();
+    }
+    assert!(
+        a_named,
+        "tenant A's tasks of the cluster never followed its SOP"
+    );
 
     // Memory: tenant A's items; tenant B sees none of A's runs, lessons or SOPs.
     let query = json!({"query": "parse the statement pdf chase", "features": {"file_type": "pdf", "bank": "chase"}, "k": 20});
@@ -631,7 +655,7 @@ async fn serve_every_route_with_tenant_isolation_and_graceful_shutdown() {
         .lines()
         .find_map(|l| l.strip_prefix("hindsight_runs_started_total "))
         .unwrap_or_else(|| panic!("no runs_started: {text}"));
-    assert!(started.trim().parse::<f64>().unwrap() >= 203.0, "{started}");
+    assert!(started.trim().parse::<f64>().unwrap() >= 243.0, "{started}");
     assert!(
         text.contains("hindsight_runs_finished_total{state="),
         "{text}"
@@ -640,6 +664,28 @@ async fn serve_every_route_with_tenant_isolation_and_graceful_shutdown() {
 
     // SIGTERM: stops accepting, shuts the tree down, exits 0.
     assert!(terminate(d), "the daemon did not exit 0 on SIGTERM");
+
+    // The store shows that tenant B's runs did follow tenant A's SOP (the masking above was
+    // exercised, not vacuous).
+    let listed = Command::new(env!("CARGO_BIN_EXE_hindsight"))
+        .args(["runs", "list", "--json", "--data"])
+        .arg(dir.path().join("data"))
+        .output()
+        .unwrap();
+    assert!(
+        listed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&listed.stderr)
+    );
+    let runs: Vec<Value> = serde_json::from_slice(&listed.stdout).unwrap();
+    assert!(
+        runs.iter().any(|r| r["run_id"]
+            .as_str()
+            .unwrap()
+            .starts_with("run-globex/same-cluster-")
+            && r["sop_id"] == sop_id.as_str()),
+        "no run of tenant B followed tenant A's SOP"
+    );
 
     // A restart on the same data finds the runs.
     let d = start(&config, &dir.path().join("serve2.log"));
