@@ -54,7 +54,7 @@ async fn dispatch(global: cli::Global, command: Command) -> Result<(), cli::Fail
         Command::Runs(args) => cli::runs::run(&global, args).await,
         Command::Store(args) => cli::store::run(&global, args).await,
         Command::Bench(args) => cli::run_bench(&global, args).await,
-        Command::Serve(args) => cli::serve::run(args).await,
+        Command::Serve(args) => cli::serve::run(&global, args).await,
         Command::Report(args) => cli::report::run(&global, args).await,
         Command::Config(args) => cli::config::run(args),
     }

@@ -10,12 +10,16 @@ use hindsight_actors::api::{self, shutdown_signal};
 use hindsight_actors::backend::TreeBackend;
 use tokio::net::TcpListener;
 
-use super::Failure;
+use super::{Failure, Global};
 
 /// Runs the daemon until it is told to stop. Prints `listening on http://ADDR` on stdout once the
 /// tree is up and the address is bound (with port 0, ADDR has the port the system chose).
-pub async fn run(args: ServeArgs) -> Result<(), Failure> {
-    let config = args.load().map_err(Failure::new)?;
+/// `--data DIR` other than the default overrides `data_dir` of the configuration.
+pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
+    let mut config = args.load().map_err(Failure::new)?;
+    if global.data != hindsight_actors::runtime::default_data_dir() {
+        config.data_dir = global.data.clone();
+    }
     hindsight_actors::telemetry::init(config.log.format, &config.log.level)
         .map_err(|e| Failure::new(e.to_string()))?;
     let addr = config
