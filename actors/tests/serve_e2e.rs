@@ -744,3 +744,91 @@ fn serve_refuses_a_bad_configuration_naming_the_key() {
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), hash_key("tok"));
 }
+
+/// SIGTERM while runs are in flight: the daemon exits 0, and after a restart every submitted task
+/// has ended exactly once (a resubmission joins its run and gets its one outcome).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_runs_in_flight_loses_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path());
+    let d = start(&config, &dir.path().join("serve.log"));
+    let c = client();
+    let n = 40;
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..n {
+        let (c, url, done) = (
+            c.clone(),
+            format!("{}/orchestrate", d.base),
+            done_tx.clone(),
+        );
+        tokio::spawn(async move {
+            let body = json!({"task_id": format!("inflight-{i}"), "goal": "parse the statement",
+                              "features": {"file_type": if i % 2 == 0 { "pdf" } else { "csv" }}});
+            let status = c
+                .post(url)
+                .bearer_auth(KEY_A)
+                .json(&body)
+                .send()
+                .await
+                .map(|r| r.status().as_u16());
+            let _ = done.send(status);
+        });
+    }
+    drop(done_tx);
+    // Stop as soon as the first run has answered: the others are queued or running.
+    let first = done_rx.recv().await.unwrap();
+    assert_eq!(first.ok(), Some(200));
+    assert!(terminate(d), "the daemon did not exit 0 on SIGTERM");
+    // Every request got an answer or lost its connection; none hangs.
+    while let Some(status) = tokio::time::timeout(Duration::from_secs(60), done_rx.recv())
+        .await
+        .unwrap()
+    {
+        if let Ok(s) = status {
+            assert!(s == 200 || s == 503, "status {s}");
+        }
+    }
+
+    let d = start(&config, &dir.path().join("serve2.log"));
+    for i in 0..n {
+        let body = json!({"task_id": format!("inflight-{i}"), "goal": "parse the statement",
+                          "features": {"file_type": if i % 2 == 0 { "pdf" } else { "csv" }}});
+        let (s, b) = post(&c, &d, "/orchestrate", KEY_A, body).await;
+        assert_eq!(s, 200, "{b}");
+        assert_eq!(b["run_id"], format!("run-acme/inflight-{i}"));
+        let state = b["state"].as_str().unwrap();
+        assert!(
+            ["succeeded", "failed", "escalated", "aborted"].contains(&state),
+            "{b}"
+        );
+    }
+    assert!(terminate(d));
+    let listed = Command::new(env!("CARGO_BIN_EXE_hindsight"))
+        .args(["runs", "list", "--json", "--data"])
+        .arg(dir.path().join("data"))
+        .output()
+        .unwrap();
+    assert!(listed.status.success());
+    let runs: Vec<Value> = serde_json::from_slice(&listed.stdout).unwrap();
+    let mut ids: Vec<&str> = runs.iter().map(|r| r["run_id"].as_str().unwrap()).collect();
+    ids.sort();
+    let before = ids.len();
+    ids.dedup();
+    assert_eq!(ids.len(), before, "a run is listed twice");
+    assert_eq!(ids.len(), n, "{ids:?}");
+    // Each task's experience was logged once.
+    let stats = Command::new(env!("CARGO_BIN_EXE_hindsight"))
+        .args(["store", "stats", "--json", "--data"])
+        .arg(dir.path().join("data"))
+        .output()
+        .unwrap();
+    assert!(stats.status.success());
+    let stats: Value = serde_json::from_slice(&stats.stdout).unwrap();
+    let experiences = stats["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["table"] == "experience")
+        .map(|t| t["records"].as_u64().unwrap());
+    assert_eq!(experiences, Some(n as u64), "{stats}");
+}
