@@ -609,6 +609,24 @@ async fn serve_every_route_with_tenant_isolation_and_graceful_shutdown() {
     )
     .await;
     assert_eq!(s, 404);
+    // Corrections are rate-limited per key (10 per hour by default), not per request body.
+    let mut statuses = Vec::new();
+    for i in 0..11 {
+        let (s, b) = post(
+            &c,
+            &d,
+            "/feedback",
+            KEY_B,
+            json!({"correction": format!("prefer another tool, note {i}"), "user_id": format!("u{i}")}),
+        )
+        .await;
+        if s == 429 {
+            assert!(b["error"].is_string(), "{b}");
+        }
+        statuses.push(s);
+    }
+    assert_eq!(statuses[..10], [200; 10], "{statuses:?}");
+    assert_eq!(statuses[10], 429, "{statuses:?}");
     let (s, b) = post(&c, &d, "/feedback", KEY_A, json!({"correction": ""})).await;
     assert_eq!((s, field(&b)), (422, "correction"), "{b}");
 
