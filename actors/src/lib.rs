@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod applied;
+pub mod backend;
 pub mod bench;
 pub mod call;
 pub mod chaos;

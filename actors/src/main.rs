@@ -38,6 +38,12 @@ enum Command {
     Store(cli::store::Args),
     /// Measure performance.
     Bench(cli::BenchArgs),
+    /// Run the daemon: the supervision tree behind the HTTP API (stops on ctrl-c or SIGTERM).
+    Serve(hindsight_actors::api::command::ServeArgs),
+    /// Write the HTML report of the runs in the store.
+    Report(cli::report::Args),
+    /// Hash an API key, show or check the configuration.
+    Config(hindsight_actors::api::command::ConfigArgs),
 }
 
 async fn dispatch(global: cli::Global, command: Command) -> Result<(), cli::Failure> {
@@ -51,6 +57,9 @@ async fn dispatch(global: cli::Global, command: Command) -> Result<(), cli::Fail
         Command::Runs(args) => cli::runs::run(&global, args).await,
         Command::Store(args) => cli::store::run(&global, args).await,
         Command::Bench(args) => cli::run_bench(&global, args).await,
+        Command::Serve(args) => cli::serve::run(&global, args).await,
+        Command::Report(args) => cli::report::run(&global, args).await,
+        Command::Config(args) => cli::config::run(args),
     }
 }
 

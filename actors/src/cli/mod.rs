@@ -12,11 +12,14 @@ macro_rules! outln {
 pub mod bench_store;
 pub mod bench_tree;
 pub mod classify;
+pub mod config;
 pub mod data;
 pub mod demo;
 pub mod policy;
 pub mod diary;
+pub mod report;
 pub mod runs;
+pub mod serve;
 pub mod store;
 
 use std::fmt;
