@@ -104,7 +104,10 @@ pub fn quiet_chaos_panics() {
 }
 
 /// Posts `n` transactions through the ledger under the chaos plan, with data in `data_dir`.
-pub async fn demo(data_dir: &Path, n: u64) -> Result<ChaosReport<Result<Outcome, BoxError>>, BoxError> {
+pub async fn demo(
+    data_dir: &Path,
+    n: u64,
+) -> Result<ChaosReport<Result<Outcome, BoxError>>, BoxError> {
     let plan = ChaosPlan::parse(PLAN, "chaos_own_actor.toml")?;
     let store = Store::open(
         data_dir,

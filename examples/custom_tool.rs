@@ -12,13 +12,13 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use hindsight::Task;
 use hindsight::store::Durability;
 use hindsight::taxonomy::{ErrorClass, FailureCategory};
 use hindsight::tools::sim::RewardConfig;
 use hindsight::tools::{
     CallContext, CostModel, Tool, ToolError, ToolFuture, ToolOutput, ToolRegistry, ToolSpec,
 };
-use hindsight::Task;
 use hindsight_actors::policy::PolicyMsg;
 use hindsight_actors::runtime::{Runtime, RuntimeOptions, WorkflowSource};
 use hindsight_actors::workflow::{OutputCheck, WorkflowArm, WorkflowStage};
@@ -188,7 +188,11 @@ pub fn check() -> OutputCheck {
 
 /// The kind of invoice of task `index`: one in three is a scan.
 pub fn source(index: u64) -> &'static str {
-    if index.is_multiple_of(3) { "scan" } else { "pdf" }
+    if index.is_multiple_of(3) {
+        "scan"
+    } else {
+        "pdf"
+    }
 }
 
 /// Task `index` of the example.
@@ -275,7 +279,13 @@ pub async fn demo(data_dir: &Path, tasks: u64) -> Result<Summary, BoxError> {
     println!("first-plan choices per window of {WINDOW} tasks:");
     println!(
         "{:<8} {:<6} {:>5} {:>18} {:>11} {:>19} {:>12}",
-        "tasks", "source", "runs", "read=layout_model", "read=regex", "convert=daily_rate", "mean reward"
+        "tasks",
+        "source",
+        "runs",
+        "read=layout_model",
+        "read=regex",
+        "convert=daily_rate",
+        "mean reward"
     );
     for (w, window) in choices.chunks(WINDOW).enumerate() {
         for src in ["pdf", "scan"] {

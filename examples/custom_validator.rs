@@ -136,7 +136,12 @@ pub async fn demo(data_dir: &Path, tasks: u64) -> Result<Vec<Reviewed>, BoxError
         let last_guidance = rt
             .store()
             .latest_checkpoint(&outcome.run_id)?
-            .and_then(|cp| cp.state.get("guidance").and_then(|g| g.as_str()).map(String::from));
+            .and_then(|cp| {
+                cp.state
+                    .get("guidance")
+                    .and_then(|g| g.as_str())
+                    .map(String::from)
+            });
         let reviewed = Reviewed {
             task_id: outcome.task_id.clone(),
             state: outcome.state.to_string(),

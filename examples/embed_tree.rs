@@ -32,7 +32,9 @@ use hindsight_actors::policy::PolicyMsg;
 use hindsight_actors::reflect_retry::ReflectRetryConfig;
 use hindsight_actors::run::RunOutcome;
 use hindsight_actors::runtime::{reward_params, stage_arms};
-use hindsight_actors::supervisor::{ChildSpec, ChildState, Strategy, Supervisor, SupervisorOptions};
+use hindsight_actors::supervisor::{
+    ChildSpec, ChildState, Strategy, Supervisor, SupervisorOptions,
+};
 use hindsight_actors::tree::{self, TreeConfig, TreeSpec};
 use hindsight_actors::workflow::Workflow;
 use hindsight_actors::workload::sim_task;
@@ -198,7 +200,10 @@ pub async fn demo(data_dir: &Path, tasks: u64) -> Result<Summary, BoxError> {
         .map_err(|e| format!("the application could not start: {e}"))?;
     println!("started my-app: auditor + hindsight (nested supervisor)");
     for child in Supervisor::which_children(&root).await? {
-        println!("  child {:<10} {:?} {:?}", child.id, child.kind, child.state);
+        println!(
+            "  child {:<10} {:?} {:?}",
+            child.id, child.kind, child.state
+        );
     }
 
     let mut lines = Vec::new();
