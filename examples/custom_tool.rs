@@ -74,12 +74,13 @@ impl Tool for InvoiceReader {
                     latency_ms: 450.0,
                     cost: 0.03,
                 }),
-                Some("regex") if scanned => Err(ToolError::new(
-                    ErrorClass::ToolNotFit,
-                    FailureCategory::Strategy,
-                    "regex found no total: the invoice is a scanned image",
-                )
-                .with_usage(15.0, 0.0005)),
+                // A scan has no text layer: the regex finds nothing, and the output check
+                // (the workflow's data contract) rejects the stage.
+                Some("regex") if scanned => Ok(ToolOutput {
+                    value: json!({"total_cents": null, "reader": "regex"}),
+                    latency_ms: 15.0,
+                    cost: 0.0005,
+                }),
                 Some("regex") => Ok(ToolOutput {
                     value: json!({"total_cents": total_cents(ctx), "reader": "regex"}),
                     latency_ms: 15.0,
@@ -219,6 +220,10 @@ pub struct Choice {
     pub convert: String,
     /// Whether the run passed.
     pub passed: bool,
+    /// The terminal state.
+    pub state: String,
+    /// How the triage loop recovered, if it had to (one failure type per recovery).
+    pub recoveries: Vec<String>,
     /// The reward.
     pub reward: f64,
 }
@@ -272,8 +277,29 @@ pub async fn demo(data_dir: &Path, tasks: u64) -> Result<Summary, BoxError> {
             read: strategy("read"),
             convert: strategy("convert"),
             passed: outcome.passed,
+            state: outcome.state.to_string(),
+            recoveries: outcome
+                .recoveries
+                .iter()
+                .map(|r| r.failure.to_string())
+                .collect(),
             reward: outcome.reward,
         });
+        if !outcome.recoveries.is_empty() || !outcome.passed {
+            let recoveries: Vec<String> = outcome
+                .recoveries
+                .iter()
+                .map(|r| format!("{} -> {}", r.failure, r.action))
+                .collect();
+            println!(
+                "{} ({}): first plan {} -> recovered by [{}], {}",
+                outcome.task_id,
+                source(index),
+                strategy("read"),
+                recoveries.join(", "),
+                outcome.state
+            );
+        }
     }
 
     println!("first-plan choices per window of {WINDOW} tasks:");
