@@ -55,6 +55,12 @@ impl InvoiceReader {
     }
 }
 
+impl Default for InvoiceReader {
+    fn default() -> Self {
+        InvoiceReader::new()
+    }
+}
+
 /// The invoice total of a task (deterministic per task).
 fn total_cents(ctx: &CallContext) -> u64 {
     1_000 + (ctx.task_index * 7_919) % 90_000
@@ -114,6 +120,12 @@ impl FxConverter {
         });
         spec.idempotent = true;
         FxConverter { spec }
+    }
+}
+
+impl Default for FxConverter {
+    fn default() -> Self {
+        FxConverter::new()
     }
 }
 

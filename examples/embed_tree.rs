@@ -148,8 +148,10 @@ fn build_tree(store: &Store, env: &SimEnv, seed: u64) -> Result<tree::Tree, BoxE
     }
     let registry = Arc::new(registry);
     let workflow = Arc::new(Workflow::from_sim(&env, &registry)?);
-    let mut policy_config = PolicyConfig::default();
-    policy_config.reward = reward_params(workflow.reward_config());
+    let policy_config = PolicyConfig {
+        reward: reward_params(workflow.reward_config()),
+        ..PolicyConfig::default()
+    };
     let policy = Policy::new(policy_config, stage_arms(&workflow))?;
     // Simulated tools report virtual latency, so backoff waits are virtual too.
     let runner = Arc::new(

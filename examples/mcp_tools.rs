@@ -83,11 +83,15 @@ pub fn install_everything() -> Result<PathBuf, String> {
             )
         })?;
     if !out.status.success() {
+        let output = [&out.stdout, &out.stderr]
+            .iter()
+            .map(|b| String::from_utf8_lossy(b).trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect::<Vec<_>>()
+            .join(" ");
         return Err(format!(
-            "installing the MCP server failed ({}): {}{}; {}",
+            "installing the MCP server failed ({}): {output}; {}",
             out.status,
-            String::from_utf8_lossy(&out.stdout).trim(),
-            String::from_utf8_lossy(&out.stderr).trim(),
             how_to_install(&dir)
         ));
     }
