@@ -1,12 +1,11 @@
 //! Custom Rust tools in a workflow of your own: two tools implement `hindsight::tools::Tool`
 //! (each with a JSON schema for its arguments), are registered in `RuntimeOptions::registry`,
 //! and serve a two-stage workflow (`WorkflowSource::Custom`) whose stages have two arms each.
-//! Tasks come from two kinds of invoice (clean PDFs and scans); the cheap `regex` reader fails on
-//! scans (its
-//! output fails the workflow's output check and the run is replanned), the `layout_model` reader
-//! always works but is slow and costly. The example prints which
-//! arms the policy's first plan chose, window by window, so you can watch it learn the better
-//! arm per kind of invoice, and the greedy plan it settled on for each.
+//! Tasks come from two kinds of invoice (clean PDFs and scans). The cheap `regex` reader fails on
+//! scans (its output fails the workflow's output check and the run is replanned); the
+//! `layout_model` reader always works but is slow and costly. The example prints which arms the
+//! policy's first plan chose, window by window, so you can watch it learn the better arm per kind
+//! of invoice, and the greedy plan it settled on for each.
 //!
 //! Run it with `cargo run --example custom_tool`.
 
