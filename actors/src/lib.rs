@@ -6,6 +6,7 @@
 //! under a supervisor of your own ([`supervisor::Supervisor`]).
 
 pub mod api;
+pub mod applied;
 pub mod bench;
 pub mod call;
 pub mod chaos;

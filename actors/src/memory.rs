@@ -1,24 +1,34 @@
-//! The Memory actor: owns the episodic diary and the retrieval of what the tree remembers for a
-//! task (recent notes, each with a citation); writes a diary note for every finished run.
+//! The Memory actor: owns triangulated memory (the knowledge graph with its statistics and the
+//! vector index of lessons, SOPs and postmortems) and the episodic diary. It answers retrieval
+//! with one deduplicated, cited bundle, writes a diary note for every finished run, and persists
+//! the graph and vectors only when an experience is salient (novel or a material change); the
+//! experience log, always written by the run, is replayed at start from the last snapshot.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use hindsight::store::{NewDiaryEntry, Store};
-use hindsight::{ExperienceTuple, Task, now_ms};
+use hindsight::memory::{IndexCandidate, ItemKind, Memory, MemorySnapshot, VectorItem};
+use hindsight::store::{KvTable, NewDiaryEntry, Store};
+use hindsight::{ExperienceTuple, Lesson, Sop, Task, now_ms};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 
+use crate::applied::Applied;
 use crate::chaos_hook::ChaosHook;
 use crate::directory::Slot;
+
+/// The table of the memory snapshot.
+pub const MEMORY: KvTable = KvTable::new("memory");
+const SNAPSHOT_KEY: &str = "state";
 
 /// Where a retrieved item comes from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Citation {
-    /// The kind of source (`diary`, `lesson`, `sop`, `graph`).
+    /// The kind of source (`lesson`, `sop`, `postmortem`, `strategy`, `failure_mode`, `diary`).
     pub kind: String,
-    /// Its identifier (a diary sequence number, a lesson or SOP id, an edge).
+    /// Its identifier.
     pub id: String,
-    /// How relevant it was judged, in [0, 1].
+    /// How strongly it was retrieved.
     pub score: f64,
 }
 
@@ -31,10 +41,12 @@ pub struct RetrievedItem {
     pub citation: Citation,
 }
 
-/// What memory returns for a task: deduplicated items, each cited.
+/// What memory returns for a task: deduplicated items, each cited, and the strategy context.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct RetrievalBundle {
-    /// The items, most relevant first.
+    /// The task's cluster, if the graph knows it.
+    pub cluster: Option<String>,
+    /// The items, grouped by kind, best first.
     pub items: Vec<RetrievedItem>,
     /// The fenced strategy context to inject before the run, if any.
     pub strategy_context: Option<String>,
@@ -45,14 +57,42 @@ impl RetrievalBundle {
     pub fn guidance(&self) -> Option<String> {
         self.strategy_context.clone()
     }
+
+    /// Every item's citation as `kind:id`.
+    pub fn citations(&self) -> Vec<String> {
+        self.items
+            .iter()
+            .map(|i| format!("{}:{}", i.citation.kind, i.citation.id))
+            .collect()
+    }
+}
+
+/// A retrieval query.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Query {
+    /// The goal or question, in words.
+    pub text: String,
+    /// The task's features.
+    pub features: BTreeMap<String, String>,
+    /// The tools of interest.
+    pub tools: Vec<String>,
+    /// Items wanted.
+    pub k: usize,
 }
 
 /// Messages of the memory actor.
 pub enum MemoryMsg {
-    /// What memory holds for a task.
+    /// What memory holds for a task (before it runs).
     Retrieve {
         /// The task.
         task: Arc<Task>,
+        /// The bundle.
+        reply: RpcReplyPort<RetrievalBundle>,
+    },
+    /// What memory holds for a query (the API's `/memory/retrieve`).
+    Query {
+        /// The query.
+        query: Box<Query>,
         /// The bundle.
         reply: RpcReplyPort<RetrievalBundle>,
     },
@@ -65,6 +105,10 @@ pub enum MemoryMsg {
         /// The task.
         task: Arc<Task>,
     },
+    /// Index lessons (from the reflector).
+    IndexLessons(Vec<Lesson>),
+    /// Index an SOP and link it to its cluster (from the policy).
+    IndexSop(Box<Sop>),
 }
 
 /// The memory actor.
@@ -74,15 +118,27 @@ pub struct MemoryActor;
 pub struct MemoryArgs {
     /// The store.
     pub store: Store,
+    /// The tools of the workflow (retrieval ranks failure modes of these).
+    pub tools: Vec<String>,
     /// Where it publishes itself.
     pub slot: Arc<Slot<MemoryMsg>>,
     /// Fault injection.
     pub chaos: Option<ChaosHook>,
 }
 
+#[derive(Serialize, Deserialize)]
+struct Persisted {
+    memory: MemorySnapshot,
+    applied: Applied,
+}
+
 /// The memory actor's state.
 pub struct MemoryState {
     store: Store,
+    memory: Memory,
+    applied: Applied,
+    tools: Vec<String>,
+    since_snapshot: u64,
     chaos: Option<ChaosHook>,
 }
 
@@ -96,11 +152,38 @@ impl Actor for MemoryActor {
         myself: ActorRef<Self::Msg>,
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        args.slot.publish(myself);
-        Ok(MemoryState {
+        let stored: Option<Persisted> = match args.store.get(MEMORY, SNAPSHOT_KEY) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(error = %e, "the memory snapshot cannot be read; rebuilding from the experience log");
+                None
+            }
+        };
+        let (memory, applied) = match stored.map(|p| (Memory::restore(p.memory), p.applied)) {
+            Some((Ok(m), a)) => (m, a),
+            _ => (Memory::default(), Applied::default()),
+        };
+        let mut state = MemoryState {
             store: args.store,
+            memory,
+            applied,
+            tools: args.tools,
+            since_snapshot: 0,
             chaos: args.chaos,
-        })
+        };
+        for (seq, exp) in state.store.experience_since(state.applied.watermark)? {
+            match exp {
+                Ok(exp) => {
+                    state.ingest(seq, &exp);
+                }
+                Err(e) => {
+                    tracing::error!(seq, error = %e, "an experience record cannot be read; skipped");
+                    state.applied.mark(seq);
+                }
+            }
+        }
+        args.slot.publish(myself);
+        Ok(state)
     }
 
     async fn handle(
@@ -114,21 +197,84 @@ impl Actor for MemoryActor {
         }
         match msg {
             MemoryMsg::Retrieve { task, reply } => {
-                let _ = reply.send(state.retrieve(&task));
+                let query = Query {
+                    text: task.goal.clone(),
+                    features: task.features.clone(),
+                    tools: state.tools.clone(),
+                    k: 5,
+                };
+                let _ = reply.send(state.retrieve(&query));
+            }
+            MemoryMsg::Query { query, reply } => {
+                let _ = reply.send(state.retrieve(&query));
             }
             MemoryMsg::Record {
                 seq,
                 experience,
                 task: _,
             } => {
-                let store = state.store.clone();
+                if !state.applied.is_new(seq) {
+                    return Ok(());
+                }
                 let note = diary_note(seq, &experience);
-                // The note is written by the group-commit writer; the actor does not wait.
+                let salient = state.ingest(seq, &experience);
+                let mut ops = vec![hindsight::store::WriteOp::diary(&note)?];
+                if salient || state.since_snapshot >= 500 {
+                    ops.push(state.snapshot_op()?);
+                    state.since_snapshot = 0;
+                }
+                // Written by the group-commit writer; the actor does not wait for it.
+                let store = state.store.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = store.append_diary(note).await {
-                        tracing::warn!(error = %e, "a diary note was not written");
+                    if let Err(e) = store.write_batch(ops).await {
+                        tracing::warn!(error = %e, "a diary note or the memory snapshot was not written");
                     }
                 });
+            }
+            MemoryMsg::IndexLessons(lessons) => {
+                for lesson in lessons {
+                    let text = hindsight::learn::reflector::describe(&lesson);
+                    let vector = state.memory.embed(&text);
+                    let item = VectorItem {
+                        kind: ItemKind::Lesson,
+                        id: lesson.lesson_id.clone(),
+                        text,
+                        vector,
+                        cluster: None,
+                        time_ms: now_ms(),
+                    };
+                    if let Err(e) = state.memory.index_item(item) {
+                        tracing::warn!(error = %e, "a lesson was not indexed");
+                    }
+                }
+                state.persist_later()?;
+            }
+            MemoryMsg::IndexSop(sop) => {
+                let cluster = hindsight::memory::cluster_key(&sop.preconditions);
+                state.memory.link_sop(&sop.sop_id, &cluster);
+                let text = format!(
+                    "SOP {} v{}: {}",
+                    sop.sop_id,
+                    sop.version,
+                    sop.plan
+                        .iter()
+                        .map(|a| format!("{} with {}/{}", a.stage, a.tool, a.strategy))
+                        .collect::<Vec<_>>()
+                        .join(", then ")
+                );
+                let vector = state.memory.embed(&text);
+                let item = VectorItem {
+                    kind: ItemKind::Sop,
+                    id: sop.sop_id.clone(),
+                    text,
+                    vector,
+                    cluster: Some(cluster),
+                    time_ms: now_ms(),
+                };
+                if let Err(e) = state.memory.index_item(item) {
+                    tracing::warn!(error = %e, "an SOP was not indexed");
+                }
+                state.persist_later()?;
             }
         }
         Ok(())
@@ -136,9 +282,119 @@ impl Actor for MemoryActor {
 }
 
 impl MemoryState {
-    fn retrieve(&self, _task: &Task) -> RetrievalBundle {
-        RetrievalBundle::default()
+    /// Applies an experience to the graph (and indexes a postmortem of a failed run); true when
+    /// the change is salient enough to write the graph and vectors.
+    fn ingest(&mut self, seq: u64, exp: &ExperienceTuple) -> bool {
+        if !self.applied.is_new(seq) {
+            return false;
+        }
+        let candidate = (!exp.result.passed).then(|| {
+            let text = postmortem(exp);
+            IndexCandidate {
+                kind: ItemKind::Postmortem,
+                id: exp.run_id.clone(),
+                vector: self.memory.embed(&text),
+                text,
+            }
+        });
+        self.applied.mark(seq);
+        self.since_snapshot += 1;
+        match self.memory.ingest(exp, candidate) {
+            Ok(decision) => {
+                let salient = decision.write_graph || decision.write_vectors;
+                self.memory.mark_written(&decision);
+                salient
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "an experience was not ingested into memory");
+                false
+            }
+        }
     }
+
+    fn snapshot_op(&self) -> Result<hindsight::store::WriteOp, hindsight::store::StoreError> {
+        hindsight::store::WriteOp::put(
+            MEMORY,
+            SNAPSHOT_KEY,
+            &Persisted {
+                memory: self.memory.snapshot(),
+                applied: self.applied.clone(),
+            },
+        )
+    }
+
+    fn persist_later(&mut self) -> Result<(), hindsight::store::StoreError> {
+        let op = self.snapshot_op()?;
+        self.since_snapshot = 0;
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            if let Err(e) = store.write_batch(vec![op]).await {
+                tracing::warn!(error = %e, "the memory snapshot was not written");
+            }
+        });
+        Ok(())
+    }
+
+    fn retrieve(&self, q: &Query) -> RetrievalBundle {
+        let diary: Vec<hindsight::DiaryEntry> = self
+            .store
+            .diary_tail(5)
+            .map(|v| v.into_iter().filter_map(Result::ok).collect())
+            .unwrap_or_default();
+        let bundle = self
+            .memory
+            .retrieve_for(&q.text, &q.features, &q.tools, &diary, q.k.max(1));
+        RetrievalBundle {
+            cluster: bundle.cluster,
+            items: bundle
+                .items
+                .into_iter()
+                .map(|i| RetrievedItem {
+                    text: i.text,
+                    citation: Citation {
+                        kind: serde_json::to_value(i.citation.kind)
+                            .ok()
+                            .and_then(|v| v.as_str().map(str::to_string))
+                            .unwrap_or_else(|| "item".to_string()),
+                        id: i.citation.id,
+                        score: i.citation.score,
+                    },
+                })
+                .collect(),
+            strategy_context: None,
+        }
+    }
+}
+
+/// The postmortem of a failed run: what failed where.
+fn postmortem(exp: &ExperienceTuple) -> String {
+    let failures: Vec<String> = exp
+        .steps
+        .iter()
+        .filter_map(|s| {
+            let class = s.error_class?;
+            Some(format!(
+                "{} at {} ({})",
+                s.tool_called.as_deref().unwrap_or("?"),
+                s.metadata
+                    .get("stage")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("?"),
+                class
+            ))
+        })
+        .collect();
+    format!(
+        "run {} of {} ended {}: {}",
+        exp.run_id,
+        exp.context_features
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" "),
+        exp.result.state,
+        failures.join("; ")
+    )
 }
 
 /// The diary note of a finished run.

@@ -1,14 +1,49 @@
-//! The Reflector actor: consolidates finished runs into lessons and SOP candidates.
+//! The Reflector actor: consolidates finished runs into lessons (preconditions -> action, with
+//! confidence and evidence; near-duplicates merged, contradictions superseding) and runs the
+//! adaptive strategies (strategy failures per scope, synthesis into vetted lessons, the fenced
+//! `<strategy_context>` injected before a run, verified human corrections). Its state is
+//! event-sourced like the policy's: a snapshot plus the experience log since its watermark.
 
 use std::sync::Arc;
 
-use hindsight::ExperienceTuple;
-use hindsight::store::Store;
-use ractor::{Actor, ActorProcessingErr, ActorRef};
+use hindsight::learn::adaptive::{
+    AdaptiveConfig, AdaptiveSnapshot, AdaptiveStrategies, Correction, FailureObservation,
+    RelevanceQuery,
+};
+use hindsight::learn::reflector::{Reflector, ReflectorConfig, ReflectorSnapshot};
+use hindsight::store::{KvTable, Store, WriteOp};
+use hindsight::{ExperienceTuple, Lesson, Task, now_ms};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use serde::{Deserialize, Serialize};
 
+use crate::applied::Applied;
 use crate::chaos_hook::ChaosHook;
 use crate::directory::Slot;
+use crate::memory::MemoryMsg;
 use crate::workflow::Workflow;
+
+/// The table of the reflector's snapshot.
+pub const REFLECTOR: KvTable = KvTable::new("reflector");
+/// Every lesson (reflected, synthesised or corrected), by id, for the API and reports.
+pub const LESSONS: KvTable = KvTable::new("lessons");
+const SNAPSHOT_KEY: &str = "state";
+
+/// Why a human correction was not accepted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum FeedbackRefused {
+    /// No authenticated principal.
+    Unauthenticated,
+    /// Too many corrections from this principal.
+    RateLimited {
+        /// Seconds until another may be accepted.
+        retry_after_secs: u64,
+    },
+    /// The correction was rejected (injection, length, or not supported by evidence).
+    Rejected {
+        /// Why.
+        reason: String,
+    },
+}
 
 /// Messages of the reflector.
 pub enum ReflectorMsg {
@@ -18,6 +53,37 @@ pub enum ReflectorMsg {
         seq: u64,
         /// The experience.
         experience: Arc<ExperienceTuple>,
+        /// The task (its scope: user, tenant, session).
+        task: Arc<Task>,
+    },
+    /// The fenced strategy context to inject before a task runs, if any.
+    Context {
+        /// The task.
+        task: Arc<Task>,
+        /// The context.
+        reply: RpcReplyPort<Option<String>>,
+    },
+    /// A human correction from an authenticated principal; answered once it is on disk.
+    Feedback {
+        /// The authenticated principal (never from the request body).
+        principal: Option<String>,
+        /// The task the correction's scope is taken from (user, tenant, session).
+        scope_of: Box<Task>,
+        /// The tool it is about.
+        tool: Option<String>,
+        /// The correction.
+        text: String,
+        /// The run it is about.
+        run_id: Option<String>,
+        /// The stored lesson, or why not.
+        reply: RpcReplyPort<Result<Lesson, FeedbackRefused>>,
+    },
+    /// Lessons, active ones first.
+    Lessons {
+        /// Only lessons whose scope starts with this (e.g. `tenant:acme`), if given.
+        scope_prefix: Option<String>,
+        /// The lessons.
+        reply: RpcReplyPort<Vec<Lesson>>,
     },
 }
 
@@ -28,19 +94,33 @@ pub struct ReflectorActor;
 pub struct ReflectorArgs {
     /// The store.
     pub store: Store,
-    /// The workflow (its tools bound what lessons may name).
+    /// The workflow (its tools are what lessons may name).
     pub workflow: Arc<Workflow>,
+    /// The memory actor, which indexes new lessons.
+    pub memory: Arc<Slot<MemoryMsg>>,
     /// Where it publishes itself.
     pub slot: Arc<Slot<ReflectorMsg>>,
     /// Fault injection.
     pub chaos: Option<ChaosHook>,
 }
 
+#[derive(Serialize, Deserialize)]
+struct Persisted {
+    reflector: ReflectorSnapshot,
+    adaptive: AdaptiveSnapshot,
+    applied: Applied,
+}
+
 /// The reflector's state.
 pub struct ReflectorState {
-    _store: Store,
+    store: Store,
+    reflector: Reflector,
+    adaptive: AdaptiveStrategies,
+    applied: Applied,
+    tools: Vec<String>,
+    memory: Arc<Slot<MemoryMsg>>,
+    since_consolidation: u64,
     chaos: Option<ChaosHook>,
-    consolidated: u64,
 }
 
 impl Actor for ReflectorActor {
@@ -53,12 +133,61 @@ impl Actor for ReflectorActor {
         myself: ActorRef<Self::Msg>,
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        args.slot.publish(myself);
-        Ok(ReflectorState {
-            _store: args.store,
+        let stored: Option<Persisted> = match args.store.get(REFLECTOR, SNAPSHOT_KEY) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(error = %e, "the reflector snapshot cannot be read; relearning from the experience log");
+                None
+            }
+        };
+        let restored = stored.and_then(|p| {
+            Some((
+                Reflector::restore(p.reflector).ok()?,
+                AdaptiveStrategies::restore(p.adaptive).ok()?,
+                p.applied,
+            ))
+        });
+        let (reflector, adaptive, applied) = match restored {
+            Some(r) => r,
+            None => (
+                Reflector::new(ReflectorConfig::default()),
+                AdaptiveStrategies::new(AdaptiveConfig::default())?,
+                Applied::default(),
+            ),
+        };
+        let mut tools: Vec<String> = args
+            .workflow
+            .stages()
+            .iter()
+            .flat_map(|s| s.arms.iter().map(|a| a.tool.clone()))
+            .collect();
+        tools.sort();
+        tools.dedup();
+        let mut state = ReflectorState {
+            store: args.store,
+            reflector,
+            adaptive,
+            applied,
+            tools,
+            memory: args.memory,
+            since_consolidation: 0,
             chaos: args.chaos,
-            consolidated: 0,
-        })
+        };
+        for (seq, exp) in state.store.experience_since(state.applied.watermark)? {
+            match exp {
+                Ok(exp) => {
+                    let task = Task {
+                        user_id: exp.user_id.clone(),
+                        features: exp.context_features.clone(),
+                        ..Task::default()
+                    };
+                    state.learn(seq, &exp, &task);
+                }
+                Err(_) => state.applied.mark(seq),
+            }
+        }
+        args.slot.publish(myself);
+        Ok(state)
     }
 
     async fn handle(
@@ -72,12 +201,236 @@ impl Actor for ReflectorActor {
         }
         match msg {
             ReflectorMsg::Consolidate {
-                seq: _,
-                experience: _,
+                seq,
+                experience,
+                task,
             } => {
-                state.consolidated += 1;
+                if !state.applied.is_new(seq) {
+                    return Ok(());
+                }
+                let changed = state.learn(seq, &experience, &task);
+                state.since_consolidation += 1;
+                if changed || state.since_consolidation >= 25 {
+                    state.since_consolidation = 0;
+                    state.consolidate().await?;
+                }
+            }
+            ReflectorMsg::Context { task, reply } => {
+                let context = state
+                    .adaptive
+                    .config()
+                    .scope_of(&task)
+                    .ok()
+                    .and_then(|scope| {
+                        state.adaptive.context_for(
+                            &scope,
+                            RelevanceQuery {
+                                features: &task.features,
+                                tools: &state.tools,
+                                goal: &task.goal,
+                            },
+                            now_ms(),
+                        )
+                    });
+                let _ = reply.send(context);
+            }
+            ReflectorMsg::Feedback {
+                principal,
+                scope_of,
+                tool,
+                text,
+                run_id,
+                reply,
+            } => {
+                let answer = state
+                    .feedback(principal, &scope_of, tool, text, run_id)
+                    .await;
+                let _ = reply.send(answer);
+            }
+            ReflectorMsg::Lessons {
+                scope_prefix,
+                reply,
+            } => {
+                let mut all: Vec<Lesson> = state.reflector.lessons().cloned().collect();
+                for scope in state
+                    .adaptive
+                    .scopes()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+                {
+                    all.extend(state.adaptive.lessons(&scope).iter().cloned());
+                }
+                if let Some(p) = scope_prefix {
+                    all.retain(|l| l.scope.starts_with(&p));
+                }
+                all.sort_by(|a, b| {
+                    (a.superseded_by.is_some(), -a.confidence)
+                        .partial_cmp(&(b.superseded_by.is_some(), -b.confidence))
+                        .unwrap_or(std::cmp::Ordering::Equal)
+                });
+                let _ = reply.send(all);
             }
         }
         Ok(())
+    }
+}
+
+impl ReflectorState {
+    /// Learns from one experience; true when a synthesis produced lessons.
+    fn learn(&mut self, seq: u64, exp: &ExperienceTuple, task: &Task) -> bool {
+        if !self.applied.is_new(seq) {
+            return false;
+        }
+        self.applied.mark(seq);
+        self.reflector.observe_experience(exp);
+        let Ok(scope) = self.adaptive.config().scope_of(task) else {
+            return false;
+        };
+        let now = exp.time_ms;
+        let mut due = false;
+        for step in exp.steps.iter().filter(|s| s.error.is_some()) {
+            let obs = FailureObservation {
+                run_id: exp.run_id.clone(),
+                tool: step.tool_called.clone().unwrap_or_default(),
+                error_type: step.error_class.map(|c| c.to_string()),
+                message: step.error.clone().unwrap_or_default(),
+                arguments: step.tool_input.clone(),
+                features: exp.context_features.clone(),
+            };
+            if let hindsight::learn::adaptive::FailureOutcome::Stored { synthesis_due, .. } =
+                self.adaptive.record_failure(&scope, &obs, now)
+            {
+                due |= synthesis_due;
+            }
+        }
+        if due {
+            match self.adaptive.synthesise_offline(&scope, "reflector", now) {
+                Ok(report) => return !report.added.is_empty() || !report.removed.is_empty(),
+                Err(e) => tracing::debug!(error = %e, "no synthesis"),
+            }
+        }
+        false
+    }
+
+    /// Turns statistics into lessons, hands new ones to memory, and persists everything.
+    async fn consolidate(&mut self) -> Result<(), hindsight::store::StoreError> {
+        let report = self.reflector.consolidate(now_ms());
+        let mut fresh: Vec<Lesson> = report
+            .created
+            .iter()
+            .chain(&report.updated)
+            .filter_map(|id| self.reflector.lesson(id).cloned())
+            .collect();
+        for scope in self
+            .adaptive
+            .scopes()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+        {
+            fresh.extend(self.adaptive.lessons(&scope).iter().cloned());
+        }
+        let mut ops = Vec::new();
+        for l in &fresh {
+            ops.push(WriteOp::put(LESSONS, &l.lesson_id, &LessonRecord::from(l))?);
+        }
+        ops.push(self.snapshot_op()?);
+        self.store.write_batch(ops).await?;
+        if !fresh.is_empty() {
+            let _ = self.memory.cast(MemoryMsg::IndexLessons(fresh)).await;
+        }
+        Ok(())
+    }
+
+    fn snapshot_op(&self) -> Result<WriteOp, hindsight::store::StoreError> {
+        WriteOp::put(
+            REFLECTOR,
+            SNAPSHOT_KEY,
+            &Persisted {
+                reflector: self.reflector.snapshot(),
+                adaptive: self.adaptive.snapshot(),
+                applied: self.applied.clone(),
+            },
+        )
+    }
+
+    async fn feedback(
+        &mut self,
+        principal: Option<String>,
+        scope_of: &Task,
+        tool: Option<String>,
+        text: String,
+        run_id: Option<String>,
+    ) -> Result<Lesson, FeedbackRefused> {
+        let scope =
+            self.adaptive
+                .config()
+                .scope_of(scope_of)
+                .map_err(|e| FeedbackRefused::Rejected {
+                    reason: e.to_string(),
+                })?;
+        let correction = Correction {
+            principal,
+            scope,
+            tool,
+            text,
+            run_id,
+        };
+        let result = self
+            .adaptive
+            .submit_correction_offline(&correction, now_ms());
+        // The rate limiter's count and any stored lesson are persisted before the answer.
+        let persisted = async {
+            let mut ops = vec![self.snapshot_op()?];
+            if let Ok(lesson) = &result {
+                ops.push(WriteOp::put(
+                    LESSONS,
+                    &lesson.lesson_id,
+                    &LessonRecord::from(lesson),
+                )?);
+            }
+            self.store.write_batch(ops).await
+        }
+        .await;
+        if let Err(e) = persisted {
+            return Err(FeedbackRefused::Rejected {
+                reason: format!("the correction could not be stored: {e}"),
+            });
+        }
+        match result {
+            Ok(lesson) => {
+                let _ = self
+                    .memory
+                    .cast(MemoryMsg::IndexLessons(vec![lesson.clone()]))
+                    .await;
+                Ok(lesson)
+            }
+            Err(e) => Err(refusal(&e)),
+        }
+    }
+}
+
+fn refusal(e: &hindsight::learn::adaptive::correction::CorrectionError) -> FeedbackRefused {
+    use hindsight::learn::adaptive::correction::CorrectionError as E;
+    match e {
+        E::Unauthenticated => FeedbackRefused::Unauthenticated,
+        E::RateLimited { retry_after_ms, .. } => FeedbackRefused::RateLimited {
+            retry_after_secs: retry_after_ms.div_ceil(1000),
+        },
+        other => FeedbackRefused::Rejected {
+            reason: other.to_string(),
+        },
+    }
+}
+
+/// A lesson as stored for the API (JSON-free, so postcard stores it exactly).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LessonRecord {
+    /// The lesson.
+    pub lesson: Lesson,
+}
+
+impl From<&Lesson> for LessonRecord {
+    fn from(l: &Lesson) -> LessonRecord {
+        LessonRecord { lesson: l.clone() }
     }
 }

@@ -134,6 +134,9 @@ pub struct RunOutcome {
     pub resumed: bool,
     /// Whether the first plan was an exploration (not the policy's greedy choice).
     pub explored: bool,
+    /// Citations of the memory items retrieved for the run.
+    #[serde(default)]
+    pub citations: Vec<String>,
 }
 
 impl RunOutcome {
@@ -160,6 +163,7 @@ impl RunOutcome {
             tool_errors: BTreeMap::new(),
             resumed: false,
             explored: false,
+            citations: Vec::new(),
         }
     }
 }
@@ -202,6 +206,8 @@ struct DriverState {
     reflect_retries: u32,
     /// The failure policy's per-run counters.
     policy_state: hindsight::triage::policy::PolicyState,
+    /// Citations of what memory retrieved for the run.
+    citations: Vec<String>,
     /// Events of the current round (for ReflectRetry).
     events: Vec<RunEvent>,
     /// Every step of every attempt.
@@ -336,7 +342,7 @@ async fn drive(
         .reflect_retry
         .cast(PluginMsg::BeforeRun(Box::new((*task).clone())))
         .await;
-    let bundle = ctx
+    let mut bundle = ctx
         .dir
         .memory
         .call(|reply| MemoryMsg::Retrieve {
@@ -344,6 +350,22 @@ async fn drive(
             reply,
         })
         .await?;
+    // The lessons of the task's scope, fenced, join the retrieval (a reflector that cannot
+    // answer leaves the run without them rather than failing it).
+    bundle.strategy_context = ctx
+        .dir
+        .reflector
+        .call_with_timeout(
+            |reply| ReflectorMsg::Context {
+                task: task.clone(),
+                reply,
+            },
+            crate::plugin::PLUGIN_TIMEOUT,
+        )
+        .await
+        .ok()
+        .flatten();
+    st.citations = bundle.citations();
     if st.guidance.is_none() {
         st.guidance = bundle.guidance();
     }
@@ -872,6 +894,7 @@ async fn finish(
         tool_errors: st.tool_errors.clone(),
         resumed,
         explored: st.explored,
+        citations: st.citations.clone(),
     };
     let experience = ExperienceTuple {
         run_id: run_id.to_string(),
@@ -924,6 +947,7 @@ async fn finish(
         .cast(ReflectorMsg::Consolidate {
             seq,
             experience: experience.clone(),
+            task: task.clone(),
         })
         .await;
     let _ = ctx

@@ -138,11 +138,20 @@ pub fn build(spec: TreeSpec) -> Tree {
             ctx.dir.memory.clone(),
             hook(&faults, "memory"),
         );
+        let mut tools: Vec<String> = spec
+            .workflow
+            .stages()
+            .iter()
+            .flat_map(|s| s.arms.iter().map(|a| a.tool.clone()))
+            .collect();
+        tools.sort();
+        tools.dedup();
         children.push(ChildSpec::actor("memory", None, move || {
             (
                 MemoryActor,
                 MemoryArgs {
                     store: store.clone(),
+                    tools: tools.clone(),
                     slot: slot.clone(),
                     chaos: chaos.clone(),
                 },
@@ -180,12 +189,14 @@ pub fn build(spec: TreeSpec) -> Tree {
             hook(&faults, "reflector"),
         );
         let workflow = spec.workflow.clone();
+        let memory = ctx.dir.memory.clone();
         children.push(ChildSpec::actor("reflector", None, move || {
             (
                 ReflectorActor,
                 ReflectorArgs {
                     store: store.clone(),
                     workflow: workflow.clone(),
+                    memory: memory.clone(),
                     slot: slot.clone(),
                     chaos: chaos.clone(),
                 },

@@ -17,6 +17,10 @@ use super::{Durability, StoreError};
 /// Most requests gathered into one transaction.
 pub(crate) const MAX_BATCH: usize = 4096;
 
+/// Times the writer yields its thread, while gathering a batch smaller than the previous one,
+/// to let just-acknowledged callers send their next write into it.
+const GATHER_YIELDS: u32 = 8;
+
 /// One encoded write.
 #[derive(Debug, Clone)]
 pub(crate) enum Op {
@@ -86,14 +90,25 @@ pub(crate) fn run(
     config: WriterConfig,
     counters: Arc<Counters>,
 ) {
+    let max_batch = config.max_batch.max(1);
+    // How many requests the previous transaction held: the callers it just acknowledged are
+    // likely to write again at once, so the next batch waits for them a little.
+    let mut previous = 0;
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
-        while batch.len() < config.max_batch.max(1) {
+        let mut yields = 0;
+        while batch.len() < max_batch {
             match rx.try_recv() {
                 Ok(r) => batch.push(r),
+                Err(TryRecvError::Empty) if batch.len() < previous && yields < GATHER_YIELDS => {
+                    // Let the acknowledged callers run (no clock: a bounded number of yields).
+                    yields += 1;
+                    std::thread::yield_now();
+                }
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
         }
+        previous = batch.len();
         match commit(&db, &batch, config) {
             Ok(results) => {
                 counters.transactions.fetch_add(1, Ordering::Relaxed);
