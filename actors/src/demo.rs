@@ -39,6 +39,8 @@ pub struct DemoOptions {
     pub concurrency: usize,
     /// Show a progress bar (only on a terminal).
     pub progress: bool,
+    /// Where the HTML report goes (default: `<data>/report`).
+    pub report_dir: Option<PathBuf>,
 }
 
 impl Default for DemoOptions {
@@ -52,6 +54,7 @@ impl Default for DemoOptions {
             durability: Durability::Immediate,
             concurrency: 8,
             progress: true,
+            report_dir: None,
         }
     }
 }
@@ -122,9 +125,16 @@ pub async fn run(opts: &DemoOptions) -> Result<Summary, RuntimeError> {
     };
     let at = records.last().map(|r| r.task).unwrap_or(0);
     let learned = workload::learned(&rt, &env, at).await;
+    // The report is built from the running tree's store (a second open of the file would race
+    // with the shutdown's last writes).
+    let report = report_data(rt.store(), &env, hindsight::now_ms()).and_then(|data| {
+        let dir = opts.report_dir.clone().unwrap_or_else(|| opts.data_dir.join("report"));
+        crate::report::write_report(&dir, &data).map_err(|e| RuntimeError::Rejected(e.to_string()))
+    });
     rt.shutdown().await;
     let mut summary = workload::summarize(&env, &records, restarts);
     summary.learned = learned?;
+    summary.report = Some(report?.display().to_string());
     Ok(summary)
 }
 
@@ -270,19 +280,18 @@ pub fn report_data(
             oracle_reward: oracle,
             random_reward: env.random_baseline(*i, &exp.context_features),
         });
-        for step in &exp.steps {
-            if let Some(class) = step.error_class {
-                let category = step
-                    .metadata
-                    .get("outcome")
-                    .and_then(|v| v.as_str())
-                    .unwrap_or("strategy");
-                let category = if category == "invalid" {
-                    "strategy"
-                } else {
-                    category
+        // Every tool error of the run, retried ones included: what the demo counts.
+        if let Ok(Some(outcome)) = crate::orchestrator::read_outcome(store, &exp.run_id) {
+            for (class, n) in &outcome.tool_errors {
+                let category = match class {
+                    hindsight::ErrorClass::TransientNetwork | hindsight::ErrorClass::RateLimit => {
+                        "infrastructure"
+                    }
+                    _ => "strategy",
                 };
-                b.failure(class.as_str(), category);
+                for _ in 0..*n {
+                    b.failure(class.as_str(), category);
+                }
             }
         }
     }
@@ -313,13 +322,4 @@ pub fn report_data(
     }
     b.summary("runs", rows.len());
     Ok(b.build())
-}
-
-/// Writes the HTML report of the demo's data directory.
-pub fn write_report(opts: &DemoOptions, dir: &Path) -> Result<PathBuf, RuntimeError> {
-    let env = load_env(opts.env.as_deref())?;
-    let store =
-        hindsight::store::Store::open(&opts.data_dir, hindsight::store::StoreOptions::default())?;
-    let data = report_data(&store, &env, hindsight::now_ms())?;
-    crate::report::write_report(dir, &data).map_err(|e| RuntimeError::Rejected(e.to_string()))
 }

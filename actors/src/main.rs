@@ -28,6 +28,8 @@ enum Command {
     Demo(cli::demo::Args),
     /// Evaluate the learning policy off-policy on the experience log.
     Policy(cli::policy::Args),
+    /// List and call the configured tools (MCP servers, simulated environments).
+    Tools(cli::tools::ToolsArgs),
     /// Classify error messages (JSON lines on stdin).
     Classify(cli::classify::Args),
     /// Read the episodic diary.
@@ -49,6 +51,10 @@ enum Command {
 async fn dispatch(global: cli::Global, command: Command) -> Result<(), cli::Failure> {
     match command {
         Command::Demo(args) => cli::demo::run(&global, args).await,
+        Command::Tools(args) => match cli::tools::run(args).await {
+            0 => Ok(()),
+            code => std::process::exit(code),
+        },
         Command::Policy(args) => cli::policy::run(&global, args).await,
         Command::Classify(args) => cli::classify::main(&args)
             .map(|_| ())

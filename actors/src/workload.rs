@@ -122,6 +122,9 @@ pub struct Summary {
     /// What the policy learned per cluster (filled by the demo).
     #[serde(default)]
     pub learned: Vec<Learned>,
+    /// Where the demo wrote its HTML report.
+    #[serde(default)]
+    pub report: Option<String>,
 }
 
 /// The task of index `index` of `env`.
@@ -310,6 +313,7 @@ pub fn summarize(env: &SimEnv, records: &[TaskRecord], actor_restarts: u64) -> S
         sop_coverage_last_100: last.iter().filter(|r| r.sop_id.is_some()).count() as f64 / lk,
         resumed: records.iter().filter(|r| r.resumed).count() as u64,
         learned: Vec::new(),
+        report: None,
     }
 }
 

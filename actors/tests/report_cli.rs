@@ -160,7 +160,6 @@ fn the_report_charts_hold_the_windows_and_classes_of_the_demo() {
 /// error of each stage in the experience log, which drops the infrastructure errors that retries
 /// absorbed and adds validation rejections as `SchemaMismatch`.
 #[test]
-#[ignore = "demo::report_data counts stage failures, not tool errors: see the doc comment"]
 fn the_failures_chart_counts_what_the_demo_counts() {
     let dir = tempfile::tempdir().unwrap();
     let (summary, html, _) = demo_and_report(dir.path());

@@ -46,7 +46,31 @@ async fn a_thousand_tasks_under_actor_panics_and_tool_faults_each_end_exactly_on
     opts.chaos = Some(chaos.clone());
     opts.max_restarts = 1_000;
     let rt = Runtime::start(opts).await.unwrap();
-    let records = workload::run_tasks(&rt, &env, 5, 1000, 16, |_| {}).await.unwrap();
+    let done = std::sync::atomic::AtomicU64::new(0);
+    let work = workload::run_tasks(&rt, &env, 5, 1000, 16, |_| {
+        done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    });
+    // A stall is a failure that names the runs left unfinished and their states.
+    let records = match tokio::time::timeout(std::time::Duration::from_secs(240), work).await {
+        Ok(r) => r.unwrap(),
+        Err(_) => {
+            let stuck: Vec<String> = rt
+                .store()
+                .list_runs()
+                .unwrap()
+                .into_iter()
+                .filter_map(|r| r.ok())
+                .filter(|r| !r.state.is_terminal())
+                .map(|r| format!("{} {}", r.run_id, r.state))
+                .collect();
+            panic!(
+                "stalled after {} tasks; {} runs in flight; unfinished: {:?}",
+                done.load(std::sync::atomic::Ordering::Relaxed),
+                rt.in_flight(),
+                stuck
+            );
+        }
+    };
     let restarts = rt.restarts();
     let counts = chaos.counts();
     println!(

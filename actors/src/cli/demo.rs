@@ -45,16 +45,15 @@ pub async fn run(global: &Global, args: Args) -> Result<(), Failure> {
         durability: Durability::Immediate,
         concurrency: args.concurrency.max(1),
         progress: !args.json,
+        report_dir: args.report,
     };
     let summary = demo::run(&opts)
         .await
         .map_err(|e| Failure::new(e.to_string()))?;
-    let report_dir = args.report.unwrap_or_else(|| global.data.join("report"));
-    let report = demo::write_report(&opts, &report_dir).map_err(|e| Failure::new(e.to_string()))?;
     if args.json {
         print_json(&summary)
     } else {
         outln!("{}", demo::render_table(&summary))?;
-        outln!("report: {}", report.display())
+        outln!("report: {}", summary.report.as_deref().unwrap_or("(none)"))
     }
 }

@@ -21,6 +21,7 @@ pub mod report;
 pub mod runs;
 pub mod serve;
 pub mod store;
+pub mod tools;
 
 use std::fmt;
 use std::path::PathBuf;
