@@ -24,8 +24,20 @@ async fn checkpoints_of_the_loop_survive_a_reopen_of_the_store() {
         store.put(&cp).await.unwrap();
     }
     let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
-    let named = CheckpointStore::named(&store, "r", "before-write").unwrap().unwrap();
+    let named = CheckpointStore::named(&store, "r", "before-write")
+        .unwrap()
+        .unwrap();
     assert_eq!(named.state["cursor"], 1);
-    assert_eq!(CheckpointStore::latest(&store, "r").unwrap().unwrap().step_index, 2);
-    assert!(CheckpointStore::named(&store, "r", "missing").unwrap().is_none());
+    assert_eq!(
+        CheckpointStore::latest(&store, "r")
+            .unwrap()
+            .unwrap()
+            .step_index,
+        2
+    );
+    assert!(
+        CheckpointStore::named(&store, "r", "missing")
+            .unwrap()
+            .is_none()
+    );
 }

@@ -272,12 +272,12 @@ pub fn repeat_error_rate(records: &[TaskRecord]) -> f64 {
             .map(|(k, v)| format!("{k}={v}"))
             .collect::<Vec<_>>()
             .join(",");
-        if let Some(failed) = last_failed.get(&cluster) {
-            if !failed.is_empty() {
-                chances += 1;
-                if r.plan.iter().any(|p| failed.contains(p)) && !r.passed {
-                    repeats += 1;
-                }
+        if let Some(failed) = last_failed.get(&cluster)
+            && !failed.is_empty()
+        {
+            chances += 1;
+            if r.plan.iter().any(|p| failed.contains(p)) && !r.passed {
+                repeats += 1;
             }
         }
         let failed: Vec<String> = if r.passed { Vec::new() } else { r.plan.clone() };

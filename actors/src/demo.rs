@@ -128,7 +128,10 @@ pub async fn run(opts: &DemoOptions) -> Result<Summary, RuntimeError> {
     // The report is built from the running tree's store (a second open of the file would race
     // with the shutdown's last writes).
     let report = report_data(rt.store(), &env, hindsight::now_ms()).and_then(|data| {
-        let dir = opts.report_dir.clone().unwrap_or_else(|| opts.data_dir.join("report"));
+        let dir = opts
+            .report_dir
+            .clone()
+            .unwrap_or_else(|| opts.data_dir.join("report"));
         crate::report::write_report(&dir, &data).map_err(|e| RuntimeError::Rejected(e.to_string()))
     });
     rt.shutdown().await;

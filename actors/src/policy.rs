@@ -265,10 +265,10 @@ impl Actor for PolicyActor {
             }
             PolicyMsg::Observe { seq, experience } => {
                 state.observe(seq, &experience);
-                if state.since_snapshot >= state.snapshot_every || !state.sop_events.is_empty() {
-                    if let Err(e) = state.persist().await {
-                        tracing::warn!(error = %e, "the policy snapshot was not written; the log still holds everything");
-                    }
+                if (state.since_snapshot >= state.snapshot_every || !state.sop_events.is_empty())
+                    && let Err(e) = state.persist().await
+                {
+                    tracing::warn!(error = %e, "the policy snapshot was not written; the log still holds everything");
                 }
             }
             PolicyMsg::Learn { observation, reply } => {
@@ -342,7 +342,7 @@ impl PolicyState {
             &exp.run_id,
             via_sop,
         );
-        if seq % 10 == 0 {
+        if seq.is_multiple_of(10) {
             let events = self.sops.consolidate(exp.time_ms);
             self.sop_events.extend(events);
         }
@@ -415,13 +415,12 @@ impl PolicyState {
                 version,
                 plan,
             } = self.sops.route(&task.features, &mut self.rng)
+                && plan.len() == self.policy.stages().len()
             {
-                if plan.len() == self.policy.stages().len() {
-                    let mut choice = PlanChoice::new(plan, Some(sop_id.clone()), true);
-                    choice.plan_id = sop_plan_id(&sop_id, version);
-                    choice.sop_version = Some(version);
-                    return Ok(choice);
-                }
+                let mut choice = PlanChoice::new(plan, Some(sop_id.clone()), true);
+                choice.plan_id = sop_plan_id(&sop_id, version);
+                choice.sop_version = Some(version);
+                return Ok(choice);
             }
             let choice = self.policy.choose(&task.features, &mut self.rng);
             return Ok(PlanChoice::new(choice.arm_choices(), None, choice.greedy));

@@ -341,13 +341,12 @@ async fn drive(
         ..DriverState::default()
     };
     let mut resumed = false;
-    if resume {
-        if let Some(cp) = ctx.store.latest_checkpoint(&run_id)? {
-            if let Ok(saved) = serde_json::from_value::<DriverState>(cp.state) {
-                st = saved;
-                resumed = true;
-            }
-        }
+    if resume
+        && let Some(cp) = ctx.store.latest_checkpoint(&run_id)?
+        && let Ok(saved) = serde_json::from_value::<DriverState>(cp.state)
+    {
+        st = saved;
+        resumed = true;
     }
     let _ = ctx
         .dir
@@ -424,7 +423,14 @@ async fn drive(
                 st.outputs.clear();
                 if state == RunState::Succeeded {
                     // The run passed its stages but its validator rejected it: back to recovering.
-                    transition(ctx, &run_id, &mut st, RunState::Recovering, RunPatch::default()).await?;
+                    transition(
+                        ctx,
+                        &run_id,
+                        &mut st,
+                        RunState::Recovering,
+                        RunPatch::default(),
+                    )
+                    .await?;
                 }
                 checkpoint(ctx, &run_id, &st).await?;
             }

@@ -178,10 +178,10 @@ impl Workflow {
 /// The index of a task drawn from a simulated environment (`<env>#<index>`), else a stable hash
 /// of its id.
 pub fn task_index(task: &Task) -> u64 {
-    if let Some((_, n)) = task.task_id.rsplit_once('#') {
-        if let Ok(i) = n.parse() {
-            return i;
-        }
+    if let Some((_, n)) = task.task_id.rsplit_once('#')
+        && let Ok(i) = n.parse()
+    {
+        return i;
     }
     task.task_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)

@@ -36,7 +36,8 @@ async fn a_thousand_tasks_under_actor_panics_and_tool_faults_each_end_exactly_on
         }
     }));
     let dir = tempfile::tempdir().unwrap();
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/envs/bank_statements.toml");
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/envs/bank_statements.toml");
     let env = SimEnv::load(&path).unwrap();
     let plan = ChaosPlan::parse(PLAN, "chaos plan").unwrap();
     let chaos = ChaosHandle::new(plan);
@@ -83,23 +84,40 @@ async fn a_thousand_tasks_under_actor_panics_and_tool_faults_each_end_exactly_on
     assert_eq!(tasks.len(), 1000);
     for r in &records {
         assert!(
-            matches!(r.state.as_str(), "succeeded" | "failed" | "escalated" | "aborted"),
+            matches!(
+                r.state.as_str(),
+                "succeeded" | "failed" | "escalated" | "aborted"
+            ),
             "task {} ended {}",
             r.task,
             r.state
         );
     }
-    assert!(counts.panics > 0 && counts.tool_faults > 0, "faults were injected");
-    assert!(restarts > 0, "the supervisor restarted the actors that panicked");
+    assert!(
+        counts.panics > 0 && counts.tool_faults > 0,
+        "faults were injected"
+    );
+    assert!(
+        restarts > 0,
+        "the supervisor restarted the actors that panicked"
+    );
     let store = rt.store().clone();
     rt.shutdown().await;
 
     // Nothing acknowledged was lost: one terminal run record and one experience per task.
-    let runs: Vec<_> = store.list_runs().unwrap().into_iter().map(|r| r.unwrap()).collect();
+    let runs: Vec<_> = store
+        .list_runs()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
     assert_eq!(runs.len(), 1000);
     assert!(runs.iter().all(|r| r.state.is_terminal()));
     let log = store.experience_all().unwrap();
-    let logged: HashSet<String> = log.iter().map(|(_, e)| e.as_ref().unwrap().run_id.clone()).collect();
+    let logged: HashSet<String> = log
+        .iter()
+        .map(|(_, e)| e.as_ref().unwrap().run_id.clone())
+        .collect();
     assert_eq!(log.len(), 1000, "exactly one experience per run");
     assert_eq!(logged.len(), 1000);
 }
