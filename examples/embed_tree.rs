@@ -159,6 +159,7 @@ fn build_tree(store: &Store, env: &SimEnv, seed: u64) -> Result<tree::Tree, BoxE
             .with_idempotency(Arc::new(StoreIdempotency::new(store.clone()))),
     );
     Ok(tree::build(TreeSpec {
+        journal: None,
         store: store.clone(),
         workflow,
         runner,

@@ -91,6 +91,8 @@ pub struct Executor;
 
 /// Start-up arguments.
 pub struct ExecutorArgs {
+    /// The call journal, if one is kept.
+    pub journal: Option<crate::journal::CallJournal>,
     /// The resilient tool caller.
     pub runner: Arc<ToolRunner>,
     /// Where it publishes itself.
@@ -101,6 +103,7 @@ pub struct ExecutorArgs {
 
 /// State: the tool caller.
 pub struct ExecutorState {
+    journal: Option<crate::journal::CallJournal>,
     runner: Arc<ToolRunner>,
     chaos: Option<ChaosHook>,
 }
@@ -117,6 +120,7 @@ impl Actor for Executor {
     ) -> Result<Self::State, ActorProcessingErr> {
         args.slot.publish(myself);
         Ok(ExecutorState {
+            journal: args.journal,
             runner: args.runner,
             chaos: args.chaos,
         })
@@ -136,8 +140,14 @@ impl Actor for Executor {
                 // A worker per call: the actor stays free, and a call in flight survives a
                 // restart of the actor (its reply goes straight to the run's driver).
                 let runner = state.runner.clone();
+                let journal = state.journal.clone();
                 tokio::spawn(async move {
+                    let key = call.idempotency_key.clone();
                     let outcome = execute(&runner, *call).await;
+                    if let (Some(j), Ok(_), false) = (&journal, &outcome.result, outcome.replayed) {
+                        // The runner records the result before it returns.
+                        j.line("recorded", &key);
+                    }
                     let _ = reply.send(outcome);
                 });
             }

@@ -17,6 +17,7 @@ pub mod demo;
 pub mod directory;
 pub mod executor;
 pub mod idempotency;
+pub mod journal;
 pub mod memory;
 pub mod metrics;
 pub mod orchestrator;

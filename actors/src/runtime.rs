@@ -220,6 +220,15 @@ impl Runtime {
         if let Some(chaos) = &opts.chaos {
             registry = crate::chaos_tools::wrap_registry(registry, chaos);
         }
+        let journal = crate::journal::CallJournal::from_env().map_err(|e| {
+            RuntimeError::Rejected(format!(
+                "cannot open the call journal named by {}: {e}",
+                crate::journal::ENV
+            ))
+        })?;
+        if let Some(j) = &journal {
+            registry = crate::journal::wrap_registry(registry, j);
+        }
         let registry = Arc::new(registry);
         let workflow = Arc::new(match opts.workflow {
             WorkflowSource::Sim(env) => Workflow::from_sim(&env.with_seed(opts.seed), &registry)?,
@@ -241,6 +250,7 @@ impl Runtime {
                 ))),
         );
         let tree = tree::build(TreeSpec {
+            journal,
             store,
             workflow,
             runner,

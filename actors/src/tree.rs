@@ -79,6 +79,8 @@ impl Default for TreeConfig {
 
 /// Everything needed to build a tree.
 pub struct TreeSpec {
+    /// The call journal, if one is kept.
+    pub journal: Option<crate::journal::CallJournal>,
     /// The open store.
     pub store: Store,
     /// The workflow tasks are planned from.
@@ -209,10 +211,12 @@ pub fn build(spec: TreeSpec) -> Tree {
             ctx.dir.executor.clone(),
             hook(&faults, "executor"),
         );
+        let journal = spec.journal.clone();
         children.push(ChildSpec::actor("executor", None, move || {
             (
                 Executor,
                 ExecutorArgs {
+                    journal: journal.clone(),
                     runner: runner.clone(),
                     slot: slot.clone(),
                     chaos: chaos.clone(),

@@ -204,6 +204,16 @@ pub async fn run_tasks(
     on_done: impl Fn(&TaskRecord) + Send + Sync,
 ) -> Result<Vec<TaskRecord>, RuntimeError> {
     let start = next_task(rt, env, seed)?;
+    // Runs an earlier process left unfinished are resumed by the tree at start; wait for them
+    // too, so that this workload ends with nothing in flight.
+    let mut leftovers = tokio::task::JoinSet::new();
+    for run in rt.store().unfinished_runs()?.into_iter().flatten() {
+        let task: Option<Task> = rt.store().get(crate::orchestrator::TASKS, &run.task_id)?;
+        if let Some(task) = task {
+            let submit = rt.submitter();
+            leftovers.spawn(async move { submit.orchestrate(task).await });
+        }
+    }
     let gate = Arc::new(Semaphore::new(concurrency.max(1)));
     let mut records: Vec<Option<TaskRecord>> = vec![None; count as usize];
     let mut done_upto = start;
@@ -241,6 +251,9 @@ pub async fn run_tasks(
         rt.store()
             .put(PROGRESS, &progress_key(env, seed), &done_upto)
             .await?;
+    }
+    while let Some(joined) = leftovers.join_next().await {
+        joined.map_err(|e| RuntimeError::Rejected(e.to_string()))??;
     }
     Ok(records.into_iter().flatten().collect())
 }
