@@ -473,20 +473,27 @@ async fn run_round(
         let Some(plan) = st.plan.clone() else {
             return Ok((RunState::Failed, Some("no plan could be made".to_string())));
         };
-        transition(
-            ctx,
-            run_id,
-            st,
-            RunState::Planned,
-            RunPatch {
-                attempts: Some(st.attempt + 1),
-                plan_id: Some(plan.plan_id.clone()),
-                sop_id: plan.sop_id.clone(),
-                reason: None,
-            },
-        )
-        .await?;
-        transition(ctx, run_id, st, RunState::Executing, RunPatch::default()).await?;
+        // A run resumed from a checkpoint taken while it executed goes on executing: its plan
+        // was acknowledged before the crash and planning it again is no transition the state
+        // machine allows.
+        if !matches!(st.state, Some(RunState::Planned | RunState::Executing)) {
+            transition(
+                ctx,
+                run_id,
+                st,
+                RunState::Planned,
+                RunPatch {
+                    attempts: Some(st.attempt + 1),
+                    plan_id: Some(plan.plan_id.clone()),
+                    sop_id: plan.sop_id.clone(),
+                    reason: None,
+                },
+            )
+            .await?;
+        }
+        if st.state != Some(RunState::Executing) {
+            transition(ctx, run_id, st, RunState::Executing, RunPatch::default()).await?;
+        }
         let failure = match execute_stages(ctx, run_id, task, &plan, st).await? {
             Some(f) => f,
             None => {

@@ -80,6 +80,15 @@ fn killed_ten_times_every_task_ends_once_and_no_recorded_call_is_repeated() {
         .iter()
         .map(|(_, e)| e.as_ref().unwrap().run_id.clone())
         .collect();
+    let unlogged: Vec<String> = runs
+        .iter()
+        .filter(|r| !logged.contains(&r.run_id))
+        .map(|r| format!("{} {} ({:?})", r.run_id, r.state, r.reason))
+        .collect();
+    assert!(
+        unlogged.is_empty(),
+        "runs without an experience: {unlogged:#?}"
+    );
     assert_eq!(log.len(), runs.len(), "exactly one experience per run");
     assert_eq!(logged.len(), runs.len());
 

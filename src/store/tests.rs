@@ -473,7 +473,10 @@ async fn requests_queued_during_a_commit_share_the_next_transaction() {
     }
     let ws = store.writer_stats();
     assert_eq!(ws.requests, 100);
-    assert!(ws.transactions <= 2, "{ws:?}");
+    // The request the writer held while blocked, then the queue: one or two more transactions
+    // depending on how many spawned tasks had sent theirs when the writer drained it (a loaded
+    // machine may let a few in late). One commit per request would be 100.
+    assert!(ws.transactions <= 3, "{ws:?}");
     assert_eq!(store.diary_tail(1000).unwrap().len(), 100);
 }
 
