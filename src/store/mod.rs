@@ -36,6 +36,7 @@
 //! # }
 //! ```
 
+pub mod baseline;
 pub mod envelope;
 mod json;
 mod stored;

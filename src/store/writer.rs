@@ -17,9 +17,10 @@ use super::{Durability, StoreError};
 /// Most requests gathered into one transaction.
 pub(crate) const MAX_BATCH: usize = 4096;
 
-/// Times the writer yields its thread, while gathering a batch smaller than the previous one,
-/// to let just-acknowledged callers send their next write into it.
-const GATHER_YIELDS: u32 = 8;
+/// While gathering a batch smaller than the previous one, the writer yields its thread to let
+/// just-acknowledged callers send their next write into it, and stops after this many yields in
+/// a row that brought nothing (no clock: a caller still arriving keeps the batch open).
+const GATHER_IDLE_YIELDS: u32 = 128;
 
 /// One encoded write.
 #[derive(Debug, Clone)]
@@ -96,13 +97,16 @@ pub(crate) fn run(
     let mut previous = 0;
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
-        let mut yields = 0;
+        let mut idle = 0;
         while batch.len() < max_batch {
             match rx.try_recv() {
-                Ok(r) => batch.push(r),
-                Err(TryRecvError::Empty) if batch.len() < previous && yields < GATHER_YIELDS => {
-                    // Let the acknowledged callers run (no clock: a bounded number of yields).
-                    yields += 1;
+                Ok(r) => {
+                    batch.push(r);
+                    idle = 0;
+                }
+                Err(TryRecvError::Empty) if batch.len() < previous && idle < GATHER_IDLE_YIELDS => {
+                    // Let the acknowledged callers run.
+                    idle += 1;
                     std::thread::yield_now();
                 }
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
@@ -189,6 +193,7 @@ fn apply(
     let mut next_diary = next(&meta, NEXT_DIARY)?;
     let mut next_exp = next(&meta, NEXT_EXPERIENCE)?;
     let mut next_cp = next(&meta, NEXT_CHECKPOINT)?;
+    let (start_diary, start_exp, start_cp) = (next_diary, next_exp, next_cp);
     let keep = config.checkpoints_per_run.max(1);
 
     let mut results = Vec::with_capacity(batch.len());
@@ -255,12 +260,17 @@ fn apply(
         }
         results.push(acks);
     }
-    meta.insert(NEXT_DIARY, next_diary)
-        .map_err(fail("cannot write to the table meta"))?;
-    meta.insert(NEXT_EXPERIENCE, next_exp)
-        .map_err(fail("cannot write to the table meta"))?;
-    meta.insert(NEXT_CHECKPOINT, next_cp)
-        .map_err(fail("cannot write to the table meta"))?;
+    // Only the counters that moved are written: an unchanged one would dirty pages for nothing.
+    for (key, start, end) in [
+        (NEXT_DIARY, start_diary, next_diary),
+        (NEXT_EXPERIENCE, start_exp, next_exp),
+        (NEXT_CHECKPOINT, start_cp, next_cp),
+    ] {
+        if end != start {
+            meta.insert(key, end)
+                .map_err(fail("cannot write to the table meta"))?;
+        }
+    }
     Ok(results)
 }
 

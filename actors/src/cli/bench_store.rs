@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use hindsight::store::baseline::{RawRate, raw_durable_rows};
 use hindsight::store::{Durability, MAX_BATCH, NewDiaryEntry, Store, StoreOptions};
 use serde::Serialize;
 
@@ -46,6 +47,13 @@ struct Report {
     ratio_at_64_writers: f64,
     target_ratio: f64,
     meets_target: bool,
+    /// redb itself on the same disk in the same run: one row per durable transaction, and 64
+    /// rows per durable transaction (what 64 writers' records would be in one commit).
+    raw_redb: Vec<RawRate>,
+    /// The ratio the disk allows at 64 writers: raw 64-row transactions over raw single rows.
+    raw_ratio_at_64: f64,
+    /// Group commit at 64 writers as a share of raw redb's 64-row rate.
+    group_share_of_raw_64: f64,
 }
 
 /// Runs `hindsight bench store`. Each configuration writes into a fresh database in a scratch
@@ -79,6 +87,18 @@ pub async fn run(_global: &Global, args: Args) -> Result<(), Failure> {
         "group commit / commit per record at 64 writers: {:.1}x (target {}x)",
         report.ratio_at_64_writers,
         report.target_ratio
+    )?;
+    for r in &report.raw_redb {
+        outln!(
+            "raw redb, {:>2} rows per durable transaction: {:>10.0} rows/s",
+            r.rows_per_transaction,
+            r.rows_per_s
+        )?;
+    }
+    outln!(
+        "raw redb 64 rows / 1 row: {:.1}x (the disk's ceiling for 64 writers); group commit reaches {:.0}% of raw 64-row commits",
+        report.raw_ratio_at_64,
+        report.group_share_of_raw_64 * 100.0
     )
 }
 
@@ -97,6 +117,27 @@ async fn measure_all(scratch: &Path, args: &Args) -> Result<Report, Failure> {
             .map_or(0.0, |m| m.records_per_s)
     };
     let ratio = at64(&group) / at64(&single).max(f64::MIN_POSITIVE);
+    std::fs::create_dir_all(scratch).map_err(|e| {
+        Failure::new(format!(
+            "cannot create the scratch directory {}: {e}",
+            scratch.display()
+        ))
+    })?;
+    let mut raw = Vec::new();
+    for rows in [1usize, 64] {
+        let path = scratch.join(format!("raw-{rows}.redb"));
+        let value_bytes = args.text_bytes + 40;
+        let seconds = Duration::from_secs_f64(args.seconds);
+        raw.push(
+            tokio::task::spawn_blocking(move || {
+                raw_durable_rows(&path, rows, value_bytes, seconds)
+            })
+            .await
+            .map_err(|e| Failure::new(format!("the raw redb baseline failed: {e}")))??,
+        );
+    }
+    let raw_ratio = raw[1].rows_per_s / raw[0].rows_per_s.max(f64::MIN_POSITIVE);
+    let share = at64(&group) / raw[1].rows_per_s.max(f64::MIN_POSITIVE);
     Ok(Report {
         bench: "store",
         durability: "immediate",
@@ -106,6 +147,9 @@ async fn measure_all(scratch: &Path, args: &Args) -> Result<Report, Failure> {
         ratio_at_64_writers: ratio,
         target_ratio: 30.0,
         meets_target: ratio >= 30.0,
+        raw_redb: raw,
+        raw_ratio_at_64: raw_ratio,
+        group_share_of_raw_64: share,
     })
 }
 

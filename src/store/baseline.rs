@@ -1,0 +1,71 @@
+//! The disk's own ceiling, for benchmarks: durable redb transactions written directly (no
+//! writer thread, no envelope, no channel), so that a group-commit figure can be read against
+//! what redb itself does on the same disk in the same run.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use redb::{Database, TableDefinition};
+
+use super::StoreError;
+
+const ROWS: TableDefinition<u64, &[u8]> = TableDefinition::new("baseline_rows");
+
+/// What [`raw_durable_rows`] measured.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct RawRate {
+    /// Rows inserted per transaction.
+    pub rows_per_transaction: usize,
+    /// Durable transactions committed.
+    pub transactions: u64,
+    /// Seconds measured.
+    pub seconds: f64,
+    /// Rows per second.
+    pub rows_per_s: f64,
+}
+
+fn fail(what: &'static str) -> impl Fn(redb::Error) -> StoreError {
+    move |e| StoreError::Write {
+        reason: format!("baseline {what}: {e}"),
+    }
+}
+
+/// Commits durable transactions of `rows_per_transaction` rows of `value_bytes` bytes each into
+/// a fresh redb file at `path` for `duration`, one thread, and reports the rate.
+pub fn raw_durable_rows(
+    path: &Path,
+    rows_per_transaction: usize,
+    value_bytes: usize,
+    duration: Duration,
+) -> Result<RawRate, StoreError> {
+    let db = Database::create(path).map_err(|e| fail("create")(e.into()))?;
+    let value = vec![b'x'; value_bytes];
+    let rows_per_transaction = rows_per_transaction.max(1);
+    let start = Instant::now();
+    let (mut key, mut transactions) = (0u64, 0u64);
+    while start.elapsed() < duration {
+        let mut txn = db.begin_write().map_err(|e| fail("begin")(e.into()))?;
+        txn.set_durability(redb::Durability::Immediate)
+            .map_err(|e| fail("durability")(e.into()))?;
+        {
+            let mut table = txn
+                .open_table(ROWS)
+                .map_err(|e| fail("open table")(e.into()))?;
+            for _ in 0..rows_per_transaction {
+                table
+                    .insert(key, value.as_slice())
+                    .map_err(|e| fail("insert")(e.into()))?;
+                key += 1;
+            }
+        }
+        txn.commit().map_err(|e| fail("commit")(e.into()))?;
+        transactions += 1;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    Ok(RawRate {
+        rows_per_transaction,
+        transactions,
+        seconds,
+        rows_per_s: key as f64 / seconds.max(1e-9),
+    })
+}
