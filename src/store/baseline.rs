@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use redb::{Database, TableDefinition};
 
 use super::StoreError;
+use super::writer::fail;
 
 const ROWS: TableDefinition<u64, &[u8]> = TableDefinition::new("baseline_rows");
 
@@ -24,12 +25,6 @@ pub struct RawRate {
     pub rows_per_s: f64,
 }
 
-fn fail(what: &'static str) -> impl Fn(redb::Error) -> StoreError {
-    move |e| StoreError::Write {
-        reason: format!("baseline {what}: {e}"),
-    }
-}
-
 /// Commits durable transactions of `rows_per_transaction` rows of `value_bytes` bytes each into
 /// a fresh redb file at `path` for `duration`, one thread, and reports the rate.
 pub fn raw_durable_rows(
@@ -38,27 +33,25 @@ pub fn raw_durable_rows(
     value_bytes: usize,
     duration: Duration,
 ) -> Result<RawRate, StoreError> {
-    let db = Database::create(path).map_err(|e| fail("create")(e.into()))?;
+    let db = Database::create(path).map_err(fail("baseline: create"))?;
     let value = vec![b'x'; value_bytes];
     let rows_per_transaction = rows_per_transaction.max(1);
     let start = Instant::now();
     let (mut key, mut transactions) = (0u64, 0u64);
     while start.elapsed() < duration {
-        let mut txn = db.begin_write().map_err(|e| fail("begin")(e.into()))?;
+        let mut txn = db.begin_write().map_err(fail("baseline: begin"))?;
         txn.set_durability(redb::Durability::Immediate)
-            .map_err(|e| fail("durability")(e.into()))?;
+            .map_err(fail("baseline: durability"))?;
         {
-            let mut table = txn
-                .open_table(ROWS)
-                .map_err(|e| fail("open table")(e.into()))?;
+            let mut table = txn.open_table(ROWS).map_err(fail("baseline: open table"))?;
             for _ in 0..rows_per_transaction {
                 table
                     .insert(key, value.as_slice())
-                    .map_err(|e| fail("insert")(e.into()))?;
+                    .map_err(fail("baseline: insert"))?;
                 key += 1;
             }
         }
-        txn.commit().map_err(|e| fail("commit")(e.into()))?;
+        txn.commit().map_err(fail("baseline: commit"))?;
         transactions += 1;
     }
     let seconds = start.elapsed().as_secs_f64();

@@ -135,7 +135,8 @@ pub(crate) fn run(
     }
 }
 
-fn fail<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> StoreError {
+/// Maps an error of redb to a write error that says what was being done.
+pub(super) fn fail<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> StoreError {
     move |e| StoreError::Write {
         reason: format!("{what}: {e}"),
     }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use hindsight::store::baseline::{RawRate, raw_durable_rows};
-use hindsight::store::{Durability, MAX_BATCH, NewDiaryEntry, Store, StoreOptions};
+use hindsight::store::{Durability, MAX_BATCH, NewDiaryEntry, Store, StoreOptions, envelope};
 use serde::Serialize;
 
 use super::{Failure, Global, print_json};
@@ -123,21 +123,15 @@ async fn measure_all(scratch: &Path, args: &Args) -> Result<Report, Failure> {
             scratch.display()
         ))
     })?;
-    let mut raw = Vec::new();
-    for rows in [1usize, 64] {
-        let path = scratch.join(format!("raw-{rows}.redb"));
-        let value_bytes = args.text_bytes + 40;
-        let seconds = Duration::from_secs_f64(args.seconds);
-        raw.push(
-            tokio::task::spawn_blocking(move || {
-                raw_durable_rows(&path, rows, value_bytes, seconds)
-            })
-            .await
-            .map_err(|e| Failure::new(format!("the raw redb baseline failed: {e}")))??,
-        );
-    }
-    let raw_ratio = raw[1].rows_per_s / raw[0].rows_per_s.max(f64::MIN_POSITIVE);
-    let share = at64(&group) / raw[1].rows_per_s.max(f64::MIN_POSITIVE);
+    // Raw rows as large as the stored diary entries the writers wrote.
+    let value_bytes = envelope::encode(&entry(0, 0, "x".repeat(args.text_bytes)))
+        .map_err(|e| Failure::new(format!("cannot encode a bench diary entry: {e}")))?
+        .len();
+    let seconds = Duration::from_secs_f64(args.seconds);
+    let raw_single = raw(scratch, 1, value_bytes, seconds).await?;
+    let raw_batched = raw(scratch, 64, value_bytes, seconds).await?;
+    let raw_ratio = raw_batched.rows_per_s / raw_single.rows_per_s.max(f64::MIN_POSITIVE);
+    let share = at64(&group) / raw_batched.rows_per_s.max(f64::MIN_POSITIVE);
     Ok(Report {
         bench: "store",
         durability: "immediate",
@@ -147,10 +141,35 @@ async fn measure_all(scratch: &Path, args: &Args) -> Result<Report, Failure> {
         ratio_at_64_writers: ratio,
         target_ratio: 30.0,
         meets_target: ratio >= 30.0,
-        raw_redb: raw,
+        raw_redb: vec![raw_single, raw_batched],
         raw_ratio_at_64: raw_ratio,
         group_share_of_raw_64: share,
     })
+}
+
+/// Raw redb rows/s at `rows` rows per durable transaction, in the scratch directory.
+async fn raw(
+    scratch: &Path,
+    rows: usize,
+    value_bytes: usize,
+    seconds: Duration,
+) -> Result<RawRate, Failure> {
+    let path = scratch.join(format!("raw-{rows}.redb"));
+    tokio::task::spawn_blocking(move || raw_durable_rows(&path, rows, value_bytes, seconds))
+        .await
+        .map_err(|e| Failure::new(format!("the raw redb baseline failed: {e}")))?
+        .map_err(Failure::from)
+}
+
+/// The diary entry bench writer `w` writes as its `n`th record.
+fn entry(w: u64, n: u64, text: String) -> NewDiaryEntry {
+    NewDiaryEntry {
+        time_ms: n,
+        run_id: Some(format!("bench-{w}")),
+        kind: "bench".into(),
+        text,
+        tags: Vec::new(),
+    }
 }
 
 async fn measure(
@@ -185,15 +204,7 @@ async fn measure(
         tasks.push(tokio::spawn(async move {
             let mut written = 0u64;
             while Instant::now() < deadline {
-                store
-                    .append_diary(NewDiaryEntry {
-                        time_ms: written,
-                        run_id: Some(format!("bench-{w}")),
-                        kind: "bench".into(),
-                        text: text.clone(),
-                        tags: Vec::new(),
-                    })
-                    .await?;
+                store.append_diary(entry(w, written, text.clone())).await?;
                 written += 1;
             }
             Ok::<u64, hindsight::store::StoreError>(written)
