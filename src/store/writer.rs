@@ -61,6 +61,10 @@ pub(crate) enum Op {
 /// What one request gets back: per op, the sequence number assigned to an append.
 pub(crate) type Ack = Result<Vec<Option<u64>>, StoreError>;
 
+/// What one transaction gives its requests: each one's sequence numbers, or the error that
+/// failed them all.
+type Outcome = Result<Vec<Vec<Option<u64>>>, StoreError>;
+
 /// A caller's write request: its ops commit together, and `ack` hears when they did.
 pub(crate) struct Request {
     pub(crate) ops: Vec<Op>,
@@ -91,29 +95,13 @@ pub(crate) fn run(
     config: WriterConfig,
     counters: Arc<Counters>,
 ) {
-    let max_batch = config.max_batch.max(1);
     // How many requests the previous transaction held: the callers it just acknowledged are
     // likely to write again at once, so the next batch waits for them a little.
     let mut previous = 0;
     while let Ok(first) = rx.recv() {
-        let mut batch = vec![first];
-        let mut idle = 0;
-        while batch.len() < max_batch {
-            match rx.try_recv() {
-                Ok(r) => {
-                    batch.push(r);
-                    idle = 0;
-                }
-                Err(TryRecvError::Empty) if batch.len() < previous && idle < GATHER_IDLE_YIELDS => {
-                    // Let the acknowledged callers run.
-                    idle += 1;
-                    std::thread::yield_now();
-                }
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-            }
-        }
+        let (batch, outcome) = gather_and_commit(&db, first, &rx, config, previous);
         previous = batch.len();
-        match commit(&db, &batch, config) {
+        match outcome {
             Ok(results) => {
                 counters.transactions.fetch_add(1, Ordering::Relaxed);
                 counters
@@ -142,11 +130,36 @@ pub(super) fn fail<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> St
     }
 }
 
-fn commit(
+/// One transaction: opens it for `first`, writes each further request into it as it arrives
+/// (so that writing overlaps the callers' sending), and commits. Returns the requests it took,
+/// with their sequence numbers or the error that failed them all: a request that cannot be
+/// written ends the gathering, and nothing of its transaction is committed.
+fn gather_and_commit(
     db: &Database,
-    batch: &[Request],
+    first: Request,
+    rx: &Receiver<Request>,
     config: WriterConfig,
-) -> Result<Vec<Vec<Option<u64>>>, StoreError> {
+    previous: usize,
+) -> (Vec<Request>, Outcome) {
+    let mut batch = Vec::with_capacity(previous.max(1));
+    batch.push(first);
+    let txn = match begin(db, config) {
+        Ok(txn) => txn,
+        Err(e) => return (batch, Err(e)),
+    };
+    let outcome = gather(&txn, &mut batch, rx, config, previous);
+    let outcome = match outcome {
+        Ok(results) => txn
+            .commit()
+            .map(|()| results)
+            .map_err(fail("the commit failed")),
+        // Dropping the transaction aborts it.
+        Err(e) => Err(e),
+    };
+    (batch, outcome)
+}
+
+fn begin(db: &Database, config: WriterConfig) -> Result<WriteTransaction, StoreError> {
     let mut txn = db
         .begin_write()
         .map_err(fail("cannot begin a write transaction"))?;
@@ -155,8 +168,39 @@ fn commit(
         Durability::None => redb::Durability::None,
     })
     .map_err(fail("cannot set the durability"))?;
-    let results = apply(&txn, batch, config)?;
-    txn.commit().map_err(fail("the commit failed"))?;
+    Ok(txn)
+}
+
+/// Writes `batch[0]`, then takes and writes requests while they arrive, up to the batch limit.
+fn gather(
+    txn: &WriteTransaction,
+    batch: &mut Vec<Request>,
+    rx: &Receiver<Request>,
+    config: WriterConfig,
+    previous: usize,
+) -> Outcome {
+    let max_batch = config.max_batch.max(1);
+    let mut tables = Tables::open(txn, config)?;
+    let mut results = Vec::with_capacity(previous.max(1));
+    results.push(tables.apply(txn, &batch[0].ops)?);
+    let mut idle = 0;
+    while batch.len() < max_batch {
+        match rx.try_recv() {
+            Ok(req) => {
+                idle = 0;
+                let written = tables.apply(txn, &req.ops);
+                batch.push(req);
+                results.push(written?);
+            }
+            Err(TryRecvError::Empty) if batch.len() < previous && idle < GATHER_IDLE_YIELDS => {
+                // Let the acknowledged callers run.
+                idle += 1;
+                std::thread::yield_now();
+            }
+            Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+        }
+    }
+    tables.finish()?;
     Ok(results)
 }
 
@@ -168,71 +212,98 @@ fn next(meta: &redb::Table<&str, u64>, key: &str) -> Result<u64, StoreError> {
         .unwrap_or(1))
 }
 
-fn apply(
-    txn: &WriteTransaction,
-    batch: &[Request],
-    config: WriterConfig,
-) -> Result<Vec<Vec<Option<u64>>>, StoreError> {
-    let mut meta = txn
-        .open_table(META)
-        .map_err(fail("cannot open the table meta"))?;
-    let mut runs = txn
-        .open_table(RUNS)
-        .map_err(fail("cannot open the table runs"))?;
-    let mut cps = txn
-        .open_table(CHECKPOINTS)
-        .map_err(fail("cannot open the table checkpoints"))?;
-    let mut diary = txn
-        .open_table(DIARY)
-        .map_err(fail("cannot open the table diary"))?;
-    let mut exp = txn
-        .open_table(EXPERIENCE)
-        .map_err(fail("cannot open the table experience"))?;
-    let mut idem = txn
-        .open_table(IDEMPOTENCY)
-        .map_err(fail("cannot open the table idempotency"))?;
-    let mut next_diary = next(&meta, NEXT_DIARY)?;
-    let mut next_exp = next(&meta, NEXT_EXPERIENCE)?;
-    let mut next_cp = next(&meta, NEXT_CHECKPOINT)?;
-    let (start_diary, start_exp, start_cp) = (next_diary, next_exp, next_cp);
-    let keep = config.checkpoints_per_run.max(1);
+/// The open tables of one write transaction and the sequence numbers it hands out.
+struct Tables<'t> {
+    meta: redb::Table<'t, &'static str, u64>,
+    runs: redb::Table<'t, &'static str, &'static [u8]>,
+    cps: redb::Table<'t, (&'static str, u64), &'static [u8]>,
+    diary: redb::Table<'t, u64, &'static [u8]>,
+    exp: redb::Table<'t, u64, &'static [u8]>,
+    idem: redb::Table<'t, &'static str, &'static [u8]>,
+    /// Next sequence numbers (diary, experience, checkpoint) and their values at the start.
+    next: [u64; 3],
+    start: [u64; 3],
+    keep: usize,
+}
 
-    let mut results = Vec::with_capacity(batch.len());
-    for req in batch {
-        let mut acks = Vec::with_capacity(req.ops.len());
-        for op in &req.ops {
+impl<'t> Tables<'t> {
+    fn open(txn: &'t WriteTransaction, config: WriterConfig) -> Result<Tables<'t>, StoreError> {
+        let meta = txn
+            .open_table(META)
+            .map_err(fail("cannot open the table meta"))?;
+        let next = [
+            next(&meta, NEXT_DIARY)?,
+            next(&meta, NEXT_EXPERIENCE)?,
+            next(&meta, NEXT_CHECKPOINT)?,
+        ];
+        Ok(Tables {
+            meta,
+            runs: txn
+                .open_table(RUNS)
+                .map_err(fail("cannot open the table runs"))?,
+            cps: txn
+                .open_table(CHECKPOINTS)
+                .map_err(fail("cannot open the table checkpoints"))?,
+            diary: txn
+                .open_table(DIARY)
+                .map_err(fail("cannot open the table diary"))?,
+            exp: txn
+                .open_table(EXPERIENCE)
+                .map_err(fail("cannot open the table experience"))?,
+            idem: txn
+                .open_table(IDEMPOTENCY)
+                .map_err(fail("cannot open the table idempotency"))?,
+            next,
+            start: next,
+            keep: config.checkpoints_per_run.max(1),
+        })
+    }
+
+    /// Writes one request's ops; returns the sequence number of each append.
+    fn apply(
+        &mut self,
+        txn: &WriteTransaction,
+        ops: &[Op],
+    ) -> Result<Vec<Option<u64>>, StoreError> {
+        let mut acks = Vec::with_capacity(ops.len());
+        for op in ops {
             let mut seq = None;
             match op {
                 Op::PutRun { run_id, bytes } => {
-                    runs.insert(run_id.as_str(), bytes.as_slice())
+                    self.runs
+                        .insert(run_id.as_str(), bytes.as_slice())
                         .map_err(fail("cannot write to the table runs"))?;
                 }
                 Op::PutCheckpoint { run_id, bytes } => {
-                    cps.insert((run_id.as_str(), next_cp), bytes.as_slice())
+                    self.cps
+                        .insert((run_id.as_str(), self.next[2]), bytes.as_slice())
                         .map_err(fail("cannot write to the table checkpoints"))?;
-                    next_cp += 1;
-                    prune_checkpoints(&mut cps, run_id, keep)?;
+                    self.next[2] += 1;
+                    prune_checkpoints(&mut self.cps, run_id, self.keep)?;
                 }
                 Op::FinishRun { run_id, bytes } => {
-                    runs.insert(run_id.as_str(), bytes.as_slice())
+                    self.runs
+                        .insert(run_id.as_str(), bytes.as_slice())
                         .map_err(fail("cannot write to the table runs"))?;
-                    prune_checkpoints(&mut cps, run_id, 1)?;
+                    prune_checkpoints(&mut self.cps, run_id, 1)?;
                 }
                 Op::AppendDiary { bytes } => {
-                    diary
-                        .insert(next_diary, bytes.as_slice())
+                    self.diary
+                        .insert(self.next[0], bytes.as_slice())
                         .map_err(fail("cannot write to the table diary"))?;
-                    seq = Some(next_diary);
-                    next_diary += 1;
+                    seq = Some(self.next[0]);
+                    self.next[0] += 1;
                 }
                 Op::AppendExperience { bytes } => {
-                    exp.insert(next_exp, bytes.as_slice())
+                    self.exp
+                        .insert(self.next[1], bytes.as_slice())
                         .map_err(fail("cannot write to the table experience"))?;
-                    seq = Some(next_exp);
-                    next_exp += 1;
+                    seq = Some(self.next[1]);
+                    self.next[1] += 1;
                 }
                 Op::PutIdempotent { key, bytes } => {
-                    idem.insert(key.as_str(), bytes.as_slice())
+                    self.idem
+                        .insert(key.as_str(), bytes.as_slice())
                         .map_err(fail("cannot write to the table idempotency"))?;
                 }
                 Op::Put { table, key, bytes } => {
@@ -259,20 +330,24 @@ fn apply(
             }
             acks.push(seq);
         }
-        results.push(acks);
+        Ok(acks)
     }
-    // Only the counters that moved are written: an unchanged one would dirty pages for nothing.
-    for (key, start, end) in [
-        (NEXT_DIARY, start_diary, next_diary),
-        (NEXT_EXPERIENCE, start_exp, next_exp),
-        (NEXT_CHECKPOINT, start_cp, next_cp),
-    ] {
-        if end != start {
-            meta.insert(key, end)
-                .map_err(fail("cannot write to the table meta"))?;
+
+    /// Writes the sequence counters that moved (an unchanged one would dirty pages for nothing)
+    /// and closes the tables.
+    fn finish(mut self) -> Result<(), StoreError> {
+        for (i, key) in [NEXT_DIARY, NEXT_EXPERIENCE, NEXT_CHECKPOINT]
+            .into_iter()
+            .enumerate()
+        {
+            if self.next[i] != self.start[i] {
+                self.meta
+                    .insert(key, self.next[i])
+                    .map_err(fail("cannot write to the table meta"))?;
+            }
         }
+        Ok(())
     }
-    Ok(results)
 }
 
 /// Keeps only the newest `keep` checkpoints of `run_id`.
@@ -318,7 +393,7 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_commit_fails_every_request_of_its_batch_and_writes_nothing() {
+    fn a_request_that_cannot_be_written_fails_its_batch_and_the_next_batch_goes_on() {
         let dir = tempfile::tempdir().unwrap();
         let db = Arc::new(Database::create(dir.path().join("t.redb")).unwrap());
         // A table under a KvTable's name but with other types makes that request's op fail.
@@ -337,43 +412,48 @@ mod tests {
                 bytes: vec![1],
             },
             Op::AppendDiary { bytes: vec![2] },
+            Op::AppendDiary { bytes: vec![3] },
         ] {
             let (req, ack) = request(op);
             tx.send(req).unwrap();
             acks.push(ack);
         }
-        // Then a batch of its own that succeeds.
-        let (req, last) = request(Op::AppendDiary { bytes: vec![3] });
-        let counters = Arc::new(Counters::default());
-        let writer = {
-            let (db, counters) = (db.clone(), counters.clone());
-            let cfg = WriterConfig {
-                max_batch: 3,
-                ..config()
-            };
-            std::thread::spawn(move || run(db, rx, cfg, counters))
-        };
-        tx.send(req).unwrap();
         drop(tx);
-        writer.join().unwrap();
+        let counters = Arc::new(Counters::default());
+        let cfg = WriterConfig {
+            max_batch: 3,
+            ..config()
+        };
+        run(db.clone(), rx, cfg, counters.clone());
 
-        for ack in acks {
-            let err = ack.blocking_recv().unwrap().unwrap_err();
+        let mut acks = acks.into_iter().map(|a| a.blocking_recv().unwrap());
+        // The first request was written into the same transaction as the failing one: it fails
+        // with it, naming the table at fault, and the gathering stops there.
+        for _ in 0..2 {
+            let err = acks.next().unwrap().unwrap_err();
             assert!(
                 matches!(&err, StoreError::Write { reason } if reason.contains("kv.typed")),
                 "{err:?}"
             );
         }
-        assert_eq!(last.blocking_recv().unwrap(), Ok(vec![Some(1)]));
+        assert_eq!(acks.next().unwrap(), Ok(vec![Some(1)]));
+        assert_eq!(acks.next().unwrap(), Ok(vec![Some(2)]));
         assert_eq!(counters.failed_transactions.load(Ordering::Relaxed), 1);
         assert_eq!(counters.transactions.load(Ordering::Relaxed), 1);
         let read = db.begin_read().unwrap();
         let diary = read.open_table(DIARY).unwrap();
-        let keys: Vec<u64> = diary
+        let rows: Vec<(u64, Vec<u8>)> = diary
             .iter()
             .unwrap()
-            .map(|e| e.unwrap().0.value())
+            .map(|e| {
+                let (k, v) = e.unwrap();
+                (k.value(), v.value().to_vec())
+            })
             .collect();
-        assert_eq!(keys, vec![1], "nothing of the failed batch was written");
+        assert_eq!(
+            rows,
+            vec![(1, vec![2]), (2, vec![3])],
+            "nothing of the failed batch was written"
+        );
     }
 }

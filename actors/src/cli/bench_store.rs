@@ -1,10 +1,12 @@
 //! `hindsight bench store`: durable records/s of the store with group commit at 1, 8 and 64
-//! concurrent writers, and with one commit per record at 1 and 64, printed as one JSON object.
+//! concurrent writers, with one commit per record at 1 and 64, and of raw redb on the same disk,
+//! printed as one JSON object. The configurations run in interleaved rounds, so that a disk
+//! whose speed drifts during the run weighs on each of them alike.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use hindsight::store::baseline::{RawRate, raw_durable_rows};
+use hindsight::store::baseline::{RawBaseline, RawRate};
 use hindsight::store::{Durability, MAX_BATCH, NewDiaryEntry, Store, StoreOptions, envelope};
 use serde::Serialize;
 
@@ -16,9 +18,13 @@ pub struct Args {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
-    /// Seconds each configuration runs (its writers write until then).
+    /// Seconds each configuration runs in all (its writers write until then), split over the
+    /// rounds.
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
+    /// Rounds: each round runs every configuration in turn for `seconds / rounds`.
+    #[arg(long, default_value_t = 4)]
+    rounds: u32,
     /// Bytes of text per diary entry.
     #[arg(long, default_value_t = 200)]
     text_bytes: usize,
@@ -44,7 +50,11 @@ struct Report {
     record: String,
     group_commit: Vec<Measurement>,
     per_record_commit: Vec<Measurement>,
+    /// Rounds the configurations ran in, interleaved.
+    rounds: u32,
     ratio_at_64_writers: f64,
+    /// The ratio at 64 writers in each round, from that round's rates alone.
+    ratio_at_64_writers_per_round: Vec<f64>,
     target_ratio: f64,
     meets_target: bool,
     /// redb itself on the same disk in the same run: one row per durable transaction, and 64
@@ -88,6 +98,16 @@ pub async fn run(_global: &Global, args: Args) -> Result<(), Failure> {
         report.ratio_at_64_writers,
         report.target_ratio
     )?;
+    let rounds: Vec<String> = report
+        .ratio_at_64_writers_per_round
+        .iter()
+        .map(|r| format!("{r:.1}x"))
+        .collect();
+    outln!(
+        "per round ({} rounds, interleaved): {}",
+        report.rounds,
+        rounds.join(", ")
+    )?;
     for r in &report.raw_redb {
         outln!(
             "raw redb, {:>2} rows per durable transaction: {:>10.0} rows/s",
@@ -102,34 +122,155 @@ pub async fn run(_global: &Global, args: Args) -> Result<(), Failure> {
     )
 }
 
+/// A store configuration under measurement and what it measured so far.
+struct Config {
+    writers: u64,
+    group_commit: bool,
+    store: Store,
+    records: u64,
+    seconds: f64,
+}
+
+impl Config {
+    fn open(scratch: &Path, writers: u64, group_commit: bool) -> Result<Config, Failure> {
+        let dir: PathBuf = scratch.join(format!(
+            "{}-{writers}",
+            if group_commit { "group" } else { "single" }
+        ));
+        let options = StoreOptions {
+            durability: Durability::Immediate,
+            ..StoreOptions::default()
+        };
+        let max_batch = if group_commit { MAX_BATCH } else { 1 };
+        let store = Store::open_with_batch_limit(&dir, options, max_batch)?;
+        Ok(Config {
+            writers,
+            group_commit,
+            store,
+            records: 0,
+            seconds: 0.0,
+        })
+    }
+
+    fn measurement(&self) -> Measurement {
+        let transactions = self.store.writer_stats().transactions;
+        Measurement {
+            writers: self.writers,
+            group_commit: self.group_commit,
+            records: self.records,
+            seconds: self.seconds,
+            records_per_s: self.records as f64 / self.seconds.max(1e-9),
+            transactions,
+            records_per_transaction: self.records as f64 / (transactions.max(1) as f64),
+        }
+    }
+}
+
+/// A raw redb baseline under measurement and what it measured so far.
+struct Raw {
+    rows: usize,
+    baseline: Option<RawBaseline>,
+    transactions: u64,
+    rows_written: f64,
+    seconds: f64,
+}
+
+impl Raw {
+    /// One round of `duration`; returns its rows/s.
+    async fn round(&mut self, value_bytes: usize, duration: Duration) -> Result<f64, Failure> {
+        let mut baseline = self
+            .baseline
+            .take()
+            .ok_or_else(|| Failure::new("the raw redb baseline was lost in an earlier round"))?;
+        let rows = self.rows;
+        let (baseline, rate) = tokio::task::spawn_blocking(move || {
+            let rate = baseline.measure(rows, value_bytes, duration);
+            (baseline, rate)
+        })
+        .await
+        .map_err(|e| Failure::new(format!("the raw redb baseline failed: {e}")))?;
+        let rate = rate?;
+        self.baseline = Some(baseline);
+        self.transactions += rate.transactions;
+        self.rows_written += rate.rows_per_s * rate.seconds;
+        self.seconds += rate.seconds;
+        Ok(rate.rows_per_s)
+    }
+
+    fn rate(&self) -> RawRate {
+        RawRate {
+            rows_per_transaction: self.rows,
+            transactions: self.transactions,
+            seconds: self.seconds,
+            rows_per_s: self.rows_written / self.seconds.max(1e-9),
+        }
+    }
+}
+
 async fn measure_all(scratch: &Path, args: &Args) -> Result<Report, Failure> {
-    let mut group = Vec::new();
-    for writers in [1u64, 8, 64] {
-        group.push(measure(scratch, writers, true, args.seconds, args.text_bytes).await?);
+    if !(args.seconds.is_finite() && args.seconds > 0.0) {
+        return Err(Failure::new(format!(
+            "--seconds must be a positive number of seconds, not {}",
+            args.seconds
+        )));
     }
-    let mut single = Vec::new();
-    for writers in [1u64, 64] {
-        single.push(measure(scratch, writers, false, args.seconds, args.text_bytes).await?);
+    if args.rounds == 0 {
+        return Err(Failure::new("--rounds must be at least 1"));
     }
-    let at64 = |ms: &[Measurement]| {
-        ms.iter()
-            .find(|m| m.writers == 64)
-            .map_or(0.0, |m| m.records_per_s)
-    };
-    let ratio = at64(&group) / at64(&single).max(f64::MIN_POSITIVE);
     std::fs::create_dir_all(scratch).map_err(|e| {
         Failure::new(format!(
             "cannot create the scratch directory {}: {e}",
             scratch.display()
         ))
     })?;
+    let mut configs = Vec::new();
+    for (writers, group_commit) in [(1u64, true), (8, true), (64, true), (1, false), (64, false)] {
+        configs.push(Config::open(scratch, writers, group_commit)?);
+    }
     // Raw rows as large as the stored diary entries the writers wrote.
     let value_bytes = envelope::encode(&entry(0, 0, "x".repeat(args.text_bytes)))
         .map_err(|e| Failure::new(format!("cannot encode a bench diary entry: {e}")))?
         .len();
-    let seconds = Duration::from_secs_f64(args.seconds);
-    let raw_single = raw(scratch, 1, value_bytes, seconds).await?;
-    let raw_batched = raw(scratch, 64, value_bytes, seconds).await?;
+    let mut raws = Vec::new();
+    for rows in [1usize, 64] {
+        raws.push(Raw {
+            rows,
+            baseline: Some(RawBaseline::create(
+                &scratch.join(format!("raw-{rows}.redb")),
+            )?),
+            transactions: 0,
+            rows_written: 0.0,
+            seconds: 0.0,
+        });
+    }
+    let slice = Duration::from_secs_f64(args.seconds / f64::from(args.rounds));
+    let text = "x".repeat(args.text_bytes);
+    let mut per_round = Vec::new();
+    for _ in 0..args.rounds {
+        let mut at64 = [0.0; 2];
+        for c in &mut configs {
+            let (records, seconds) = write_for(&c.store, c.writers, slice, &text).await?;
+            c.records += records;
+            c.seconds += seconds;
+            if c.writers == 64 {
+                at64[usize::from(c.group_commit)] = records as f64 / seconds.max(1e-9);
+            }
+        }
+        for r in &mut raws {
+            r.round(value_bytes, slice).await?;
+        }
+        per_round.push(at64[1] / at64[0].max(f64::MIN_POSITIVE));
+    }
+    let measured: Vec<Measurement> = configs.iter().map(Config::measurement).collect();
+    let (group, single): (Vec<_>, Vec<_>) = measured.into_iter().partition(|m| m.group_commit);
+    let at64 = |ms: &[Measurement]| {
+        ms.iter()
+            .find(|m| m.writers == 64)
+            .map_or(0.0, |m| m.records_per_s)
+    };
+    let ratio = at64(&group) / at64(&single).max(f64::MIN_POSITIVE);
+    let raw_single = raws[0].rate();
+    let raw_batched = raws[1].rate();
     let raw_ratio = raw_batched.rows_per_s / raw_single.rows_per_s.max(f64::MIN_POSITIVE);
     let share = at64(&group) / raw_batched.rows_per_s.max(f64::MIN_POSITIVE);
     Ok(Report {
@@ -138,27 +279,15 @@ async fn measure_all(scratch: &Path, args: &Args) -> Result<Report, Failure> {
         record: format!("diary entry with {} bytes of text", args.text_bytes),
         group_commit: group,
         per_record_commit: single,
+        rounds: args.rounds,
         ratio_at_64_writers: ratio,
+        ratio_at_64_writers_per_round: per_round,
         target_ratio: 30.0,
         meets_target: ratio >= 30.0,
         raw_redb: vec![raw_single, raw_batched],
         raw_ratio_at_64: raw_ratio,
         group_share_of_raw_64: share,
     })
-}
-
-/// Raw redb rows/s at `rows` rows per durable transaction, in the scratch directory.
-async fn raw(
-    scratch: &Path,
-    rows: usize,
-    value_bytes: usize,
-    seconds: Duration,
-) -> Result<RawRate, Failure> {
-    let path = scratch.join(format!("raw-{rows}.redb"));
-    tokio::task::spawn_blocking(move || raw_durable_rows(&path, rows, value_bytes, seconds))
-        .await
-        .map_err(|e| Failure::new(format!("the raw redb baseline failed: {e}")))?
-        .map_err(Failure::from)
 }
 
 /// The diary entry bench writer `w` writes as its `n`th record.
@@ -172,35 +301,20 @@ fn entry(w: u64, n: u64, text: String) -> NewDiaryEntry {
     }
 }
 
-async fn measure(
-    scratch: &Path,
+/// `writers` concurrent writers append diary entries to `store` for `duration`, each waiting
+/// for its acknowledgement before the next; returns the records written and the seconds taken.
+async fn write_for(
+    store: &Store,
     writers: u64,
-    group_commit: bool,
-    seconds: f64,
-    text_bytes: usize,
-) -> Result<Measurement, Failure> {
-    if !(seconds.is_finite() && seconds > 0.0) {
-        return Err(Failure::new(format!(
-            "--seconds must be a positive number of seconds, not {seconds}"
-        )));
-    }
-    let dir: PathBuf = scratch.join(format!(
-        "{}-{writers}",
-        if group_commit { "group" } else { "single" }
-    ));
-    let options = StoreOptions {
-        durability: Durability::Immediate,
-        ..StoreOptions::default()
-    };
-    let max_batch = if group_commit { MAX_BATCH } else { 1 };
-    let store = Store::open_with_batch_limit(&dir, options, max_batch)?;
-    let text = "x".repeat(text_bytes);
+    duration: Duration,
+    text: &str,
+) -> Result<(u64, f64), Failure> {
     let start = Instant::now();
-    let deadline = start + Duration::from_secs_f64(seconds);
+    let deadline = start + duration;
     let mut tasks = Vec::new();
     for w in 0..writers {
         let store: Store = store.clone();
-        let text = text.clone();
+        let text = text.to_owned();
         tasks.push(tokio::spawn(async move {
             let mut written = 0u64;
             while Instant::now() < deadline {
@@ -216,15 +330,5 @@ async fn measure(
             .await
             .map_err(|e| Failure::new(format!("a bench writer task failed: {e}")))??;
     }
-    let seconds = start.elapsed().as_secs_f64();
-    let transactions = store.writer_stats().transactions;
-    Ok(Measurement {
-        writers,
-        group_commit,
-        records: written,
-        seconds,
-        records_per_s: written as f64 / seconds.max(1e-9),
-        transactions,
-        records_per_transaction: written as f64 / (transactions.max(1) as f64),
-    })
+    Ok((written, start.elapsed().as_secs_f64()))
 }
