@@ -66,9 +66,10 @@ fn check(name: &str, seeds: &[u64], bar: f64) {
 
 // The bar (regret ratio <= 0.2, drifted clusters back near the oracle) holds on
 // bank_statements and flaky_ocr. On etl_pipeline (4 stages, 72 plans, 24 clusters, two drifts)
-// the policy sits at about 0.18-0.22 over 5 seeds, and on web_research (7 search arms, 21 plans,
-// 24 clusters, 3/8 of the traffic drifting at task 500) at about 0.21-0.42: their bars below are
-// what is reached today, not the target.
+// the regret ratio is 0.15-0.18 but its drifted clusters sit at about 0.21 after recovery, and
+// on web_research (7 search arms, 21 plans, 24 clusters, 3/8 of the traffic drifting at task
+// 500) the policy sits at about 0.21-0.25: their bars below are what is reached today, not the
+// target.
 
 #[test]
 fn bank_statements_regret_and_drift_recovery() {
@@ -87,7 +88,7 @@ fn etl_pipeline_four_stages_two_drifts() {
 
 #[test]
 fn web_research_many_arms() {
-    check("web_research.toml", &[1, 2], 0.45);
+    check("web_research.toml", &[1, 2], 0.3);
 }
 
 #[test]

@@ -5,6 +5,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use hindsight::learn::sim_run::{DriftRecovery, DriftTracker};
 use hindsight::store::Durability;
 use hindsight::tools::sim::SimEnv;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -197,6 +198,10 @@ impl Drop for TempDir {
     }
 }
 
+/// Tasks after a drift point within which the drifted clusters are expected back near the
+/// oracle.
+pub const RECOVERY_TASKS: u64 = 150;
+
 /// Figures of `hindsight bench learning`: the workload's KPIs plus the learning-specific ones.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LearningBench {
@@ -212,6 +217,10 @@ pub struct LearningBench {
     pub infra_failures_learned_from: u64,
     /// Infrastructure failures the policy saw and ignored.
     pub infra_failures_ignored: u64,
+    /// How the policy followed the environment's drift (`null` when it does not drift within
+    /// the tasks run): the regret ratio of the tasks a drift applies to, during the first
+    /// [`RECOVERY_TASKS`] tasks after it and after them.
+    pub drift: Option<DriftRecovery>,
     /// Wall time of the workload.
     pub seconds: f64,
 }
@@ -246,6 +255,16 @@ pub async fn learning(
     rt.shutdown().await;
     let summary = workload::summarize(env, &records, restarts);
     let repeat_error_rate = repeat_error_rate(&records);
+    let mut drift = DriftTracker::new(env, RECOVERY_TASKS);
+    for r in &records {
+        drift.add(
+            r.task,
+            &r.features,
+            (r.oracle_reward - r.expected_reward).max(0.0),
+            (r.oracle_reward - r.random_reward).max(0.0),
+        );
+    }
+    let drift = drift.finish(tasks);
     Ok((
         LearningBench {
             summary,
@@ -253,6 +272,7 @@ pub async fn learning(
             repeat_error_rate,
             infra_failures_learned_from: stats.2,
             infra_failures_ignored: stats.1,
+            drift,
             seconds,
         },
         records,

@@ -123,7 +123,7 @@ impl Default for PolicyConfig {
             reward: RewardParams::default(),
             prior_alpha: 1.0,
             prior_beta: 1.0,
-            pool_strength: 4.0,
+            pool_strength: 2.0,
             pool_latency_strength: 2.0,
             discount: 0.995,
             sharpen: 5.0,

@@ -105,6 +105,86 @@ pub struct DriftRecovery {
     pub regret_ratio_during_recovery: f64,
 }
 
+/// Follows the tasks a drift entry of an environment applies to, to measure how the policy
+/// recovered ([`DriftRecovery`]): those within `recovery_tasks` of a drift point that applies
+/// to them count as "during recovery", the later ones as "after recovery".
+#[derive(Debug, Clone)]
+pub struct DriftTracker {
+    /// Per drift entry: its start and its feature conditions.
+    points: Vec<(u64, BTreeMap<String, String>)>,
+    recovery_tasks: u64,
+    affected: u64,
+    /// (regret, random regret, tasks) during and after the recovery allowance.
+    during: (f64, f64, u64),
+    after: (f64, f64, u64),
+}
+
+impl DriftTracker {
+    /// A tracker for `env`'s drift entries with a recovery allowance of `recovery_tasks`.
+    pub fn new(env: &SimEnv, recovery_tasks: u64) -> DriftTracker {
+        DriftTracker {
+            points: env
+                .spec()
+                .drift
+                .iter()
+                .map(|d| (d.after_task, d.matcher.clone()))
+                .collect(),
+            recovery_tasks,
+            affected: 0,
+            during: (0.0, 0.0, 0),
+            after: (0.0, 0.0, 0),
+        }
+    }
+
+    /// Adds task `index` with `features`, the regret of its first plan and the random baseline's.
+    pub fn add(
+        &mut self,
+        index: u64,
+        features: &BTreeMap<String, String>,
+        regret: f64,
+        random_regret: f64,
+    ) {
+        let applying: Vec<u64> = self
+            .points
+            .iter()
+            .filter(|(after, m)| {
+                index >= *after && m.iter().all(|(k, v)| features.get(k) == Some(v))
+            })
+            .map(|(after, _)| *after)
+            .collect();
+        if applying.is_empty() {
+            return;
+        }
+        self.affected += 1;
+        let acc = if applying.iter().any(|a| index < a + self.recovery_tasks) {
+            &mut self.during
+        } else {
+            &mut self.after
+        };
+        acc.0 += regret;
+        acc.1 += random_regret;
+        acc.2 += 1;
+    }
+
+    /// The recovery figures, when the environment drifts within the first `tasks` tasks.
+    pub fn finish(&self, tasks: u64) -> Option<DriftRecovery> {
+        let ratio = |a: &(f64, f64, u64)| if a.1 > 1e-12 { a.0 / a.1 } else { 0.0 };
+        let first = self.points.iter().map(|(after, _)| *after).min()?;
+        (first < tasks).then(|| DriftRecovery {
+            after_task: first,
+            affected_tasks: self.affected,
+            affected_after_recovery: self.after.2,
+            regret_ratio_after_recovery: ratio(&self.after),
+            mean_regret_after_recovery: if self.after.2 == 0 {
+                0.0
+            } else {
+                self.after.0 / self.after.2 as f64
+            },
+            regret_ratio_during_recovery: ratio(&self.during),
+        })
+    }
+}
+
 /// One task of the trace.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskTrace {
@@ -397,14 +477,11 @@ pub fn run_learning_with(
     let mut rng = fastrand::Rng::with_seed(seed ^ 0x5eed_b0a7);
     let mut sops = SopBook::new(SopConfig::default());
     let mut sops_promoted = 0u64;
-    let first_drift = env.spec().drift.iter().map(|d| d.after_task).min();
+    let mut drift = DriftTracker::new(env, cfg.recovery_tasks);
     let mut total = Acc::default();
     let mut window = Acc::default();
     let mut windows = Vec::new();
     let mut recent: Vec<bool> = Vec::new();
-    let mut during = Acc::default();
-    let mut after = Acc::default();
-    let mut affected = 0u64;
     let mut oracle_sum = 0.0;
     let mut random_sum = 0.0;
     let mut trace = Vec::new();
@@ -443,23 +520,7 @@ pub fn run_learning_with(
                 .filter(|e| matches!(e, SopEvent::Promoted(_)))
                 .count() as u64;
         }
-        // A task a drift entry applies to is "during recovery" while any of its drift points
-        // is less than `recovery_tasks` old, "after recovery" otherwise.
-        let applying: Vec<u64> = env
-            .spec()
-            .drift
-            .iter()
-            .filter(|d| index >= d.after_task && d.matcher.iter().all(|(k, v)| f.get(k) == Some(v)))
-            .map(|d| d.after_task)
-            .collect();
-        if !applying.is_empty() {
-            affected += 1;
-            if applying.iter().any(|a| index < a + cfg.recovery_tasks) {
-                during.add(ex.passed, reward, regret, random_regret, choice.greedy);
-            } else {
-                after.add(ex.passed, reward, regret, random_regret, choice.greedy);
-            }
-        }
+        drift.add(index, f, regret, random_regret);
         if cfg.trace {
             trace.push(TaskTrace {
                 task: index,
@@ -490,14 +551,7 @@ pub fn run_learning_with(
     } else {
         last.iter().filter(|g| !***g).count() as f64 / last.len() as f64
     };
-    let drift = first_drift.filter(|d| *d < tasks).map(|d0| DriftRecovery {
-        after_task: d0,
-        affected_tasks: affected,
-        affected_after_recovery: after.n,
-        regret_ratio_after_recovery: after.ratio(),
-        mean_regret_after_recovery: after.div(after.regret),
-        regret_ratio_during_recovery: during.ratio(),
-    });
+    let drift = drift.finish(tasks);
     let n = tasks.max(1) as f64;
     let report = LearningReport {
         env: env.name().to_string(),

@@ -152,5 +152,16 @@ pub async fn learning(_global: &Global, args: LearningArgs) -> Result<(), Failur
         s.regret_ratio,
         b.sops_promoted,
         b.infra_failures_learned_from
-    )
+    )?;
+    if let Some(d) = &b.drift {
+        outln!(
+            "drift from task {}: {} tasks affected; regret ratio {:.3} during the first {} tasks after it, {:.3} after them",
+            d.after_task,
+            d.affected_tasks,
+            d.regret_ratio_during_recovery,
+            bench::RECOVERY_TASKS,
+            d.regret_ratio_after_recovery
+        )?;
+    }
+    Ok(())
 }
