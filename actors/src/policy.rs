@@ -416,6 +416,11 @@ impl PolicyState {
                 plan,
             } = self.sops.route(&task.features, &mut self.rng)
                 && plan.len() == self.policy.stages().len()
+                // The policy's own evidence since the promotion may say the SOP no longer fits.
+                && self
+                    .policy
+                    .shortfall(&task.features, &plan)
+                    .is_some_and(|gap| gap <= self.sops.config.defer_margin)
             {
                 let mut choice = PlanChoice::new(plan, Some(sop_id.clone()), true);
                 choice.plan_id = sop_plan_id(&sop_id, version);

@@ -868,6 +868,32 @@ impl Policy {
         self.plan_value(&means, &eff, plan)
     }
 
+    /// How much less the policy expects from `plan` (the arms of an SOP, say) than from its own
+    /// greedy plan for `features`, by posterior means: `None` if the plan names an unknown stage
+    /// or arm, or does not have one arm per stage.
+    pub fn shortfall(
+        &self,
+        features: &BTreeMap<String, String>,
+        plan: &[ArmChoice],
+    ) -> Option<f64> {
+        if plan.len() != self.stages.len() {
+            return None;
+        }
+        let mut indices = Vec::with_capacity(plan.len());
+        for (s, c) in plan.iter().enumerate() {
+            if c.stage != self.stages[s].stage {
+                return None;
+            }
+            let j = self.arm_index(&c.stage, &Arm::new(c.tool.clone(), c.strategy.clone()))?;
+            indices.push(j - self.offsets[s]);
+        }
+        let eff = self.effective(features);
+        let means = eff.mean.clone();
+        let mut greedy = Vec::new();
+        let best = self.best_plan(&means, &eff, &mut greedy);
+        Some((best - self.plan_value(&means, &eff, &indices)).max(0.0))
+    }
+
     /// Ranked arms of one stage for `features`: `(arm index, posterior mean of success, its
     /// standard deviation, standalone expected value)`, best first.
     pub fn rank_stage(
@@ -1278,6 +1304,41 @@ mod tests {
             Policy::restore(bad),
             Err(PolicyError::BadSnapshot(_))
         ));
+    }
+
+    #[test]
+    fn shortfall_measures_a_plan_against_the_greedy_one() {
+        let mut p = policy();
+        let mut rng = fastrand::Rng::with_seed(5);
+        let f = feats(&[("filetype", "pdf"), ("tenant", "A")]);
+        for _ in 0..300 {
+            simulate(&mut p, &f, &mut rng);
+        }
+        let plan = |a: &str, b: &str| {
+            vec![
+                ArmChoice {
+                    stage: "extract".into(),
+                    tool: a.into(),
+                    strategy: "x".into(),
+                    propensity: 1.0,
+                },
+                ArmChoice {
+                    stage: "normalize".into(),
+                    tool: b.into(),
+                    strategy: "s".into(),
+                    propensity: 1.0,
+                },
+            ]
+        };
+        // The reward-best plan (cheap, a) falls short of nothing; the slow, costly and less
+        // valid one (premium, b) by a lot.
+        assert_eq!(p.greedy(&f).0, vec![0, 0]);
+        assert!(p.shortfall(&f, &plan("cheap", "a")).unwrap() < 1e-9);
+        let gap = p.shortfall(&f, &plan("premium", "b")).unwrap();
+        assert!(gap > 0.2, "{gap}");
+        // A plan the policy cannot read is not judged.
+        assert_eq!(p.shortfall(&f, &plan("nope", "a")), None);
+        assert_eq!(p.shortfall(&f, &plan("cheap", "a")[..1]), None);
     }
 
     #[test]

@@ -33,6 +33,10 @@ pub struct SopConfig {
     pub incident_window_ms: u64,
     /// Evidence run ids kept per SOP.
     pub max_evidence: usize,
+    /// The router leaves a task to the policy, though a stable SOP matches, when the policy
+    /// expects this much more reward from its own greedy plan than from the SOP's (what it has
+    /// learned since the promotion, a drift for one, outweighs the SOP's evidence).
+    pub defer_margin: f64,
 }
 
 impl Default for SopConfig {
@@ -46,6 +50,7 @@ impl Default for SopConfig {
             rollback_alpha: 0.01,
             incident_window_ms: 24 * 3600 * 1000,
             max_evidence: 50,
+            defer_margin: 0.05,
         }
     }
 }
