@@ -97,3 +97,25 @@ fn runs_are_reproducible() {
     let b = run("bank_statements.toml", 9, 200);
     assert_eq!(a, b);
 }
+
+/// An arm's own `RateLimit` errors (a quota cut, here from the drift on) are the arm's fault:
+/// the policy learns from them and leaves the arm, while infrastructure faults stay ignored.
+#[test]
+fn a_quota_cut_that_fails_with_rate_limits_is_learned_from() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("config/envs/bank_statements.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let drift = "p_success = 0.15\nerrors = { NotFound = 1 }";
+    assert!(text.contains(drift), "the bank environment's drift changed");
+    let text = text.replace(drift, "p_success = 0.15\nerrors = { RateLimit = 1 }");
+    let env = SimEnv::parse(&text, "bank_quota.toml").unwrap();
+    for seed in [1, 2] {
+        let r = run_learning(&env, PolicyConfig::default(), 1000, seed).unwrap();
+        assert_eq!(r.infra_failures_learned_from, 0);
+        let d = r.drift.unwrap();
+        assert!(
+            d.regret_ratio_after_recovery <= 0.2,
+            "seed {seed}: the drifted clusters stay on the rate-limited arm: {d:?}"
+        );
+        assert!(r.regret_ratio <= 0.2, "seed {seed}: {}", r.regret_ratio);
+    }
+}

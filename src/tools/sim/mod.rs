@@ -5,9 +5,10 @@
 //! Labelling convention for failures: an infrastructure fault (`p_infra`, else `[infra].p_fault`)
 //! is always [`FailureCategory::Infrastructure`](crate::taxonomy::FailureCategory). An arm's own
 //! `errors` are the arm's fault, [`FailureCategory::Strategy`](crate::taxonomy::FailureCategory),
-//! including `Timeout` (the choice of strategy made the call slow), except `TransientNetwork` and
-//! `RateLimit`, which are the environment's by nature and so `Infrastructure` wherever they come
-//! from. An environment that wants arm-specific transient faults should use `p_infra`.
+//! whatever their class: a `Timeout` (the strategy made the call slow), and a `RateLimit` or
+//! `TransientNetwork` too (a tool whose quota was cut keeps failing however often it is retried,
+//! and FORMAT.md's expected reward counts those failures against the arm). An environment that
+//! wants arm-specific transient faults uses `p_infra`.
 
 mod model;
 mod parse;

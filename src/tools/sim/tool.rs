@@ -217,12 +217,9 @@ impl SimTool {
                 .and_then(|i| n.errors.get(i))
                 .map(|(c, _)| *c)
                 .unwrap_or(ErrorClass::DeterministicFailure);
-            let category = match class {
-                ErrorClass::TransientNetwork | ErrorClass::RateLimit => {
-                    FailureCategory::Infrastructure
-                }
-                _ => FailureCategory::Strategy,
-            };
+            // The arm's own failure, whatever its class: FORMAT.md counts it against the arm
+            // (it is part of `1 - p_success`), so the policy must learn from it.
+            let category = FailureCategory::Strategy;
             let retry_after =
                 (class == ErrorClass::RateLimit).then(|| 200 + (u_retry * 1800.0) as u64);
             return Err(ToolError::new(
