@@ -93,6 +93,10 @@ struct TraceLine<'a> {
     plan: &'a [String],
     passed: bool,
     reward: f64,
+    /// Oracle's expected reward minus the first plan's (FORMAT.md).
+    regret: f64,
+    /// The SOP the first plan followed, if any.
+    sop: Option<&'a str>,
 }
 
 /// Runs `hindsight bench learning`.
@@ -116,6 +120,8 @@ pub async fn learning(_global: &Global, args: LearningArgs) -> Result<(), Failur
                 plan: &r.plan,
                 passed: r.passed,
                 reward: r.reward,
+                regret: (r.oracle_reward - r.expected_reward).max(0.0),
+                sop: r.sop_id.as_deref(),
             })
             .map_err(|e| Failure::new(format!("cannot encode the trace: {e}")))?;
             writeln!(w, "{line}").map_err(|e| {

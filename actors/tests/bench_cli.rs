@@ -1,0 +1,119 @@
+//! `hindsight bench learning` as a user runs it: the JSON object's KPIs (drift recovery
+//! included), the per-task trace, and a one-sentence error for a missing environment file.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn env_file(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../config/envs")
+        .join(name)
+}
+
+fn hindsight(data: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hindsight"))
+        .arg("--data")
+        .arg(data)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn learning_bench_prints_the_kpis_with_drift_recovery_and_writes_the_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.jsonl");
+    let env = env_file("web_research.toml");
+    // web_research drifts at task 500: 650 tasks reach past it.
+    let out = hindsight(
+        dir.path(),
+        &[
+            "bench",
+            "learning",
+            "--env",
+            env.to_str().unwrap(),
+            "--tasks",
+            "650",
+            "--seed",
+            "3",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--json",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in [
+        "tasks",
+        "success_rate",
+        "mean_reward",
+        "oracle_mean_reward",
+        "random_mean_reward",
+        "cumulative_regret",
+        "random_cumulative_regret",
+        "regret_ratio",
+        "sops_promoted",
+        "sop_coverage_last_100",
+        "exploration_rate_last_100",
+        "repeat_error_rate",
+        "infra_failures_learned_from",
+    ] {
+        assert!(report.get(key).is_some(), "missing {key}: {report}");
+    }
+    assert_eq!(report["tasks"], 650);
+    assert_eq!(report["infra_failures_learned_from"], 0);
+    let ratio = report["regret_ratio"].as_f64().unwrap();
+    assert!(ratio > 0.0 && ratio < 1.0, "{ratio}");
+    let drift = &report["drift"];
+    assert_eq!(drift["after_task"], 500, "{report}");
+    let affected = drift["affected_tasks"].as_u64().unwrap();
+    // Every drifted task of the 150 after task 500 is still within the recovery allowance.
+    assert!(affected > 0, "{drift}");
+    assert_eq!(drift["affected_after_recovery"], 0, "{drift}");
+    assert!(drift["regret_ratio_during_recovery"].as_f64().is_some());
+
+    let lines: Vec<Value> = std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 650);
+    for (i, l) in lines.iter().enumerate() {
+        assert_eq!(l["task"], i as u64, "{l}");
+        assert_eq!(l["features"].as_object().unwrap().len(), 3, "{l}");
+        // Two stages: search, then summarize.
+        let plan = l["plan"].as_array().unwrap();
+        assert_eq!(plan.len(), 2, "{l}");
+        assert!(
+            plan.iter().all(|a| a.as_str().unwrap().contains('/')),
+            "{l}"
+        );
+        assert!(l["passed"].is_boolean() && l["reward"].is_f64(), "{l}");
+        assert!(l["regret"].as_f64().unwrap() >= 0.0, "{l}");
+        assert!(l["sop"].is_null() || l["sop"].is_string(), "{l}");
+    }
+    // The trace's regret sums to the report's.
+    let sum: f64 = lines.iter().map(|l| l["regret"].as_f64().unwrap()).sum();
+    let cumulative = report["cumulative_regret"].as_f64().unwrap();
+    assert!((sum - cumulative).abs() < 1e-6, "{sum} vs {cumulative}");
+}
+
+#[test]
+fn learning_bench_names_a_missing_environment_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope.toml");
+    let out = hindsight(
+        dir.path(),
+        &["bench", "learning", "--env", missing.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("nope.toml"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
