@@ -65,10 +65,9 @@ fn check(name: &str, seeds: &[u64], bar: f64) {
 }
 
 // The bar (regret ratio <= 0.2, drifted clusters back near the oracle) holds on
-// bank_statements and flaky_ocr. On etl_pipeline (4 stages, 72 plans, 24 clusters, two drifts)
-// the regret ratio is 0.15-0.18 but its drifted clusters sit at about 0.21 after recovery, and
-// on web_research (7 search arms, 21 plans, 24 clusters, 3/8 of the traffic drifting at task
-// 500) the policy sits at about 0.21-0.25: their bars below are what is reached today, not the
+// bank_statements, flaky_ocr and etl_pipeline (4 stages, 72 plans, 24 clusters, two drifts).
+// On web_research (7 search arms, 21 plans, 24 clusters, 3/8 of the traffic drifting at task
+// 500) the policy sits at about 0.20-0.24: its bar below is what is reached today, not the
 // target.
 
 #[test]
@@ -83,7 +82,7 @@ fn flaky_ocr_infrastructure_noise_on_the_best_arm() {
 
 #[test]
 fn etl_pipeline_four_stages_two_drifts() {
-    check("etl_pipeline.toml", &[1, 2], 0.25);
+    check("etl_pipeline.toml", &[1, 2], 0.2);
 }
 
 #[test]

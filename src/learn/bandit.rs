@@ -133,7 +133,7 @@ impl Default for PolicyConfig {
             change_delta: 0.05,
             change_lambda: 5.0,
             change_min_obs: 8,
-            change_levels: 2,
+            change_levels: 3,
             change_keep: 2.0,
             recent_rate: 0.3,
             unknown_weight: 0.5,
