@@ -340,8 +340,25 @@ impl Runtime {
             .await;
         self.root.stop(Some("shutdown".to_string()));
         let _ = self.join.await;
+        // Stopped actors drop their state (and with it their handles on the store) a little
+        // after the root's join; wait for that, so that the database file is closed when this
+        // returns and a new runtime can open it at once.
+        let deadline = tokio::time::Instant::now() + SHUTDOWN_RELEASE;
+        while (Arc::strong_count(&self.ctx) > 1 || self.ctx.store.handles() > 1)
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        if Arc::strong_count(&self.ctx) > 1 || self.ctx.store.handles() > 1 {
+            tracing::warn!(
+                "shutdown: the store is still held elsewhere; its file closes when that ends"
+            );
+        }
     }
 }
+
+/// How long shutdown waits for stopped actors to release the store.
+const SHUTDOWN_RELEASE: Duration = Duration::from_secs(10);
 
 /// The default data directory.
 pub fn default_data_dir() -> &'static Path {

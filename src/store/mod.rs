@@ -316,6 +316,14 @@ pub struct Store {
     inner: Arc<Inner>,
 }
 
+impl Store {
+    /// How many handles (clones) of this store are alive: the database file stays open, and
+    /// locked against a reopen, until the last one is dropped.
+    pub fn handles(&self) -> usize {
+        Arc::strong_count(&self.inner)
+    }
+}
+
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store")
