@@ -257,12 +257,7 @@ pub async fn learning(
     let repeat_error_rate = repeat_error_rate(&records);
     let mut drift = DriftTracker::new(env, RECOVERY_TASKS);
     for r in &records {
-        drift.add(
-            r.task,
-            &r.features,
-            (r.oracle_reward - r.expected_reward).max(0.0),
-            (r.oracle_reward - r.random_reward).max(0.0),
-        );
+        drift.add(r.task, &r.features, r.regret(), r.random_regret());
     }
     let drift = drift.finish(tasks);
     Ok((

@@ -343,13 +343,12 @@ impl Runtime {
         // Stopped actors drop their state (and with it their handles on the store) a little
         // after the root's join; wait for that, so that the database file is closed when this
         // returns and a new runtime can open it at once.
+        let held = |ctx: &Arc<TreeCtx>| Arc::strong_count(ctx) > 1 || ctx.store.handles() > 1;
         let deadline = tokio::time::Instant::now() + SHUTDOWN_RELEASE;
-        while (Arc::strong_count(&self.ctx) > 1 || self.ctx.store.handles() > 1)
-            && tokio::time::Instant::now() < deadline
-        {
+        while held(&self.ctx) && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        if Arc::strong_count(&self.ctx) > 1 || self.ctx.store.handles() > 1 {
+        if held(&self.ctx) {
             tracing::warn!(
                 "shutdown: the store is still held elsewhere; its file closes when that ends"
             );

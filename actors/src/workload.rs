@@ -55,6 +55,18 @@ pub struct TaskRecord {
     pub resumed: bool,
 }
 
+impl TaskRecord {
+    /// The oracle's expected reward minus the first plan's (FORMAT.md's regret of the task).
+    pub fn regret(&self) -> f64 {
+        (self.oracle_reward - self.expected_reward).max(0.0)
+    }
+
+    /// The oracle's expected reward minus the random baseline's.
+    pub fn random_regret(&self) -> f64 {
+        (self.oracle_reward - self.random_reward).max(0.0)
+    }
+}
+
 /// KPIs of one window of tasks.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Window {

@@ -888,10 +888,9 @@ impl Policy {
             indices.push(j - self.offsets[s]);
         }
         let eff = self.effective(features);
-        let means = eff.mean.clone();
         let mut greedy = Vec::new();
-        let best = self.best_plan(&means, &eff, &mut greedy);
-        Some((best - self.plan_value(&means, &eff, &indices)).max(0.0))
+        let best = self.best_plan(&eff.mean, &eff, &mut greedy);
+        Some((best - self.plan_value(&eff.mean, &eff, &indices)).max(0.0))
     }
 
     /// Ranked arms of one stage for `features`: `(arm index, posterior mean of success, its

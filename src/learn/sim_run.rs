@@ -114,9 +114,9 @@ pub struct DriftTracker {
     points: Vec<(u64, BTreeMap<String, String>)>,
     recovery_tasks: u64,
     affected: u64,
-    /// (regret, random regret, tasks) during and after the recovery allowance.
-    during: (f64, f64, u64),
-    after: (f64, f64, u64),
+    /// The affected tasks during and after the recovery allowance.
+    during: Acc,
+    after: Acc,
 }
 
 impl DriftTracker {
@@ -131,8 +131,8 @@ impl DriftTracker {
                 .collect(),
             recovery_tasks,
             affected: 0,
-            during: (0.0, 0.0, 0),
-            after: (0.0, 0.0, 0),
+            during: Acc::default(),
+            after: Acc::default(),
         }
     }
 
@@ -161,26 +161,19 @@ impl DriftTracker {
         } else {
             &mut self.after
         };
-        acc.0 += regret;
-        acc.1 += random_regret;
-        acc.2 += 1;
+        acc.add_regret(regret, random_regret);
     }
 
     /// The recovery figures, when the environment drifts within the first `tasks` tasks.
     pub fn finish(&self, tasks: u64) -> Option<DriftRecovery> {
-        let ratio = |a: &(f64, f64, u64)| if a.1 > 1e-12 { a.0 / a.1 } else { 0.0 };
         let first = self.points.iter().map(|(after, _)| *after).min()?;
         (first < tasks).then(|| DriftRecovery {
             after_task: first,
             affected_tasks: self.affected,
-            affected_after_recovery: self.after.2,
-            regret_ratio_after_recovery: ratio(&self.after),
-            mean_regret_after_recovery: if self.after.2 == 0 {
-                0.0
-            } else {
-                self.after.0 / self.after.2 as f64
-            },
-            regret_ratio_during_recovery: ratio(&self.during),
+            affected_after_recovery: self.after.n,
+            regret_ratio_after_recovery: self.after.ratio(),
+            mean_regret_after_recovery: self.after.div(self.after.regret),
+            regret_ratio_during_recovery: self.during.ratio(),
         })
     }
 }
@@ -407,7 +400,7 @@ impl Runner<'_> {
     }
 }
 
-#[derive(Default)]
+#[derive(Debug, Clone, Default)]
 struct Acc {
     n: u64,
     passed: u64,
@@ -425,6 +418,12 @@ impl Acc {
         self.regret += regret;
         self.random_regret += random_regret;
         self.explored += u64::from(!greedy);
+    }
+    /// Counts a task by its regret alone.
+    fn add_regret(&mut self, regret: f64, random_regret: f64) {
+        self.n += 1;
+        self.regret += regret;
+        self.random_regret += random_regret;
     }
     fn ratio(&self) -> f64 {
         if self.random_regret > 1e-12 {

@@ -307,22 +307,14 @@ impl<'t> Tables<'t> {
                         .map_err(fail("cannot write to the table idempotency"))?;
                 }
                 Op::Put { table, key, bytes } => {
-                    let name = table.redb_name();
-                    let def: TableDefinition<&str, &[u8]> = TableDefinition::new(&name);
-                    let mut t = txn.open_table(def).map_err(|e| StoreError::Write {
-                        reason: format!("cannot open the table {name}: {e}"),
-                    })?;
+                    let (name, mut t) = open_kv(txn, *table)?;
                     t.insert(key.as_str(), bytes.as_slice())
                         .map_err(|e| StoreError::Write {
                             reason: format!("cannot write the key {key} to the table {name}: {e}"),
                         })?;
                 }
                 Op::Delete { table, key } => {
-                    let name = table.redb_name();
-                    let def: TableDefinition<&str, &[u8]> = TableDefinition::new(&name);
-                    let mut t = txn.open_table(def).map_err(|e| StoreError::Write {
-                        reason: format!("cannot open the table {name}: {e}"),
-                    })?;
+                    let (name, mut t) = open_kv(txn, *table)?;
                     t.remove(key.as_str()).map_err(|e| StoreError::Write {
                         reason: format!("cannot delete the key {key} from the table {name}: {e}"),
                     })?;
@@ -348,6 +340,19 @@ impl<'t> Tables<'t> {
         }
         Ok(())
     }
+}
+
+/// Opens the redb table of `table` in `txn`; returns its name (for errors) and the table.
+fn open_kv<'t>(
+    txn: &'t WriteTransaction,
+    table: KvTable,
+) -> Result<(String, redb::Table<'t, &'static str, &'static [u8]>), StoreError> {
+    let name = table.redb_name();
+    let def: TableDefinition<&str, &[u8]> = TableDefinition::new(&name);
+    let t = txn.open_table(def).map_err(|e| StoreError::Write {
+        reason: format!("cannot open the table {name}: {e}"),
+    })?;
+    Ok((name, t))
 }
 
 /// Keeps only the newest `keep` checkpoints of `run_id`.

@@ -171,13 +171,12 @@ struct Raw {
     rows: usize,
     baseline: Option<RawBaseline>,
     transactions: u64,
-    rows_written: f64,
     seconds: f64,
 }
 
 impl Raw {
-    /// One round of `duration`; returns its rows/s.
-    async fn round(&mut self, value_bytes: usize, duration: Duration) -> Result<f64, Failure> {
+    /// One round of `duration`.
+    async fn round(&mut self, value_bytes: usize, duration: Duration) -> Result<(), Failure> {
         let mut baseline = self
             .baseline
             .take()
@@ -192,9 +191,8 @@ impl Raw {
         let rate = rate?;
         self.baseline = Some(baseline);
         self.transactions += rate.transactions;
-        self.rows_written += rate.rows_per_s * rate.seconds;
         self.seconds += rate.seconds;
-        Ok(rate.rows_per_s)
+        Ok(())
     }
 
     fn rate(&self) -> RawRate {
@@ -202,7 +200,7 @@ impl Raw {
             rows_per_transaction: self.rows,
             transactions: self.transactions,
             seconds: self.seconds,
-            rows_per_s: self.rows_written / self.seconds.max(1e-9),
+            rows_per_s: (self.transactions * self.rows as u64) as f64 / self.seconds.max(1e-9),
         }
     }
 }
@@ -239,7 +237,6 @@ async fn measure_all(scratch: &Path, args: &Args) -> Result<Report, Failure> {
                 &scratch.join(format!("raw-{rows}.redb")),
             )?),
             transactions: 0,
-            rows_written: 0.0,
             seconds: 0.0,
         });
     }

@@ -120,7 +120,7 @@ pub async fn learning(_global: &Global, args: LearningArgs) -> Result<(), Failur
                 plan: &r.plan,
                 passed: r.passed,
                 reward: r.reward,
-                regret: (r.oracle_reward - r.expected_reward).max(0.0),
+                regret: r.regret(),
                 sop: r.sop_id.as_deref(),
             })
             .map_err(|e| Failure::new(format!("cannot encode the trace: {e}")))?;
