@@ -30,9 +30,14 @@ pub enum EnvelopeError {
 }
 
 /// Encodes `value` as an envelope: [`VERSION`] then postcard.
+/// The buffer is sized by a first counting pass, so that the bytes are written once: growing it
+/// from one byte took a quarter of a store caller's time under 64 concurrent writers.
 pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, EnvelopeError> {
-    let out = vec![VERSION];
-    postcard::to_extend(value, out).map_err(|e| EnvelopeError::Encode(e.to_string()))
+    let encode_err = |e: postcard::Error| EnvelopeError::Encode(e.to_string());
+    let size = postcard::experimental::serialized_size(value).map_err(encode_err)?;
+    let mut out = Vec::with_capacity(1 + size);
+    out.push(VERSION);
+    postcard::to_extend(value, out).map_err(encode_err)
 }
 
 /// Decodes an envelope written by [`encode`], checking the version and that every byte is used.
@@ -74,6 +79,12 @@ mod tests {
         let bytes = encode(&rec()).unwrap();
         assert_eq!(bytes[0], VERSION);
         assert_eq!(decode::<Rec>(&bytes).unwrap(), rec());
+    }
+
+    #[test]
+    fn the_buffer_is_sized_once() {
+        let bytes = encode(&rec()).unwrap();
+        assert_eq!(bytes.capacity(), bytes.len());
     }
 
     #[test]
