@@ -1,8 +1,11 @@
 //! `hindsight bench learning` as a user runs it: the JSON object's KPIs (drift recovery
 //! included), the per-task trace, and a one-sentence error for a missing environment file.
 
+mod cli_support;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+
+use cli_support::hindsight;
 
 use serde_json::Value;
 
@@ -10,15 +13,6 @@ fn env_file(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../config/envs")
         .join(name)
-}
-
-fn hindsight(data: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hindsight"))
-        .arg("--data")
-        .arg(data)
-        .args(args)
-        .output()
-        .unwrap()
 }
 
 #[test]

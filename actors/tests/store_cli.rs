@@ -1,20 +1,14 @@
 //! The `hindsight` binary's store commands: output formats, damaged records reported without a
 //! crash, and one-sentence errors with exit code 2.
 
+mod cli_support;
+
 use std::path::Path;
-use std::process::{Command, Output};
+
+use cli_support::hindsight;
 
 use hindsight::record::{Run, RunState};
 use hindsight::store::{Durability, NewDiaryEntry, Store, StoreOptions};
-
-fn hindsight(data: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hindsight"))
-        .arg("--data")
-        .arg(data)
-        .args(args)
-        .output()
-        .unwrap()
-}
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()

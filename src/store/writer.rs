@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 
-use redb::{Database, ReadableTable, TableDefinition, WriteTransaction};
+use redb::{Database, ReadableTable, TableDefinition, TableHandle, WriteTransaction};
 use tokio::sync::oneshot;
 
 use super::tables::{
@@ -228,9 +228,7 @@ struct Tables<'t> {
 
 impl<'t> Tables<'t> {
     fn open(txn: &'t WriteTransaction, config: WriterConfig) -> Result<Tables<'t>, StoreError> {
-        let meta = txn
-            .open_table(META)
-            .map_err(fail("cannot open the table meta"))?;
+        let meta = open_table(txn, META)?;
         let next = [
             next(&meta, NEXT_DIARY)?,
             next(&meta, NEXT_EXPERIENCE)?,
@@ -238,21 +236,11 @@ impl<'t> Tables<'t> {
         ];
         Ok(Tables {
             meta,
-            runs: txn
-                .open_table(RUNS)
-                .map_err(fail("cannot open the table runs"))?,
-            cps: txn
-                .open_table(CHECKPOINTS)
-                .map_err(fail("cannot open the table checkpoints"))?,
-            diary: txn
-                .open_table(DIARY)
-                .map_err(fail("cannot open the table diary"))?,
-            exp: txn
-                .open_table(EXPERIENCE)
-                .map_err(fail("cannot open the table experience"))?,
-            idem: txn
-                .open_table(IDEMPOTENCY)
-                .map_err(fail("cannot open the table idempotency"))?,
+            runs: open_table(txn, RUNS)?,
+            cps: open_table(txn, CHECKPOINTS)?,
+            diary: open_table(txn, DIARY)?,
+            exp: open_table(txn, EXPERIENCE)?,
+            idem: open_table(txn, IDEMPOTENCY)?,
             next,
             start: next,
             keep: config.checkpoints_per_run.max(1),
@@ -343,15 +331,22 @@ impl<'t> Tables<'t> {
 }
 
 /// Opens the redb table of `table` in `txn`; returns its name (for errors) and the table.
+/// Opens `def` in `txn`; the error names the table.
+fn open_table<'t, K: redb::Key + 'static, V: redb::Value + 'static>(
+    txn: &'t WriteTransaction,
+    def: TableDefinition<K, V>,
+) -> Result<redb::Table<'t, K, V>, StoreError> {
+    txn.open_table(def).map_err(|e| StoreError::Write {
+        reason: format!("cannot open the table {}: {e}", def.name()),
+    })
+}
+
 fn open_kv<'t>(
     txn: &'t WriteTransaction,
     table: KvTable,
 ) -> Result<(String, redb::Table<'t, &'static str, &'static [u8]>), StoreError> {
     let name = table.redb_name();
-    let def: TableDefinition<&str, &[u8]> = TableDefinition::new(&name);
-    let t = txn.open_table(def).map_err(|e| StoreError::Write {
-        reason: format!("cannot open the table {name}: {e}"),
-    })?;
+    let t = open_table(txn, TableDefinition::<&str, &[u8]>::new(&name))?;
     Ok((name, t))
 }
 
