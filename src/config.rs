@@ -176,7 +176,7 @@ impl Default for PolicyConfig {
         PolicyConfig {
             seed: 42,
             propensity_samples: 200,
-            discount: 0.995,
+            discount: 0.999,
             prior_strength: 2.0,
         }
     }

@@ -115,6 +115,13 @@ pub struct PolicyConfig {
     /// Every feature subset is a pooling node up to this many features; beyond, only the
     /// global node, single features and the exact cluster.
     pub full_lattice_max_features: usize,
+    /// A cell with one feature fixed starts from the global node's estimate (true) or from the
+    /// configured prior (false, the default: an arm's global counts come from where it was
+    /// chosen, so a specialist's successes in its niche would lift it everywhere else).
+    pub pool_from_global: bool,
+    /// A cell's prior weighs its parents by their level's predictive evidence for the arm (true,
+    /// the default) rather than equally: the parent whose features matter for the arm speaks.
+    pub pool_by_evidence: bool,
 }
 
 impl Default for PolicyConfig {
@@ -125,9 +132,9 @@ impl Default for PolicyConfig {
             prior_beta: 1.0,
             pool_strength: 2.0,
             pool_latency_strength: 2.0,
-            discount: 0.995,
-            sharpen: 5.0,
-            evidence_sharpen: 1.0,
+            discount: 0.999,
+            sharpen: 8.0,
+            evidence_sharpen: 3.0,
             model_discount: 0.995,
             latency_discount: 0.95,
             change_delta: 0.05,
@@ -140,6 +147,8 @@ impl Default for PolicyConfig {
             propensity_draws: 32,
             max_enumerate: 4096,
             full_lattice_max_features: 4,
+            pool_from_global: false,
+            pool_by_evidence: true,
         }
     }
 }
@@ -384,6 +393,17 @@ pub struct Policy {
     changes: u64,
 }
 
+/// Fills `out` with each level's predictive log evidence for arm `j` (0 for a level or arm
+/// with none yet).
+fn level_evidence(models: &[Option<&ModelEvidence>], j: usize, out: &mut [f64]) {
+    for (o, m) in out.iter_mut().zip(models) {
+        *o = m
+            .and_then(|m| m.log_evidence.get(j))
+            .copied()
+            .unwrap_or(0.0);
+    }
+}
+
 fn check_config(c: &PolicyConfig) -> Result<(), PolicyError> {
     let bad = |field: &'static str, reason: &str| {
         Err(PolicyError::BadConfig {
@@ -519,29 +539,47 @@ impl Policy {
             .fold(1usize, |acc, s| acc.saturating_mul(s.arms.len()))
     }
 
-    /// Per lattice node, arm `j`'s success posterior `(mean, strength)` in the node's cell: the
-    /// node's own (discounted) counts on top of a prior centred on its parents' means, with
-    /// their strength capped at `pool_strength` (the global node uses the configured prior).
+    /// Per lattice node, arm `j`'s success posterior `(mean, strength, data)` in the node's cell:
+    /// the node's own (discounted) counts on top of a prior centred on its parents' means
+    /// (weighted by their levels' `log_evidence` for the arm when `pool_by_evidence`), with
+    /// their strength capped at `pool_strength`. The global node, and the single-feature nodes
+    /// unless `pool_from_global`, use the configured prior.
     fn cell_posteriors(
         &self,
         lattice: &Lattice,
         found: &[Option<&Node>],
+        log_evidence: &[f64],
         j: usize,
         out: &mut [(f64, f64, f64)],
     ) {
         let c = &self.config;
+        // Parent weights: relative to the best level (the exponent is <= 0), or all equal.
+        let top = log_evidence
+            .iter()
+            .copied()
+            .fold(f64::NEG_INFINITY, f64::max);
+        let weight = |p: usize| {
+            if c.pool_by_evidence {
+                log_evidence.get(p).map_or(1.0, |l| (l - top).exp())
+            } else {
+                1.0
+            }
+        };
         for (i, ln) in lattice.nodes.iter().enumerate() {
-            let (pm, ps) = if ln.parents.is_empty() {
+            let from_prior =
+                ln.parents.is_empty() || (!c.pool_from_global && ln.mask.count_ones() == 1);
+            let (pm, ps) = if from_prior {
                 (
                     c.prior_alpha / (c.prior_alpha + c.prior_beta),
                     c.prior_alpha + c.prior_beta,
                 )
             } else {
-                let k = ln.parents.len() as f64;
-                let (mut m, mut st) = (0.0, 0.0);
+                let (mut m, mut st, mut k) = (0.0, 0.0, 0.0);
                 for &p in &ln.parents {
-                    m += out[p].0;
-                    st += out[p].1;
+                    let w = weight(p);
+                    m += w * out[p].0;
+                    st += w * out[p].1;
+                    k += w;
                 }
                 (m / k, (st / k).min(c.pool_strength))
             };
@@ -587,22 +625,14 @@ impl Policy {
         for j in 0..self.n_arms {
             // Success: Bayesian model averaging over the levels of the hierarchy (which
             // features matter for this arm), weighted by each level's predictive evidence.
-            for (i, m) in models.iter().enumerate() {
-                logw[i] = m
-                    .and_then(|m| m.log_evidence.get(j))
-                    .copied()
-                    .unwrap_or(0.0);
-            }
+            level_evidence(&models, j, &mut logw);
             let top = logw.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            for l in logw.iter_mut() {
-                *l = top + (*l - top) * c.evidence_sharpen;
-            }
             let mut total_w = 0.0;
             let base = eff.comps.len();
             let (mut m1, mut m2) = (0.0, 0.0);
-            self.cell_posteriors(&lattice, &found, j, &mut cells);
+            self.cell_posteriors(&lattice, &found, &logw, j, &mut cells);
             for i in 0..n_nodes {
-                let w = (logw[i] - top).exp();
+                let w = ((logw[i] - top) * c.evidence_sharpen).exp();
                 let (mean, strength, data) = cells[i];
                 // Sharpening weighs the data, not the prior: a cell with no data stays broad.
                 let strength = strength + (c.sharpen - 1.0) * data;
@@ -992,11 +1022,18 @@ impl Policy {
                 .iter()
                 .map(|n| self.nodes.get(&n.hash))
                 .collect();
+            let models: Vec<Option<&ModelEvidence>> = lattice
+                .nodes
+                .iter()
+                .map(|n| self.models.get(&n.signature))
+                .collect();
             let mut cells = vec![(0.0, 0.0, 0.0); lattice.nodes.len()];
+            let mut logw = vec![0.0; lattice.nodes.len()];
             items
                 .iter()
                 .map(|&(j, ..)| {
-                    self.cell_posteriors(&lattice, &found, j, &mut cells);
+                    level_evidence(&models, j, &mut logw);
+                    self.cell_posteriors(&lattice, &found, &logw, j, &mut cells);
                     cells.iter().map(|x| x.0).collect()
                 })
                 .collect()
@@ -1355,6 +1392,51 @@ mod tests {
         let r = p.rank_stage(&fresh, 1);
         assert_eq!(r[0].0, 0);
         assert!(r[0].1 > 0.8, "pooled prior mean {}", r[0].1);
+    }
+
+    #[test]
+    fn a_specialists_successes_elsewhere_do_not_lift_it_where_it_failed() {
+        // law_db is chosen on legal questions, where it works, and fails the three times it
+        // was tried on product questions. Its global counts say 0.95; on product it is poor.
+        let estimate = |pool_from_global: bool| {
+            let config = PolicyConfig {
+                pool_from_global,
+                ..PolicyConfig::default()
+            };
+            let stages = vec![StageArms {
+                stage: "search".into(),
+                arms: vec![Arm::new("law_db", "statutes"), Arm::new("web", "top10")],
+            }];
+            let mut p = Policy::new(config, stages).unwrap();
+            let obs = |topic: &str, ok: bool| Observation {
+                features: feats(&[("language", "en"), ("topic", topic)]),
+                stages: vec![StageObservation {
+                    stage: "search".into(),
+                    arm: Arm::new("law_db", "statutes"),
+                    outcome: if ok {
+                        StageOutcome::Valid
+                    } else {
+                        StageOutcome::Failed(FailureCategory::Strategy)
+                    },
+                    latency_ms: 3000.0,
+                    cost: 0.03,
+                }],
+            };
+            for i in 0..63 {
+                if i % 20 == 19 {
+                    p.update(&obs("product", false));
+                } else {
+                    p.update(&obs("legal", true));
+                }
+            }
+            let product = feats(&[("language", "en"), ("topic", "product")]);
+            let r = p.rank_stage(&product, 0);
+            r.iter().find(|x| x.0 == 0).map(|x| x.1).unwrap()
+        };
+        let own = estimate(false);
+        let pooled = estimate(true);
+        assert!(own < 0.15, "law_db on product: {own}");
+        assert!(pooled > own + 0.05, "pooled {pooled} vs own {own}");
     }
 
     #[test]

@@ -18,7 +18,9 @@ use crate::record::{ArmChoice, Sop, SopStatus};
 pub struct SopConfig {
     /// Runs of the plan in the cluster before it can be promoted.
     pub min_trials: u64,
-    /// Baseline runs in the cluster before a comparison is made.
+    /// Baseline runs in the cluster before a comparison is made. Fisher's exact test is valid
+    /// on small samples (a small baseline needs a large uplift to pass), and a policy that
+    /// learns fast explores a cluster only a handful of times, so this is low.
     pub min_baseline_trials: u64,
     /// Significance level of the one-sided uplift test.
     pub alpha: f64,
@@ -43,7 +45,7 @@ impl Default for SopConfig {
     fn default() -> Self {
         SopConfig {
             min_trials: 20,
-            min_baseline_trials: 10,
+            min_baseline_trials: 5,
             alpha: 0.05,
             baseline_share: 0.1,
             rollback_min_trials: 10,
@@ -455,6 +457,18 @@ mod tests {
         assert!(book.matching_stable_sop(&feats("B")).is_none());
         // No second promotion of the same plan.
         assert!(book.consolidate(1).is_empty());
+    }
+
+    #[test]
+    fn a_baseline_below_the_minimum_is_no_baseline() {
+        let mut book = SopBook::new(SopConfig::default());
+        let f = feats("A");
+        feed(&mut book, &f, "good", 40, 40);
+        feed(&mut book, &f, "bad", 0, 4);
+        assert!(book.consolidate(0).is_empty(), "4 baseline runs < 5");
+        feed(&mut book, &f, "bad", 1, 2);
+        let ev = book.consolidate(0);
+        assert_eq!(ev.len(), 1, "6 baseline runs, 1 passed: {ev:?}");
     }
 
     #[test]
