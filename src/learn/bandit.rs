@@ -556,18 +556,7 @@ impl Policy {
         out: &mut [(f64, f64, f64)],
     ) {
         let c = &self.config;
-        // Parent weights: relative to the best level (the exponent is <= 0), or all equal.
-        let top = log_evidence
-            .iter()
-            .copied()
-            .fold(f64::NEG_INFINITY, f64::max);
-        let weight = |p: usize| {
-            if c.pool_by_evidence {
-                log_evidence.get(p).map_or(1.0, |l| (l - top).exp())
-            } else {
-                1.0
-            }
-        };
+        let level = |p: usize| log_evidence.get(p).copied().unwrap_or(0.0);
         for (i, ln) in lattice.nodes.iter().enumerate() {
             let from_prior = ln.parents.is_empty() || (!from_global && ln.mask.count_ones() == 1);
             let (pm, ps) = if from_prior {
@@ -576,9 +565,20 @@ impl Policy {
                     c.prior_alpha + c.prior_beta,
                 )
             } else {
+                // Parent weights relative to the best parent (so at least one weighs 1, however
+                // far the levels' evidence has drifted apart), or all equal.
+                let best = ln
+                    .parents
+                    .iter()
+                    .map(|&p| level(p))
+                    .fold(f64::NEG_INFINITY, f64::max);
                 let (mut m, mut st, mut k) = (0.0, 0.0, 0.0);
                 for &p in &ln.parents {
-                    let w = weight(p);
+                    let w = if c.pool_by_evidence {
+                        (level(p) - best).exp()
+                    } else {
+                        1.0
+                    };
                     m += w * out[p].0;
                     st += w * out[p].1;
                     k += w;
