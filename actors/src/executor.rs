@@ -65,6 +65,11 @@ pub struct CallOutcome {
     pub latency_ms: f64,
     /// Cost over every attempt.
     pub cost: f64,
+    /// Latency of the attempts that did not fail for infrastructure reasons (no backoff): what
+    /// the arm itself took, the only latency the policy may learn from.
+    pub own_latency_ms: f64,
+    /// Cost of the attempts that did not fail for infrastructure reasons.
+    pub own_cost: f64,
     /// Calls actually made (0 when replayed).
     pub calls: u32,
     /// The class of every failed attempt.
@@ -182,9 +187,12 @@ pub async fn execute(runner: &ToolRunner, call: StageCall) -> CallOutcome {
         .await;
     let mut error_classes = Vec::new();
     let mut infra_errors = 0;
-    let mut waits = 0.0;
+    let (mut own_latency_ms, mut own_cost) = (0.0, 0.0);
     for attempt in &report.attempts {
-        waits += attempt.wait_ms as f64;
+        if attempt.category != Some(FailureCategory::Infrastructure) {
+            own_latency_ms += attempt.latency_ms;
+            own_cost += attempt.cost;
+        }
         if let Some(class) = attempt.error {
             error_classes.push(class);
             if attempt.category == Some(FailureCategory::Infrastructure) {
@@ -196,8 +204,11 @@ pub async fn execute(runner: &ToolRunner, call: StageCall) -> CallOutcome {
     // every attempt failed for the environment, the stage's failure is the environment's too.
     CallOutcome {
         result: report.result.map(|o| o.value),
-        latency_ms: report.total_latency_ms + waits,
+        // The report's total already holds every attempt's wait.
+        latency_ms: report.total_latency_ms,
         cost: report.total_cost,
+        own_latency_ms,
+        own_cost,
         calls: if report.replayed {
             0
         } else {
@@ -206,5 +217,85 @@ pub async fn execute(runner: &ToolRunner, call: StageCall) -> CallOutcome {
         error_classes,
         infra_errors,
         replayed: report.replayed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use hindsight::tools::{Tool, ToolFuture, ToolOutput, ToolRegistry, ToolSpec, VirtualClock};
+
+    use super::*;
+
+    /// Fails its first call for the environment (700 ms, 0.5, asks for a 2 s wait), then
+    /// answers in 100 ms for 0.01.
+    struct FlakyOnce {
+        spec: ToolSpec,
+        calls: AtomicU32,
+    }
+
+    impl Tool for FlakyOnce {
+        fn spec(&self) -> &ToolSpec {
+            &self.spec
+        }
+
+        fn call<'a>(&'a self, _args: Value, _ctx: &'a CallContext) -> ToolFuture<'a> {
+            Box::pin(async move {
+                if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                    return Err(ToolError {
+                        class: ErrorClass::TransientNetwork,
+                        category: FailureCategory::Infrastructure,
+                        message: "connection reset".into(),
+                        retry_after_ms: Some(2000),
+                        latency_ms: 700.0,
+                        cost: 0.5,
+                    });
+                }
+                Ok(ToolOutput {
+                    value: serde_json::json!({"ok": true}),
+                    latency_ms: 100.0,
+                    cost: 0.01,
+                })
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_retried_fault_is_paid_once_and_not_charged_to_the_arm() {
+        let mut spec = ToolSpec::new("flaky", "fails once for the environment");
+        spec.idempotent = true;
+        let mut registry = ToolRegistry::new();
+        registry
+            .register(Arc::new(FlakyOnce {
+                spec,
+                calls: AtomicU32::new(0),
+            }))
+            .unwrap();
+        let runner = ToolRunner::new(Arc::new(registry), Arc::new(VirtualClock::new()), 1);
+        let out = execute(
+            &runner,
+            StageCall {
+                run_id: "run-1".into(),
+                task_index: 0,
+                attempt: 1,
+                stage: "fetch".into(),
+                tool: "flaky".into(),
+                args: serde_json::json!({}),
+                features: BTreeMap::new(),
+                idempotency_key: "run-1/fetch/1".into(),
+                budget: Budget::default(),
+            },
+        )
+        .await;
+        assert!(out.result.is_ok(), "{:?}", out.result);
+        assert_eq!(out.infra_errors, 1);
+        assert_eq!(out.calls, 2);
+        // The task pays for both attempts and the wait between them, once.
+        assert!((out.latency_ms - 2800.0).abs() < 1e-9, "{}", out.latency_ms);
+        assert!((out.cost - 0.51).abs() < 1e-9, "{}", out.cost);
+        // The arm is judged by its own attempt only.
+        assert!((out.own_latency_ms - 100.0).abs() < 1e-9);
+        assert!((out.own_cost - 0.01).abs() < 1e-9);
     }
 }

@@ -531,12 +531,20 @@ pub fn observation_of(exp: &ExperienceTuple) -> Observation {
             Some("infrastructure") => StageOutcome::Failed(FailureCategory::Infrastructure),
             _ => continue,
         };
+        // The arm's own latency and cost (experiences logged before they were recorded fall
+        // back to the step's, which also holds any infrastructure retries).
+        let own = |key: &str, all: f64| {
+            step.metadata
+                .get(key)
+                .and_then(Value::as_f64)
+                .unwrap_or(all)
+        };
         stages.push(StageObservation {
             stage: stage.to_string(),
             arm,
             outcome,
-            latency_ms: step.latency_ms,
-            cost: step.cost,
+            latency_ms: own("own_latency_ms", step.latency_ms),
+            cost: own("own_cost", step.cost),
         });
     }
     Observation {

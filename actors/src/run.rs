@@ -759,6 +759,12 @@ async fn execute_stages(
             .insert("attempt".into(), Value::from(st.attempt));
         step.metadata
             .insert("infra_errors".into(), Value::from(outcome.infra_errors));
+        // What the arm itself took, without the infrastructure faults retried inside the call
+        // and their backoff: the policy learns latency and cost from these, never from faults.
+        step.metadata
+            .insert("own_latency_ms".into(), Value::from(outcome.own_latency_ms));
+        step.metadata
+            .insert("own_cost".into(), Value::from(outcome.own_cost));
         step.metadata
             .insert("replayed".into(), Value::from(outcome.replayed));
         match outcome.result {

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use hindsight::learn::StageOutcome;
 use hindsight::store::Durability;
 use hindsight::tools::sim::SimEnv;
 use hindsight_actors::plugin::RunEvent;
@@ -134,4 +135,64 @@ async fn reflect_retry_is_off_with_zero_retries_and_passed_runs_are_not_retried(
         assert_eq!(r.reflect_retries, 0, "a clean pass is never sent back");
     }
     rt.shutdown().await;
+}
+
+/// An arm behind flaky infrastructure (flaky_ocr's best OCR arm fails for the environment on
+/// 35% of its calls) is learned from by what it took itself: the faults retried inside a call,
+/// and the backoff before each retry, are in the run's latency and cost but never in what the
+/// policy observes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_infrastructure_faults_are_not_charged_to_the_arm() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/envs/flaky_ocr.toml");
+    let env = SimEnv::load(&path).unwrap();
+    let mut opts = RuntimeOptions::new(dir.path(), env.clone());
+    opts.durability = Durability::None;
+    opts.seed = 5;
+    let rt = Runtime::start(opts).await.unwrap();
+    workload::run_tasks(&rt, &env, 5, 120, 4, |_| {})
+        .await
+        .unwrap();
+    let log = rt.store().experience_all().unwrap();
+    rt.shutdown().await;
+    let (mut retried, mut clean) = (0, 0);
+    for (_, exp) in log {
+        let exp = exp.unwrap();
+        let obs = hindsight_actors::policy::observation_of(&exp);
+        // The observation's entries for the arm's own outcomes, in step order.
+        let mut own = obs.stages.iter().filter(|s| {
+            s.outcome != StageOutcome::Failed(hindsight::FailureCategory::Infrastructure)
+        });
+        for step in &exp.steps {
+            let Some(outcome) = step.metadata.get("outcome").and_then(|v| v.as_str()) else {
+                continue;
+            };
+            // Observed outcomes only (a call whose output was never validated is left out).
+            if step.tool_called.is_none()
+                || !["valid", "invalid", "strategy", "unknown"].contains(&outcome)
+            {
+                continue;
+            }
+            let Some(o) = own.next() else {
+                break;
+            };
+            let infra = step.metadata["infra_errors"].as_u64().unwrap();
+            if infra > 0 {
+                retried += 1;
+                assert!(
+                    o.latency_ms < step.latency_ms && o.cost <= step.cost,
+                    "{}: the arm is charged its faults: {o:?} vs step {} ms, {}",
+                    exp.run_id,
+                    step.latency_ms,
+                    step.cost
+                );
+            } else {
+                clean += 1;
+                assert_eq!(o.latency_ms, step.latency_ms);
+                assert_eq!(o.cost, step.cost);
+            }
+        }
+    }
+    assert!(retried > 5, "only {retried} retried calls");
+    assert!(clean > 100, "only {clean} clean calls");
 }
