@@ -207,12 +207,13 @@ impl Actor for PolicyActor {
             }
         };
         let (policy, sops, watermark, applied) = match stored {
-            Some(p) if p.policy.stages == args.initial.stages() => (
-                Policy::restore(p.policy)?,
-                SopBook::restore(p.sops),
-                p.watermark,
-                p.applied,
-            ),
+            Some(p) if p.policy.stages == args.initial.stages() => {
+                // The evidence comes back; the configuration is the one in force now (a changed
+                // setting or reward takes effect at the next start, not at the next relearn).
+                let mut policy = Policy::restore(p.policy)?;
+                policy.set_config(args.initial.config().clone())?;
+                (policy, SopBook::restore(p.sops), p.watermark, p.applied)
+            }
             _ => (args.initial, SopBook::new(args.sop), 0, BTreeSet::new()),
         };
         let mut state = PolicyState {

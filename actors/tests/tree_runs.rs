@@ -196,3 +196,57 @@ async fn retried_infrastructure_faults_are_not_charged_to_the_arm() {
     assert!(retried > 5, "only {retried} retried calls");
     assert!(clean > 100, "only {clean} clean calls");
 }
+
+/// A restart takes the configuration in force now: the snapshot brings back the evidence, not
+/// the settings it was written under (here the reward: with no latency or cost penalty, an
+/// arm's expected value is its success probability).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_takes_the_new_configuration_and_keeps_the_evidence() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env();
+    let rt = Runtime::start(options(dir.path())).await.unwrap();
+    workload::run_tasks(&rt, &env, 11, 40, 4, |_| {})
+        .await
+        .unwrap();
+    let before = learned(&rt).await;
+    rt.shutdown().await;
+
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/envs/bank_statements.toml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let penalties = "latency = 0.2\ncost = 0.1\n";
+    assert!(
+        text.contains(penalties),
+        "the bank environment's reward changed"
+    );
+    let free = SimEnv::parse(
+        &text.replacen(penalties, "latency = 0.0\ncost = 0.0\n", 1),
+        "bank_free.toml",
+    )
+    .unwrap();
+    let mut opts = RuntimeOptions::new(dir.path(), free);
+    opts.durability = Durability::None;
+    opts.seed = 11;
+    let rt = Runtime::start(opts).await.unwrap();
+    assert_eq!(learned(&rt).await, before, "the evidence came back");
+    let features = workload::sim_task(&env, 11, 0).features;
+    let ranked = rt
+        .ctx()
+        .dir
+        .policy
+        .call(|reply| PolicyMsg::Suggest {
+            features: features.clone(),
+            reply,
+        })
+        .await
+        .unwrap();
+    rt.shutdown().await;
+    for (stage, arms) in ranked {
+        for (tool, strategy, mean, _, value) in arms {
+            assert!(
+                (mean - value).abs() < 1e-9,
+                "{stage} {tool}/{strategy}: value {value} is not its success {mean}"
+            );
+        }
+    }
+}

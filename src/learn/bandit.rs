@@ -522,6 +522,14 @@ impl Policy {
         &self.config
     }
 
+    /// Replaces the configuration and keeps the evidence (a restored snapshot takes the
+    /// configuration in force now, not the one it was written under).
+    pub fn set_config(&mut self, config: PolicyConfig) -> Result<(), PolicyError> {
+        check_config(&config)?;
+        self.config = config;
+        Ok(())
+    }
+
     /// The stages and their arms.
     pub fn stages(&self) -> &[StageArms] {
         &self.stages
