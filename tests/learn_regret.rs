@@ -68,9 +68,10 @@ fn check(name: &str, seeds: &[u64], bar: f64) {
 // bank_statements, flaky_ocr and etl_pipeline (4 stages, 72 plans, 24 clusters, two drifts).
 // On web_research (7 search arms, 21 plans, 24 clusters, 3/8 of the traffic drifting at task
 // 500) and support_triage (3 stages, 100 plans, 24 clusters, the best arm of each stage behind
-// 30-35% infrastructure faults, two drifts) the policy averages 0.18-0.19 over 48 seeds, but
-// about one run in three finds a specialist's niche late and ends above 0.2 (web seed 2: 0.29,
-// support seed 1: 0.24): their bar below is what every run reaches today, not the target.
+// 30-35% infrastructure faults, two drifts) the policy averages 0.19 and 0.18 over 96 seeds,
+// but a run that finds a specialist's niche late ends above 0.2 (web: one run in three;
+// support: one in five, seed 1 at 0.26): their bar below is what every run reaches today, not
+// the target.
 
 #[test]
 fn bank_statements_regret_and_drift_recovery() {
