@@ -212,7 +212,9 @@ impl Actor for PolicyActor {
                 // setting or reward takes effect at the next start, not at the next relearn).
                 let mut policy = Policy::restore(p.policy)?;
                 policy.set_config(args.initial.config().clone())?;
-                (policy, SopBook::restore(p.sops), p.watermark, p.applied)
+                let mut sops = SopBook::restore(p.sops);
+                sops.config = args.sop.clone();
+                (policy, sops, p.watermark, p.applied)
             }
             _ => (args.initial, SopBook::new(args.sop), 0, BTreeSet::new()),
         };
