@@ -189,16 +189,14 @@ pub async fn execute(runner: &ToolRunner, call: StageCall) -> CallOutcome {
     let mut infra_errors = 0;
     let (mut own_latency_ms, mut own_cost) = (0.0, 0.0);
     for attempt in &report.attempts {
-        if attempt.category != Some(FailureCategory::Infrastructure) {
+        let infra = attempt.category == Some(FailureCategory::Infrastructure);
+        if infra {
+            infra_errors += 1;
+        } else {
             own_latency_ms += attempt.latency_ms;
             own_cost += attempt.cost;
         }
-        if let Some(class) = attempt.error {
-            error_classes.push(class);
-            if attempt.category == Some(FailureCategory::Infrastructure) {
-                infra_errors += 1;
-            }
-        }
+        error_classes.extend(attempt.error);
     }
     // A failure after infrastructure retries is reported as the last attempt's error: when
     // every attempt failed for the environment, the stage's failure is the environment's too.

@@ -13,17 +13,26 @@ use hindsight_actors::reflect_retry::ReflectRetryConfig;
 use hindsight_actors::runtime::{Runtime, RuntimeOptions};
 use hindsight_actors::workload;
 
+fn env_path(file: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../config/envs")
+        .join(file)
+}
+
 fn env() -> SimEnv {
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/envs/bank_statements.toml");
-    SimEnv::load(&path).unwrap()
+    SimEnv::load(&env_path("bank_statements.toml")).unwrap()
+}
+
+/// Non-durable options on `env` with `seed`.
+fn options_on(dir: &std::path::Path, env: SimEnv, seed: u64) -> RuntimeOptions {
+    let mut opts = RuntimeOptions::new(dir, env);
+    opts.durability = Durability::None;
+    opts.seed = seed;
+    opts
 }
 
 fn options(dir: &std::path::Path) -> RuntimeOptions {
-    let mut opts = RuntimeOptions::new(dir, env());
-    opts.durability = Durability::None;
-    opts.seed = 11;
-    opts
+    options_on(dir, env(), 11)
 }
 
 async fn learned(rt: &Runtime) -> u64 {
@@ -144,12 +153,10 @@ async fn reflect_retry_is_off_with_zero_retries_and_passed_runs_are_not_retried(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retried_infrastructure_faults_are_not_charged_to_the_arm() {
     let dir = tempfile::tempdir().unwrap();
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/envs/flaky_ocr.toml");
-    let env = SimEnv::load(&path).unwrap();
-    let mut opts = RuntimeOptions::new(dir.path(), env.clone());
-    opts.durability = Durability::None;
-    opts.seed = 5;
-    let rt = Runtime::start(opts).await.unwrap();
+    let env = SimEnv::load(&env_path("flaky_ocr.toml")).unwrap();
+    let rt = Runtime::start(options_on(dir.path(), env.clone(), 5))
+        .await
+        .unwrap();
     workload::run_tasks(&rt, &env, 5, 120, 4, |_| {})
         .await
         .unwrap();
@@ -211,9 +218,7 @@ async fn a_restart_takes_the_new_configuration_and_keeps_the_evidence() {
     let before = learned(&rt).await;
     rt.shutdown().await;
 
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/envs/bank_statements.toml");
-    let text = std::fs::read_to_string(path).unwrap();
+    let text = std::fs::read_to_string(env_path("bank_statements.toml")).unwrap();
     let penalties = "latency = 0.2\ncost = 0.1\n";
     assert!(
         text.contains(penalties),
@@ -224,10 +229,9 @@ async fn a_restart_takes_the_new_configuration_and_keeps_the_evidence() {
         "bank_free.toml",
     )
     .unwrap();
-    let mut opts = RuntimeOptions::new(dir.path(), free);
-    opts.durability = Durability::None;
-    opts.seed = 11;
-    let rt = Runtime::start(opts).await.unwrap();
+    let rt = Runtime::start(options_on(dir.path(), free, 11))
+        .await
+        .unwrap();
     assert_eq!(learned(&rt).await, before, "the evidence came back");
     let features = workload::sim_task(&env, 11, 0).features;
     let ranked = rt
