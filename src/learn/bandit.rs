@@ -408,6 +408,19 @@ pub struct Policy {
     changes: u64,
 }
 
+/// A change detected on one arm at one lattice node.
+#[derive(Debug, Clone, Copy)]
+struct Change {
+    /// The node's hash.
+    node: u64,
+    /// The arm's flat index.
+    arm: usize,
+    /// The arm's success rate at the node before the change (its discounted counts).
+    before: f64,
+    /// Its recent success rate (the fast moving average), what it does since the change.
+    after: f64,
+}
+
 /// Fills `out` with each level's predictive log evidence for arm `j` (0 for a level or arm
 /// with none yet).
 fn level_evidence(models: &[Option<&ModelEvidence>], j: usize, out: &mut [f64]) {
@@ -1067,7 +1080,7 @@ impl Policy {
                 })
                 .collect()
         };
-        let mut fired: Vec<(u64, usize)> = Vec::new();
+        let mut fired: Vec<Change> = Vec::new();
         let k = obs.features.len().min(31) as u32;
         for (i, ln) in lattice.nodes.iter().enumerate() {
             // Change detection on the finest levels only: coarser nodes mix clusters whose share
@@ -1108,8 +1121,14 @@ impl Policy {
                     && a.detector
                         .observe(x, c.change_delta, c.change_lambda, c.change_min_obs)
                 {
+                    let before = a.successes / (a.successes + a.failures).max(1e-9);
+                    fired.push(Change {
+                        node: ln.hash,
+                        arm: j,
+                        before: before.clamp(0.0, 1.0),
+                        after: a.recent,
+                    });
                     a.forget(c.change_keep);
-                    fired.push((ln.hash, j));
                     summary.changes_detected += 1;
                 }
                 if x > 0.0 {
@@ -1121,17 +1140,21 @@ impl Policy {
                 a.add_latency_cost(lat, cost, c.latency_discount);
             }
         }
-        for (hash, j) in fired {
-            self.forget_descendants(hash, j);
+        for change in fired {
+            self.forget_descendants(&change);
         }
         self.learned += u64::from(summary.learned);
         self.changes += u64::from(summary.changes_detected);
         summary
     }
 
-    /// After a change on arm `j` at node `hash`, the finer clusters under it forget the arm too
-    /// (their own counts would otherwise outweigh the pooled evidence for a long time).
-    fn forget_descendants(&mut self, hash: u64, j: usize) {
+    /// After a change on an arm at a node, the finer clusters under it forget the arm too (their
+    /// own counts would otherwise outweigh the pooled evidence for a long time), except those
+    /// whose recent success is still closer to the node's rate before the change than after
+    /// it: a coarse node mixes clusters, and the change may be in some of them only (a tool
+    /// that starts failing for one tenant keeps its evidence for the others).
+    fn forget_descendants(&mut self, change: &Change) {
+        let (hash, j) = (change.node, change.arm);
         let Some(parent_key) = self.nodes.get(&hash).map(|n| n.key.clone()) else {
             return;
         };
@@ -1149,6 +1172,11 @@ impl Policy {
                 .iter()
                 .all(|p| node.key.split('|').any(|q| q == *p));
             if is_descendant && let Some(a) = node.arms.get_mut(j) {
+                let unchanged = a.observations > 0
+                    && (a.recent - change.before).abs() < (a.recent - change.after).abs();
+                if unchanged {
+                    continue;
+                }
                 a.forget(keep);
             }
         }
@@ -1644,6 +1672,49 @@ mod tests {
         }
         assert!(p.changes_detected() > 0);
         assert_eq!(p.greedy(&f).0[1], 1, "switched after the drop");
+    }
+
+    #[test]
+    fn a_change_in_one_tenant_keeps_the_other_tenants_evidence() {
+        let mut p = policy();
+        let (fa, fb) = (
+            feats(&[("filetype", "pdf"), ("tenant", "A")]),
+            feats(&[("filetype", "pdf"), ("tenant", "B")]),
+        );
+        let obs = |f: &BTreeMap<String, String>, arm: usize, ok: bool| {
+            let arm = Arm::new(if arm == 0 { "a" } else { "b" }, "s");
+            stage_obs(f.clone(), "normalize", arm, ok, 200.0, 0.001)
+        };
+        for i in 0..200 {
+            for f in [&fa, &fb] {
+                p.update(&obs(f, 0, i % 20 != 0));
+                p.update(&obs(f, 1, i % 3 != 0));
+            }
+        }
+        // Arm `a` starts failing for tenant B only; tenant A goes on as before.
+        for i in 0..20 {
+            p.update(&obs(&fb, 0, i % 10 == 9));
+            p.update(&obs(&fa, 0, i % 20 != 0));
+        }
+        assert!(p.changes_detected() > 0);
+        assert_eq!(p.greedy(&fb).0[1], 1, "tenant B switched");
+        assert_eq!(p.greedy(&fa).0[1], 0, "tenant A did not");
+        // The coarser nodes that mix both tenants detected the change too; tenant A's own
+        // evidence survived it (forgotten, it would be back to a few pseudo-counts).
+        let snap = p.snapshot();
+        let a_counts = |key: &str| {
+            snap.nodes
+                .iter()
+                .find(|n| n.0 == key)
+                .map(|n| n.2[2].successes + n.2[2].failures)
+                .unwrap_or(0.0)
+        };
+        assert!(
+            a_counts("filetype=pdf|tenant=A") > 100.0,
+            "tenant A kept {}",
+            a_counts("filetype=pdf|tenant=A")
+        );
+        assert!(a_counts("filetype=pdf|tenant=B") < 30.0, "tenant B forgot");
     }
 
     #[test]
