@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use hindsight::learn::PolicyConfig;
-use hindsight::learn::bandit::{POLICY_KEY, POLICY_TABLE, Policy, PolicySnapshot};
+use hindsight::learn::bandit::{Policy, PolicySnapshot};
 use hindsight::learn::distill::{EvaluationConfig, evaluate_log};
 use hindsight::learn::sim_run::{SimRunConfig, run_learning_with};
 use hindsight::store::{Durability, KvTable, Store, StoreOptions};
@@ -67,7 +67,7 @@ async fn the_log_and_the_policy_survive_a_restart_and_are_evaluated() {
             store.append_experience(t.clone()).await.unwrap();
         }
         store
-            .put(KvTable::new(POLICY_TABLE), POLICY_KEY, &policy.snapshot())
+            .put(KvTable::new("posteriors"), "policy", &policy.snapshot())
             .await
             .unwrap();
     }
@@ -81,7 +81,7 @@ async fn the_log_and_the_policy_survive_a_restart_and_are_evaluated() {
         .collect();
     assert_eq!(back, log);
     let snap: PolicySnapshot = store
-        .get(KvTable::new(POLICY_TABLE), POLICY_KEY)
+        .get(KvTable::new("posteriors"), "policy")
         .unwrap()
         .unwrap();
     let live = Policy::restore(snap).unwrap();

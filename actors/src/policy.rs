@@ -34,6 +34,27 @@ pub fn sops_promoted(store: &Store) -> Result<u64, hindsight::store::StoreError>
         .count() as u64)
 }
 
+/// Why the stored policy cannot be had.
+#[derive(Debug, thiserror::Error)]
+pub enum StoredPolicyError {
+    /// The store could not be read, or the snapshot did not decode.
+    #[error("table `policy` key `snapshot`: {0}")]
+    Store(#[from] hindsight::store::StoreError),
+    /// The snapshot decoded but is not a policy this build can restore.
+    #[error("table `policy` key `snapshot`: {0}")]
+    Restore(#[from] hindsight::learn::bandit::PolicyError),
+}
+
+/// The live policy as the policy actor last persisted it (`None` when it never has): what
+/// `hindsight policy evaluate` evaluates.
+pub fn stored_policy(store: &Store) -> Result<Option<Policy>, StoredPolicyError> {
+    let stored: Option<Persisted> = store.get(POLICY, SNAPSHOT_KEY)?;
+    match stored {
+        Some(p) => Ok(Some(Policy::restore(p.policy)?)),
+        None => Ok(None),
+    }
+}
+
 /// The plan id of a run that followed an SOP.
 pub fn sop_plan_id(sop_id: &str, version: u32) -> String {
     format!("sop:{sop_id}@{version}")

@@ -12,12 +12,6 @@ use crate::learn::posterior::{ArmStats, sample_beta};
 use crate::record::ArmChoice;
 use crate::taxonomy::FailureCategory;
 
-/// The store table the live policy's snapshot is kept in (`Store::put(KvTable::new(
-/// POLICY_TABLE), POLICY_KEY, &policy.snapshot())`).
-pub const POLICY_TABLE: &str = "posteriors";
-/// The key of the live policy's snapshot in [`POLICY_TABLE`].
-pub const POLICY_KEY: &str = "policy";
-
 /// The reward function of FORMAT.md:
 /// `success - latency * min(1, L / sla_ms) - cost * min(1, C / max_cost)` when the task passes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

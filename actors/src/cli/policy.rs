@@ -4,9 +4,9 @@
 
 use clap::Subcommand;
 use hindsight::ExperienceTuple;
-use hindsight::learn::bandit::{POLICY_KEY, POLICY_TABLE, Policy, PolicySnapshot};
+use hindsight::learn::bandit::Policy;
 use hindsight::learn::distill::{EvaluationConfig, PolicyEvaluation, evaluate_log};
-use hindsight::store::{KvTable, StoreOptions};
+use hindsight::store::StoreOptions;
 
 use super::data::open_existing;
 use super::{Failure, Global, print_json};
@@ -60,14 +60,8 @@ pub async fn run(global: &Global, args: Args) -> Result<(), Failure> {
                     Err(e) => eprintln!("experience row {seq} skipped: {e}"),
                 }
             }
-            let snapshot: Option<PolicySnapshot> =
-                store.get(KvTable::new(POLICY_TABLE), POLICY_KEY)?;
-            let live = match snapshot {
-                Some(s) => Some(Policy::restore(s).map_err(|e| {
-                    Failure::new(format!("table `{POLICY_TABLE}` key `{POLICY_KEY}`: {e}"))
-                })?),
-                None => None,
-            };
+            let live = hindsight_actors::policy::stored_policy(&store)
+                .map_err(|e| Failure::new(format!("the live policy cannot be read: {e}")))?;
             let cfg = EvaluationConfig {
                 holdout_share: holdout,
                 margin,
