@@ -17,6 +17,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hindsight::learn::adaptive::AdaptiveConfig;
 use hindsight::learn::bandit::{Policy, PolicyConfig};
 use hindsight::learn::sop::SopConfig;
 use hindsight::store::{Durability, KvTable, Store, StoreOptions};
@@ -169,6 +170,7 @@ fn build_tree(store: &Store, env: &SimEnv, seed: u64) -> Result<tree::Tree, BoxE
         reflect_retry: ReflectRetryConfig::default(),
         faults: None,
         sop: SopConfig::default(),
+        adaptive: AdaptiveConfig::default(),
         max_restarts: 20,
         restart_period: Duration::from_secs(5),
     }))

@@ -161,6 +161,43 @@ fn slot_status<M: ractor::Message>(slot: &Slot<M>) -> String {
     }
 }
 
+/// The adaptive strategies' configuration the `[adaptive]` section describes (the settings it
+/// does not name keep their defaults), checked as the reflector will check it.
+pub fn adaptive_config(
+    section: &hindsight::config::AdaptiveConfig,
+) -> Result<hindsight::learn::adaptive::AdaptiveConfig, StartError> {
+    use hindsight::config::ScopeConfig;
+    use hindsight::learn::adaptive::{AdaptiveConfig, AdaptiveError, ScopeMode};
+    let adaptive = AdaptiveConfig {
+        scope: match section.scope {
+            ScopeConfig::PerUser => ScopeMode::PerUser,
+            ScopeConfig::PerTenant => ScopeMode::PerTenant,
+            ScopeConfig::Shared => ScopeMode::Shared,
+            ScopeConfig::PerSession => ScopeMode::PerSession,
+        },
+        synthesis_threshold: section.synthesis_threshold as usize,
+        failure_retention: section.failure_retention as usize,
+        max_strategies: section.max_strategies as usize,
+        strategy_ttl_ms: section.ttl_days.saturating_mul(86_400_000),
+        corrections_per_window: section.corrections_per_hour,
+        correction_window_ms: 3_600_000,
+        ..AdaptiveConfig::default()
+    };
+    adaptive.validate().map_err(|e| match e {
+        AdaptiveError::Config { field, reason } => {
+            // Named as the section names it.
+            let key = match field {
+                "corrections_per_window" => "corrections_per_hour",
+                "strategy_ttl_ms" => "ttl_days",
+                other => other,
+            };
+            config_error(format!("adaptive.{key}"), reason)
+        }
+        other => config_error("adaptive", other.to_string()),
+    })?;
+    Ok(adaptive)
+}
+
 /// The options of the tree a configuration describes, and the MCP servers it started.
 pub async fn runtime_options(
     config: &Config,
@@ -188,6 +225,7 @@ pub async fn runtime_options(
     opts.policy.discount = config.policy.discount;
     opts.policy.pool_strength = config.policy.prior_strength;
     opts.policy.propensity_draws = config.policy.propensity_samples.max(1) as usize;
+    opts.adaptive = adaptive_config(&config.adaptive)?;
     opts.tree.max_recovery_attempts = config.triage.max_recovery_attempts;
     if let Some(path) = &config.triage.policy_file {
         let setup = crate::recovery::TriageSetup::load(path)
@@ -1186,6 +1224,38 @@ impl Backend for TreeBackend {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_adaptive_section_maps_onto_the_reflectors_settings() {
+        let section = hindsight::config::AdaptiveConfig {
+            synthesis_threshold: 3,
+            failure_retention: 9,
+            max_strategies: 4,
+            scope: hindsight::config::ScopeConfig::PerTenant,
+            ttl_days: 2,
+            corrections_per_hour: 6,
+        };
+        let a = adaptive_config(&section).unwrap();
+        assert_eq!(a.scope, hindsight::learn::adaptive::ScopeMode::PerTenant);
+        assert_eq!(
+            (a.synthesis_threshold, a.failure_retention, a.max_strategies),
+            (3, 9, 4)
+        );
+        assert_eq!(a.strategy_ttl_ms, 2 * 86_400_000);
+        assert_eq!(
+            (a.corrections_per_window, a.correction_window_ms),
+            (6, 3_600_000)
+        );
+
+        let bad = hindsight::config::AdaptiveConfig {
+            corrections_per_hour: 0,
+            ..section
+        };
+        match adaptive_config(&bad) {
+            Err(StartError::Config { key, .. }) => assert_eq!(key, "adaptive.corrections_per_hour"),
+            other => panic!("{other:?}"),
+        }
+    }
+
     use super::*;
 
     #[test]

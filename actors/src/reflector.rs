@@ -92,6 +92,8 @@ pub struct ReflectorActor;
 
 /// Start-up arguments.
 pub struct ReflectorArgs {
+    /// Adaptive strategies' configuration (the one in force, also over a restored snapshot).
+    pub adaptive: AdaptiveConfig,
     /// The store.
     pub store: Store,
     /// The workflow (its tools are what lessons may name).
@@ -148,10 +150,14 @@ impl Actor for ReflectorActor {
             ))
         });
         let (reflector, adaptive, applied) = match restored {
-            Some(r) => r,
+            Some((reflector, mut adaptive, applied)) => {
+                // The lessons come back; the configuration is the one in force now.
+                adaptive.set_config(args.adaptive.clone())?;
+                (reflector, adaptive, applied)
+            }
             None => (
                 Reflector::new(ReflectorConfig::default()),
-                AdaptiveStrategies::new(AdaptiveConfig::default())?,
+                AdaptiveStrategies::new(args.adaptive.clone())?,
                 Applied::default(),
             ),
         };

@@ -20,6 +20,7 @@ use crate::run::{RunOutcome, TreeCtx};
 use crate::supervisor::{RestartStats, Supervisor, SupervisorMsg};
 use crate::tree::{self, TreeConfig, TreeSpec};
 use crate::workflow::{UnknownTool, Workflow};
+use hindsight::learn::adaptive::AdaptiveConfig;
 use hindsight::learn::sop::SopConfig;
 use hindsight::tools::VirtualClock;
 
@@ -71,6 +72,8 @@ pub struct RuntimeOptions {
     pub chaos: Option<ChaosHandle>,
     /// SOP promotion and rollback rules.
     pub sop: SopConfig,
+    /// Adaptive strategies: lessons synthesised from failures (the `[adaptive]` section).
+    pub adaptive: AdaptiveConfig,
     /// Root restart intensity: at most this many restarts ...
     pub max_restarts: u32,
     /// ... within this period.
@@ -113,6 +116,7 @@ impl RuntimeOptions {
             reflect_retry: ReflectRetryConfig::default(),
             chaos: None,
             sop: SopConfig::default(),
+            adaptive: AdaptiveConfig::default(),
             max_restarts: 100,
             restart_period: Duration::from_secs(5),
         }
@@ -260,6 +264,7 @@ impl Runtime {
             reflect_retry: opts.reflect_retry,
             faults: opts.chaos.as_ref().map(crate::chaos_tools::decider),
             sop: opts.sop,
+            adaptive: opts.adaptive,
             max_restarts: opts.max_restarts,
             restart_period: opts.restart_period,
         });

@@ -93,6 +93,8 @@ pub struct TreeSpec {
     pub seed: u64,
     /// SOP promotion and rollback rules.
     pub sop: hindsight::learn::sop::SopConfig,
+    /// Adaptive strategies' configuration (the reflector's).
+    pub adaptive: hindsight::learn::adaptive::AdaptiveConfig,
     /// Run limits and the failure policy.
     pub config: TreeConfig,
     /// ReflectRetry's configuration.
@@ -192,10 +194,12 @@ pub fn build(spec: TreeSpec) -> Tree {
         );
         let workflow = spec.workflow.clone();
         let memory = ctx.dir.memory.clone();
+        let adaptive = spec.adaptive.clone();
         children.push(ChildSpec::actor("reflector", None, move || {
             (
                 ReflectorActor,
                 ReflectorArgs {
+                    adaptive: adaptive.clone(),
                     store: store.clone(),
                     workflow: workflow.clone(),
                     memory: memory.clone(),

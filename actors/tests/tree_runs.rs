@@ -254,3 +254,54 @@ async fn a_restart_takes_the_new_configuration_and_keeps_the_evidence() {
         }
     }
 }
+
+async fn lessons(rt: &Runtime) -> Vec<hindsight::Lesson> {
+    rt.ctx()
+        .dir
+        .reflector
+        .call(|reply| hindsight_actors::reflector::ReflectorMsg::Lessons {
+            scope_prefix: None,
+            reply,
+        })
+        .await
+        .unwrap()
+}
+
+/// The `[adaptive]` settings reach the reflector: with a shared scope every synthesised lesson
+/// is shared (the tasks name a user, whose scope is the default), and a restart under a per-
+/// tenant scope keeps the shared lessons and files the new ones under the tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_adaptive_settings_reach_the_reflector_and_a_restart_takes_the_new_ones() {
+    use hindsight::learn::adaptive::ScopeMode;
+    let dir = tempfile::tempdir().unwrap();
+    let env = SimEnv::load(&env_path("flaky_ocr.toml")).unwrap();
+    let mut opts = options_on(dir.path(), env.clone(), 5);
+    opts.adaptive.scope = ScopeMode::Shared;
+    opts.adaptive.synthesis_threshold = 2;
+    let rt = Runtime::start(opts).await.unwrap();
+    workload::run_tasks(&rt, &env, 5, 80, 4, |_| {})
+        .await
+        .unwrap();
+    let first = lessons(&rt).await;
+    rt.shutdown().await;
+    assert!(!first.is_empty(), "no lesson synthesised");
+    assert!(first.iter().all(|l| l.scope == "shared"), "{first:?}");
+
+    let mut opts = options_on(dir.path(), env.clone(), 5);
+    opts.adaptive.scope = ScopeMode::PerTenant;
+    opts.adaptive.synthesis_threshold = 2;
+    let rt = Runtime::start(opts).await.unwrap();
+    workload::run_tasks(&rt, &env, 5, 80, 4, |_| {})
+        .await
+        .unwrap();
+    let second = lessons(&rt).await;
+    rt.shutdown().await;
+    assert!(
+        second.iter().any(|l| l.scope == "shared"),
+        "the shared lessons are kept"
+    );
+    assert!(
+        second.iter().any(|l| l.scope == "tenant:demo"),
+        "new lessons follow the new scope: {second:?}"
+    );
+}

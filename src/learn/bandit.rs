@@ -316,12 +316,18 @@ struct Node {
     arms: Vec<ArmStats>,
 }
 
+/// The format version of [`PolicySnapshot`] this build writes and reads (2: the configuration
+/// is stored as JSON text).
+pub const SNAPSHOT_VERSION: u32 = 2;
+
 /// The persistent state of a policy.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PolicySnapshot {
-    /// Format version.
+    /// Format version ([`SNAPSHOT_VERSION`]).
     pub version: u32,
-    /// The configuration.
+    /// The configuration it was written under (JSON text, so that a setting added in a later
+    /// build does not make the snapshot unreadable).
+    #[serde(with = "crate::store::envelope::as_json")]
     pub config: PolicyConfig,
     /// The stages and their arms.
     pub stages: Vec<StageArms>,
@@ -1192,7 +1198,7 @@ impl Policy {
         levels.sort_by(|a, b| a.0.cmp(&b.0));
         PolicySnapshot {
             levels,
-            version: 1,
+            version: SNAPSHOT_VERSION,
             config: self.config.clone(),
             stages: self.stages.clone(),
             nodes,
@@ -1205,9 +1211,9 @@ impl Policy {
 
     /// A policy from a snapshot.
     pub fn restore(snapshot: PolicySnapshot) -> Result<Policy, PolicyError> {
-        if snapshot.version != 1 {
+        if snapshot.version != SNAPSHOT_VERSION {
             return Err(PolicyError::BadSnapshot(format!(
-                "version {} (expected 1)",
+                "version {} (expected {SNAPSHOT_VERSION})",
                 snapshot.version
             )));
         }

@@ -254,7 +254,9 @@ pub struct ConsolidationReport {
 pub struct ReflectorSnapshot {
     /// Format version.
     pub version: u32,
-    /// Configuration.
+    /// Configuration (JSON text when stored, so that a setting added in a later build does not
+    /// make the snapshot unreadable).
+    #[serde(with = "crate::store::envelope::as_json")]
     pub config: ReflectorConfig,
     /// Every lesson, superseded ones included, by id.
     pub lessons: BTreeMap<String, Lesson>,

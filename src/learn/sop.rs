@@ -112,7 +112,9 @@ pub struct LiveTally {
 /// The SOP book: tallies per cluster and plan, every SOP version, and their live results.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SopBook {
-    /// The configuration.
+    /// The configuration (JSON text when stored, so that a setting added in a later build does
+    /// not make the book unreadable).
+    #[serde(with = "crate::store::envelope::as_json")]
     pub config: SopConfig,
     /// Cluster key -> plan key -> tally.
     pub plans: BTreeMap<String, BTreeMap<String, (Vec<ArmChoice>, Tally)>>,

@@ -52,7 +52,9 @@ pub struct MemorySnapshot {
     pub graph: KnowledgeGraph,
     /// The vector index.
     pub index: VectorIndex,
-    /// Salience thresholds.
+    /// Salience thresholds (JSON text when stored, so that a setting added in a later build
+    /// does not make the snapshot unreadable).
+    #[serde(with = "crate::store::envelope::as_json")]
     pub salience: SalienceConfig,
 }
 

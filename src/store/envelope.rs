@@ -29,6 +29,31 @@ pub enum EnvelopeError {
     Encode(String),
 }
 
+/// A field stored as JSON text inside a postcard record (`#[serde(with = "as_json")]`), for
+/// settings structs: postcard is not self-describing, so a setting added to the struct would
+/// make every stored record that embeds it undecodable, while JSON text with `#[serde(default)]`
+/// on the struct reads older records (missing settings take their defaults) and newer ones
+/// (unknown settings are ignored).
+pub mod as_json {
+    use serde::de::{DeserializeOwned, Error as _};
+    use serde::ser::Error as _;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    /// Writes `value` as a JSON string.
+    pub fn serialize<T: Serialize, S: Serializer>(value: &T, s: S) -> Result<S::Ok, S::Error> {
+        let text = serde_json::to_string(value).map_err(S::Error::custom)?;
+        s.serialize_str(&text)
+    }
+
+    /// Reads a value from a JSON string.
+    pub fn deserialize<'de, T: DeserializeOwned, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<T, D::Error> {
+        let text = String::deserialize(d)?;
+        serde_json::from_str(&text).map_err(D::Error::custom)
+    }
+}
+
 /// Encodes `value` as an envelope: [`VERSION`] then postcard.
 /// The buffer is sized by a first counting pass, so that the bytes are written once: growing it
 /// from one byte took a quarter of a store caller's time under 64 concurrent writers.
@@ -114,5 +139,58 @@ mod tests {
         let mut bytes = encode(&rec()).unwrap();
         bytes.extend_from_slice(&[1, 2]);
         assert_eq!(decode::<Rec>(&bytes), Err(EnvelopeError::TrailingBytes(2)));
+    }
+
+    #[test]
+    fn a_settings_field_stored_as_json_reads_across_added_and_removed_settings() {
+        use serde::{Deserialize, Serialize};
+        #[derive(Debug, PartialEq, Serialize, Deserialize)]
+        #[serde(default)]
+        struct OldSettings {
+            limit: u32,
+        }
+        impl Default for OldSettings {
+            fn default() -> Self {
+                OldSettings { limit: 5 }
+            }
+        }
+        #[derive(Debug, PartialEq, Serialize, Deserialize)]
+        #[serde(default)]
+        struct NewSettings {
+            limit: u32,
+            window_ms: u64,
+        }
+        impl Default for NewSettings {
+            fn default() -> Self {
+                NewSettings {
+                    limit: 5,
+                    window_ms: 60_000,
+                }
+            }
+        }
+        #[derive(Debug, PartialEq, Serialize, Deserialize)]
+        struct Old {
+            #[serde(with = "as_json")]
+            settings: OldSettings,
+            evidence: Vec<u64>,
+        }
+        #[derive(Debug, PartialEq, Serialize, Deserialize)]
+        struct New {
+            #[serde(with = "as_json")]
+            settings: NewSettings,
+            evidence: Vec<u64>,
+        }
+        // Written by an older build, read by a newer one: the new setting takes its default.
+        let old = Old {
+            settings: OldSettings { limit: 9 },
+            evidence: vec![1, 2, 3],
+        };
+        let new: New = decode(&encode(&old).unwrap()).unwrap();
+        assert_eq!(new.settings.limit, 9);
+        assert_eq!(new.settings.window_ms, 60_000);
+        assert_eq!(new.evidence, [1, 2, 3]);
+        // And back: an older build ignores the setting it does not know.
+        let back: Old = decode(&encode(&new).unwrap()).unwrap();
+        assert_eq!(back, old);
     }
 }

@@ -245,7 +245,9 @@ impl ScopeState {
 pub struct AdaptiveSnapshot {
     /// Format version.
     pub version: u32,
-    /// The configuration.
+    /// The configuration (JSON text when stored, so that a setting added in a later build does
+    /// not make the snapshot unreadable).
+    #[serde(with = "crate::store::envelope::as_json")]
     pub config: AdaptiveConfig,
     /// Per-scope state.
     pub scopes: BTreeMap<String, ScopeState>,
@@ -440,6 +442,17 @@ impl AdaptiveStrategies {
     /// The configuration.
     pub fn config(&self) -> &AdaptiveConfig {
         &self.state.config
+    }
+
+    /// Replaces the configuration (validated first) and keeps the state: a restored snapshot
+    /// takes the configuration in force now, not the one it was written under. The correction
+    /// limiter keeps its recorded events under the new limit and window.
+    pub fn set_config(&mut self, config: AdaptiveConfig) -> Result<(), AdaptiveError> {
+        config.validate()?;
+        self.state.limiter.limit = config.corrections_per_window;
+        self.state.limiter.window_ms = config.correction_window_ms;
+        self.state.config = config;
+        Ok(())
     }
 
     /// The persisted state.
