@@ -60,8 +60,18 @@ pub async fn run(global: &Global, args: Args) -> Result<(), Failure> {
                     Err(e) => eprintln!("experience row {seq} skipped: {e}"),
                 }
             }
-            let live = hindsight_actors::policy::stored_policy(&store)
-                .map_err(|e| Failure::new(format!("the live policy cannot be read: {e}")))?;
+            // An unreadable snapshot (written by an older build, say) does not stop the
+            // evaluation: the greedy policy and the ranker are still compared, and the policy
+            // actor rebuilds the snapshot from the experience log at its next start.
+            let live = match hindsight_actors::policy::stored_policy(&store) {
+                Ok(live) => live,
+                Err(e) => {
+                    eprintln!(
+                        "the live policy cannot be read ({e}); evaluating without it (the daemon rebuilds it from the experience log when it next starts)"
+                    );
+                    None
+                }
+            };
             let cfg = EvaluationConfig {
                 holdout_share: holdout,
                 margin,
@@ -104,16 +114,23 @@ fn print_table(r: &PolicyEvaluation) -> Result<(), Failure> {
         "DR",
         "ESS"
     )?;
+    // An estimate with a 95% interval; IPS and SNIPS say nothing where the policy never chose
+    // what the log chose (no support), so they are shown as such rather than as 0.
+    let cell = |e: &hindsight::learn::ope::Estimate, weighted: bool| {
+        if weighted && e.effective_n <= 0.0 {
+            format!("{:>16}", "no support")
+        } else {
+            // `+ 0.0` turns a negative zero into zero.
+            format!("{:>7.4} ±{:<7.4}", e.value + 0.0, 1.96 * e.std_err)
+        }
+    };
     for p in &r.policies {
         outln!(
-            "{:<8} {:>7.4} ±{:<7.4} {:>7.4} ±{:<7.4} {:>7.4} ±{:<7.4} {:>8.1}",
+            "{:<8} {} {} {} {:>8.1}",
             p.name,
-            p.ips.value,
-            1.96 * p.ips.std_err,
-            p.snips.value,
-            1.96 * p.snips.std_err,
-            p.dr.value,
-            1.96 * p.dr.std_err,
+            cell(&p.ips, true),
+            cell(&p.snips, true),
+            cell(&p.dr, false),
             p.dr.effective_n
         )?;
     }
