@@ -24,6 +24,8 @@ fn evaluate_reads_the_policy_the_tree_persisted() {
             "200",
             "--seed",
             "5",
+            "--concurrency",
+            "1",
             "--json",
         ],
     );
