@@ -255,8 +255,22 @@ async fn a_restart_takes_the_new_configuration_and_keeps_the_evidence() {
     }
 }
 
-async fn lessons(rt: &Runtime) -> Vec<hindsight::Lesson> {
-    rt.ctx()
+/// Runs 80 flaky-OCR tasks on `dir` with lessons synthesised after two failures in a scope of
+/// `scope`, and returns every lesson the reflector then holds.
+async fn lessons_after_a_run(
+    dir: &std::path::Path,
+    scope: hindsight::learn::adaptive::ScopeMode,
+) -> Vec<hindsight::Lesson> {
+    let env = SimEnv::load(&env_path("flaky_ocr.toml")).unwrap();
+    let mut opts = options_on(dir, env.clone(), 5);
+    opts.adaptive.scope = scope;
+    opts.adaptive.synthesis_threshold = 2;
+    let rt = Runtime::start(opts).await.unwrap();
+    workload::run_tasks(&rt, &env, 5, 80, 4, |_| {})
+        .await
+        .unwrap();
+    let lessons = rt
+        .ctx()
         .dir
         .reflector
         .call(|reply| hindsight_actors::reflector::ReflectorMsg::Lessons {
@@ -264,7 +278,9 @@ async fn lessons(rt: &Runtime) -> Vec<hindsight::Lesson> {
             reply,
         })
         .await
-        .unwrap()
+        .unwrap();
+    rt.shutdown().await;
+    lessons
 }
 
 /// The `[adaptive]` settings reach the reflector: with a shared scope every synthesised lesson
@@ -274,28 +290,11 @@ async fn lessons(rt: &Runtime) -> Vec<hindsight::Lesson> {
 async fn the_adaptive_settings_reach_the_reflector_and_a_restart_takes_the_new_ones() {
     use hindsight::learn::adaptive::ScopeMode;
     let dir = tempfile::tempdir().unwrap();
-    let env = SimEnv::load(&env_path("flaky_ocr.toml")).unwrap();
-    let mut opts = options_on(dir.path(), env.clone(), 5);
-    opts.adaptive.scope = ScopeMode::Shared;
-    opts.adaptive.synthesis_threshold = 2;
-    let rt = Runtime::start(opts).await.unwrap();
-    workload::run_tasks(&rt, &env, 5, 80, 4, |_| {})
-        .await
-        .unwrap();
-    let first = lessons(&rt).await;
-    rt.shutdown().await;
+    let first = lessons_after_a_run(dir.path(), ScopeMode::Shared).await;
     assert!(!first.is_empty(), "no lesson synthesised");
     assert!(first.iter().all(|l| l.scope == "shared"), "{first:?}");
 
-    let mut opts = options_on(dir.path(), env.clone(), 5);
-    opts.adaptive.scope = ScopeMode::PerTenant;
-    opts.adaptive.synthesis_threshold = 2;
-    let rt = Runtime::start(opts).await.unwrap();
-    workload::run_tasks(&rt, &env, 5, 80, 4, |_| {})
-        .await
-        .unwrap();
-    let second = lessons(&rt).await;
-    rt.shutdown().await;
+    let second = lessons_after_a_run(dir.path(), ScopeMode::PerTenant).await;
     assert!(
         second.iter().any(|l| l.scope == "shared"),
         "the shared lessons are kept"
