@@ -67,7 +67,7 @@ async fn the_log_and_the_policy_survive_a_restart_and_are_evaluated() {
             store.append_experience(t.clone()).await.unwrap();
         }
         store
-            .put(KvTable::new("posteriors"), "policy", &policy.snapshot())
+            .put(KvTable::new("test_snapshots"), "policy", &policy.snapshot())
             .await
             .unwrap();
     }
@@ -81,7 +81,7 @@ async fn the_log_and_the_policy_survive_a_restart_and_are_evaluated() {
         .collect();
     assert_eq!(back, log);
     let snap: PolicySnapshot = store
-        .get(KvTable::new("posteriors"), "policy")
+        .get(KvTable::new("test_snapshots"), "policy")
         .unwrap()
         .unwrap();
     let live = Policy::restore(snap).unwrap();

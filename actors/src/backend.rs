@@ -1224,6 +1224,8 @@ impl Backend for TreeBackend {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn the_adaptive_section_maps_onto_the_reflectors_settings() {
         let section = hindsight::config::AdaptiveConfig {
@@ -1255,8 +1257,6 @@ mod tests {
             other => panic!("{other:?}"),
         }
     }
-
-    use super::*;
 
     #[test]
     fn namespaces_keep_tenants_apart() {

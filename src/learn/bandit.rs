@@ -1121,11 +1121,10 @@ impl Policy {
                     && a.detector
                         .observe(x, c.change_delta, c.change_lambda, c.change_min_obs)
                 {
-                    let before = a.successes / (a.successes + a.failures).max(1e-9);
                     fired.push(Change {
                         node: ln.hash,
                         arm: j,
-                        before: before.clamp(0.0, 1.0),
+                        before: a.successes / (a.successes + a.failures).max(1e-9),
                         after: a.recent,
                     });
                     a.forget(c.change_keep);
@@ -1701,12 +1700,13 @@ mod tests {
         assert_eq!(p.greedy(&fa).0[1], 0, "tenant A did not");
         // The coarser nodes that mix both tenants detected the change too; tenant A's own
         // evidence survived it (forgotten, it would be back to a few pseudo-counts).
+        let a = p.arm_index("normalize", &Arm::new("a", "s")).unwrap();
         let snap = p.snapshot();
         let a_counts = |key: &str| {
             snap.nodes
                 .iter()
                 .find(|n| n.0 == key)
-                .map(|n| n.2[2].successes + n.2[2].failures)
+                .map(|n| n.2[a].successes + n.2[a].failures)
                 .unwrap_or(0.0)
         };
         assert!(
