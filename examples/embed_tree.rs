@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use hindsight::learn::adaptive::AdaptiveConfig;
 use hindsight::learn::bandit::{Policy, PolicyConfig};
+use hindsight::learn::distill::DistillConfig;
 use hindsight::learn::sop::SopConfig;
 use hindsight::store::{Durability, KvTable, Store, StoreOptions};
 use hindsight::tools::sim::SimEnv;
@@ -171,6 +172,7 @@ fn build_tree(store: &Store, env: &SimEnv, seed: u64) -> Result<tree::Tree, BoxE
         faults: None,
         sop: SopConfig::default(),
         adaptive: AdaptiveConfig::default(),
+        distill: DistillConfig::default(),
         max_restarts: 20,
         restart_period: Duration::from_secs(5),
     }))

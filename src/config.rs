@@ -169,6 +169,13 @@ pub struct PolicyConfig {
     pub discount: f64,
     /// Pseudo-observations a cluster's prior borrows from its parent cluster (pooling strength).
     pub prior_strength: f64,
+    /// Distil a ranker from the experience log every this many experiences (0 = never); it
+    /// plans the exploit share only while off-policy evaluation says it is not worse than the
+    /// policy's greedy plan.
+    pub distill_every: u64,
+    /// How much worse (reward per task, lower confidence bound) the ranker may look and still
+    /// be promoted.
+    pub distill_margin: f64,
 }
 
 impl Default for PolicyConfig {
@@ -178,6 +185,8 @@ impl Default for PolicyConfig {
             propensity_samples: 200,
             discount: 0.999,
             prior_strength: 2.0,
+            distill_every: 200,
+            distill_margin: 0.0,
         }
     }
 }
@@ -565,6 +574,12 @@ impl Config {
             return bad(
                 "policy.discount",
                 format!("must be in (0, 1], found {}", self.policy.discount),
+            );
+        }
+        if !(self.policy.distill_margin.is_finite() && self.policy.distill_margin >= 0.0) {
+            return bad(
+                "policy.distill_margin",
+                format!("must be 0 or more, found {}", self.policy.distill_margin),
             );
         }
         if !(self.policy.prior_strength.is_finite() && self.policy.prior_strength > 0.0) {

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use hindsight::learn::PolicyConfig;
 use hindsight::learn::bandit::{Policy, PolicySnapshot};
 use hindsight::learn::distill::{EvaluationConfig, evaluate_log};
+use hindsight::learn::ope::Objective;
 use hindsight::learn::sim_run::{SimRunConfig, run_learning_with};
 use hindsight::store::{Durability, KvTable, Store, StoreOptions};
 use hindsight::tools::sim::SimEnv;
@@ -90,7 +91,12 @@ async fn the_log_and_the_policy_survive_a_restart_and_are_evaluated() {
     let f = &report.trace[0].features;
     assert_eq!(live.choose(f, &mut r1), policy.choose(f, &mut r2));
 
-    let eval = evaluate_log(&back, Some(&live), &EvaluationConfig::default());
+    // The trace's rows carry no steps, so they are evaluated on what each run earned.
+    let cfg = EvaluationConfig {
+        objective: Objective::Realized,
+        ..EvaluationConfig::default()
+    };
+    let eval = evaluate_log(&back, Some(&live), &cfg);
     assert_eq!(eval.rows, 600);
     assert_eq!(eval.skipped, 0);
     assert_eq!(eval.holdout_rows, 180);
@@ -111,8 +117,7 @@ async fn the_log_and_the_policy_survive_a_restart_and_are_evaluated() {
     );
     assert!(live_dr > report.random_mean_reward, "{live_dr}");
     let decision = eval.promotion.clone().expect("a live policy was given");
-    let cmp = eval.ranker_vs_live.expect("compared");
-    let cfg = EvaluationConfig::default();
+    let cmp = eval.ranker_vs_greedy.expect("compared");
     assert_eq!(
         decision.promote,
         cmp.candidate.effective_n >= cfg.min_effective_n

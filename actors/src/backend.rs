@@ -225,6 +225,8 @@ pub async fn runtime_options(
     opts.policy.discount = config.policy.discount;
     opts.policy.pool_strength = config.policy.prior_strength;
     opts.policy.propensity_draws = config.policy.propensity_samples.max(1) as usize;
+    opts.distill.every = config.policy.distill_every;
+    opts.distill.margin = config.policy.distill_margin;
     opts.adaptive = adaptive_config(&config.adaptive)?;
     opts.tree.max_recovery_attempts = config.triage.max_recovery_attempts;
     if let Some(path) = &config.triage.policy_file {

@@ -217,6 +217,8 @@ pub struct LearningBench {
     pub infra_failures_learned_from: u64,
     /// Infrastructure failures the policy saw and ignored.
     pub infra_failures_ignored: u64,
+    /// The distilled ranker: fits, promotions, whether it is in force, choices it planned.
+    pub ranker: crate::policy::DistillStatus,
     /// How the policy followed the environment's drift (`null` when it does not drift within
     /// the tasks run): the regret ratio of the tasks a drift applies to, during the first
     /// [`RECOVERY_TASKS`] tasks after it and after them.
@@ -226,15 +228,35 @@ pub struct LearningBench {
 }
 
 /// Runs `tasks` tasks of `env` through a fresh tree (durability off: the bench measures learning,
-/// not the disk) and returns the KPIs and every task's record.
+/// not the disk) and returns the KPIs and every task's record. The tree's store is a temporary
+/// directory, or `keep` (which must be new or empty) when the store is wanted afterwards.
 pub async fn learning(
     env: &SimEnv,
     tasks: u64,
     seed: u64,
     concurrency: usize,
+    keep: Option<&Path>,
 ) -> Result<(LearningBench, Vec<TaskRecord>), RuntimeError> {
-    let dir = tempdir()?;
-    let mut opts = RuntimeOptions::new(dir.path(), env.clone());
+    let temp;
+    let dir = match keep {
+        Some(dir) => {
+            let occupied = std::fs::read_dir(dir)
+                .map(|mut entries| entries.next().is_some())
+                .unwrap_or(false);
+            if occupied {
+                return Err(RuntimeError::Rejected(format!(
+                    "{} is not empty: the learning bench starts from nothing, so give it a new or empty directory to keep its store in",
+                    dir.display()
+                )));
+            }
+            dir
+        }
+        None => {
+            temp = tempdir()?;
+            temp.path()
+        }
+    };
+    let mut opts = RuntimeOptions::new(dir, env.clone());
     opts.durability = Durability::None;
     opts.seed = seed;
     let rt = Runtime::start(opts).await?;
@@ -247,6 +269,15 @@ pub async fn learning(
         .policy
         .call_with_timeout(
             |reply| crate::policy::PolicyMsg::Stats { reply },
+            Duration::from_secs(30),
+        )
+        .await?;
+    let ranker = rt
+        .ctx()
+        .dir
+        .policy
+        .call_with_timeout(
+            |reply| crate::policy::PolicyMsg::Distillation { reply },
             Duration::from_secs(30),
         )
         .await?;
@@ -267,6 +298,7 @@ pub async fn learning(
             repeat_error_rate,
             infra_failures_learned_from: stats.2,
             infra_failures_ignored: stats.1,
+            ranker,
             drift,
             seconds,
         },

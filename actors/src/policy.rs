@@ -9,6 +9,8 @@ use std::sync::Arc;
 use hindsight::learn::bandit::{
     Arm, Observation, Policy, PolicySnapshot, StageObservation, StageOutcome,
 };
+use hindsight::learn::distill::{DistillConfig, DistillOutcome, Distiller, Promotion};
+use hindsight::learn::ope::{LogRecord, first_attempt_reward};
 use hindsight::learn::sop::{Route, SopBook, SopConfig, SopEvent};
 use hindsight::store::{KvTable, Store};
 use hindsight::{ArmChoice, ExperienceTuple, FailureCategory, Sop, SopStatus, Task, now_ms};
@@ -67,6 +69,28 @@ pub fn parse_sop_plan_id(plan_id: &str) -> Option<(&str, u32)> {
     Some((id, v.parse().ok()?))
 }
 const SNAPSHOT_KEY: &str = "snapshot";
+/// The key of the distiller (the ranker in force and its schedule) in [`POLICY`].
+const RANKER_KEY: &str = "ranker";
+
+/// The distiller as the policy actor last persisted it (`None` when it never has).
+pub fn stored_distiller(store: &Store) -> Result<Option<Distiller>, hindsight::store::StoreError> {
+    store.get(POLICY, RANKER_KEY)
+}
+
+/// What the distillation has done (the `Distillation` message's reply).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DistillStatus {
+    /// Rankers fitted and evaluated.
+    pub fits: u64,
+    /// Fits that put their ranker in force.
+    pub promotions: u64,
+    /// Whether a ranker is in force now.
+    pub in_force: bool,
+    /// Choices whose plan came from the ranker in this incarnation.
+    pub ranked_choices: u64,
+    /// The last decision.
+    pub last: Option<Promotion>,
+}
 
 /// A plan chosen for one attempt.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -157,6 +181,11 @@ pub enum PolicyMsg {
         /// Every SOP version.
         reply: RpcReplyPort<Vec<Sop>>,
     },
+    /// What the distillation of the ranker has done.
+    Distillation {
+        /// Its status.
+        reply: RpcReplyPort<DistillStatus>,
+    },
     /// Persist the snapshot now (at shutdown).
     Flush {
         /// Acknowledged once it is on disk.
@@ -190,6 +219,8 @@ pub struct PolicyArgs {
     pub snapshot_every: u64,
     /// SOP promotion and rollback rules.
     pub sop: SopConfig,
+    /// How the ranker is distilled from the log and when it is put in force.
+    pub distill: DistillConfig,
     /// Where it publishes itself.
     pub slot: Arc<Slot<PolicyMsg>>,
     /// Fault injection.
@@ -208,6 +239,14 @@ pub struct PolicyState {
     since_snapshot: u64,
     snapshot_every: u64,
     chaos: Option<ChaosHook>,
+    distiller: Distiller,
+    /// Whether the distiller changed since it was persisted.
+    distiller_dirty: bool,
+    /// Diary notes of the distiller's decisions, written with the next snapshot.
+    distill_notes: Vec<hindsight::store::NewDiaryEntry>,
+    ranked_choices: u64,
+    /// Whether the experience log is being replayed (fits wait for its end).
+    replaying: bool,
 }
 
 impl Actor for PolicyActor {
@@ -239,6 +278,22 @@ impl Actor for PolicyActor {
             }
             _ => (args.initial, SopBook::new(args.sop), 0, BTreeSet::new()),
         };
+        // The ranker in force comes back with its schedule, under the configuration in force
+        // now; a distiller that cannot be read starts afresh (the next fit rebuilds it).
+        let distiller = match args.store.get::<Distiller>(POLICY, RANKER_KEY) {
+            Ok(Some(mut d)) if watermark > 0 => {
+                d.config = args.distill.clone();
+                if d.config.every == 0 {
+                    d.active = None;
+                }
+                d
+            }
+            Ok(_) => Distiller::new(args.distill.clone()),
+            Err(e) => {
+                tracing::error!(error = %e, "the distilled ranker cannot be read; it is fitted again");
+                Distiller::new(args.distill.clone())
+            }
+        };
         let mut state = PolicyState {
             store: args.store,
             policy,
@@ -254,6 +309,11 @@ impl Actor for PolicyActor {
             since_snapshot: 0,
             snapshot_every: args.snapshot_every.max(1),
             chaos: args.chaos,
+            distiller,
+            distiller_dirty: false,
+            distill_notes: Vec::new(),
+            ranked_choices: 0,
+            replaying: true,
         };
         // Replay what was logged after the snapshot.
         for (seq, exp) in state.store.experience_since(state.watermark)? {
@@ -265,6 +325,8 @@ impl Actor for PolicyActor {
                 }
             }
         }
+        state.replaying = false;
+        state.maybe_distill();
         args.slot.publish(myself);
         Ok(state)
     }
@@ -289,7 +351,10 @@ impl Actor for PolicyActor {
             }
             PolicyMsg::Observe { seq, experience } => {
                 state.observe(seq, &experience);
-                if (state.since_snapshot >= state.snapshot_every || !state.sop_events.is_empty())
+                state.maybe_distill();
+                if (state.since_snapshot >= state.snapshot_every
+                    || !state.sop_events.is_empty()
+                    || state.distiller_dirty)
                     && let Err(e) = state.persist().await
                 {
                     tracing::warn!(error = %e, "the policy snapshot was not written; the log still holds everything");
@@ -323,6 +388,16 @@ impl Actor for PolicyActor {
             }
             PolicyMsg::Sops { reply } => {
                 let _ = reply.send(state.sops.sops.clone());
+            }
+            PolicyMsg::Distillation { reply } => {
+                let d = &state.distiller;
+                let _ = reply.send(DistillStatus {
+                    fits: d.fits,
+                    promotions: d.promotions,
+                    in_force: d.active.is_some(),
+                    ranked_choices: state.ranked_choices,
+                    last: d.last.clone(),
+                });
             }
             PolicyMsg::Flush { reply } => {
                 let _ = reply.send(state.persist().await.map_err(|e| e.to_string()));
@@ -374,6 +449,60 @@ impl PolicyState {
         self.since_snapshot += 1;
     }
 
+    /// Fits and evaluates a ranker when one is due (not while the log is replayed): on the
+    /// newest `window` experiences, rewarded by their first attempt.
+    fn maybe_distill(&mut self) {
+        if self.replaying || !self.distiller.due(self.watermark) {
+            return;
+        }
+        let window = self.distiller.config.window as u64;
+        let from = self.watermark.saturating_sub(window);
+        let reward = self.policy.config().reward.clone();
+        let log: Vec<LogRecord> = match self.store.experience_since(from) {
+            Ok(rows) => rows
+                .into_iter()
+                .filter_map(|(_, e)| e.ok())
+                .filter_map(|e| {
+                    let mut r = LogRecord::from_experience(&e)?;
+                    r.reward = first_attempt_reward(&e, &reward)?;
+                    Some(r)
+                })
+                .collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "the experience log cannot be read; the ranker is not fitted now");
+                return;
+            }
+        };
+        let mut rng = fastrand::Rng::with_seed(self.watermark ^ 0xd157_111e);
+        let outcome = self
+            .distiller
+            .refit(self.watermark, &log, &self.policy, &mut rng);
+        self.distiller_dirty = true;
+        if let Some(o) = outcome {
+            self.note_distillation(&o);
+        }
+    }
+
+    /// A diary note when the ranker is put in force or withdrawn.
+    fn note_distillation(&mut self, o: &DistillOutcome) {
+        let kind = match (o.was_active, o.promotion.promote) {
+            (false, true) => "ranker_promoted",
+            (true, false) => "ranker_withdrawn",
+            _ => return,
+        };
+        tracing::info!(kind, reason = %o.promotion.reason, "distilled ranker");
+        self.distill_notes.push(hindsight::store::NewDiaryEntry {
+            time_ms: now_ms(),
+            run_id: None,
+            kind: kind.to_string(),
+            text: format!(
+                "distilled ranker (fitted on {} runs, evaluated on {} against the policy's greedy plan): {}",
+                o.fitted_on, o.evaluated_on, o.promotion.reason
+            ),
+            tags: vec!["ranker".to_string()],
+        });
+    }
+
     async fn persist(&mut self) -> Result<(), hindsight::store::StoreError> {
         // SOP changes go to their own table (and a diary note) in the same transaction as the
         // snapshot, so the API and reports see exactly what the planner uses.
@@ -413,6 +542,16 @@ impl PolicyState {
                 },
             )?);
         }
+        for note in std::mem::take(&mut self.distill_notes) {
+            ops.push(hindsight::store::WriteOp::diary(&note)?);
+        }
+        if self.distiller_dirty {
+            ops.push(hindsight::store::WriteOp::put(
+                POLICY,
+                RANKER_KEY,
+                &self.distiller,
+            )?);
+        }
         let p = Persisted {
             policy: self.policy.snapshot(),
             sops: self.sops.snapshot(),
@@ -422,6 +561,7 @@ impl PolicyState {
         ops.push(hindsight::store::WriteOp::put(POLICY, SNAPSHOT_KEY, &p)?);
         self.store.write_batch(ops).await?;
         self.since_snapshot = 0;
+        self.distiller_dirty = false;
         Ok(())
     }
 
@@ -451,7 +591,12 @@ impl PolicyState {
                 choice.sop_version = Some(version);
                 return Ok(choice);
             }
-            let choice = self.policy.choose(&task.features, &mut self.rng);
+            // A promoted ranker plans the exploit share; Thompson sampling explores.
+            let exploit = self.distiller.exploit_plan(&self.policy, &task.features);
+            let choice = self
+                .policy
+                .choose_with(&task.features, exploit.as_deref(), &mut self.rng);
+            self.ranked_choices += u64::from(choice.ranked);
             return Ok(PlanChoice::new(choice.arm_choices(), None, choice.greedy));
         };
         for (s, stage) in self.policy.stages().to_vec().iter().enumerate() {

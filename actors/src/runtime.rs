@@ -21,6 +21,7 @@ use crate::supervisor::{RestartStats, Supervisor, SupervisorMsg};
 use crate::tree::{self, TreeConfig, TreeSpec};
 use crate::workflow::{UnknownTool, Workflow};
 use hindsight::learn::adaptive::AdaptiveConfig;
+use hindsight::learn::distill::DistillConfig;
 use hindsight::learn::sop::SopConfig;
 use hindsight::tools::VirtualClock;
 
@@ -74,6 +75,8 @@ pub struct RuntimeOptions {
     pub sop: SopConfig,
     /// Adaptive strategies: lessons synthesised from failures (the `[adaptive]` section).
     pub adaptive: AdaptiveConfig,
+    /// How the policy distils a ranker from the log and when it plans with it.
+    pub distill: DistillConfig,
     /// Root restart intensity: at most this many restarts ...
     pub max_restarts: u32,
     /// ... within this period.
@@ -117,6 +120,7 @@ impl RuntimeOptions {
             chaos: None,
             sop: SopConfig::default(),
             adaptive: AdaptiveConfig::default(),
+            distill: DistillConfig::default(),
             max_restarts: 100,
             restart_period: Duration::from_secs(5),
         }
@@ -265,6 +269,7 @@ impl Runtime {
             faults: opts.chaos.as_ref().map(crate::chaos_tools::decider),
             sop: opts.sop,
             adaptive: opts.adaptive,
+            distill: opts.distill,
             max_restarts: opts.max_restarts,
             restart_period: opts.restart_period,
         });

@@ -95,6 +95,8 @@ pub struct TreeSpec {
     pub sop: hindsight::learn::sop::SopConfig,
     /// Adaptive strategies' configuration (the reflector's).
     pub adaptive: hindsight::learn::adaptive::AdaptiveConfig,
+    /// How the policy distils its ranker.
+    pub distill: hindsight::learn::distill::DistillConfig,
     /// Run limits and the failure policy.
     pub config: TreeConfig,
     /// ReflectRetry's configuration.
@@ -171,6 +173,7 @@ pub fn build(spec: TreeSpec) -> Tree {
         let initial = spec.policy;
         let seed = spec.seed;
         let sop = spec.sop;
+        let distill = spec.distill;
         children.push(ChildSpec::actor("policy", None, move || {
             (
                 PolicyActor,
@@ -180,6 +183,7 @@ pub fn build(spec: TreeSpec) -> Tree {
                     seed,
                     snapshot_every: 50,
                     sop: sop.clone(),
+                    distill: distill.clone(),
                     slot: slot.clone(),
                     chaos: chaos.clone(),
                 },

@@ -92,6 +92,9 @@ fn learning_bench_prints_the_kpis_with_drift_recovery_and_writes_the_trace() {
         assert!(l["regret"].as_f64().unwrap() >= 0.0, "{l}");
         assert!(l["sop"].is_null() || l["sop"].is_string(), "{l}");
     }
+    // 650 tasks: the ranker was distilled three times (every 200 runs).
+    assert_eq!(report["ranker"]["fits"], 3, "{report}");
+    assert!(report["ranker"]["in_force"].is_boolean(), "{report}");
     // The trace's regret sums to the report's.
     let sum: f64 = lines.iter().map(|l| l["regret"].as_f64().unwrap()).sum();
     let cumulative = report["cumulative_regret"].as_f64().unwrap();
@@ -110,4 +113,44 @@ fn learning_bench_names_a_missing_environment_file() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("nope.toml"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
+
+#[test]
+fn learning_bench_keeps_its_store_only_in_a_new_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let keep = dir.path().join("kept");
+    let bench = |keep: &Path| {
+        hindsight(
+            dir.path(),
+            &[
+                "bench",
+                "learning",
+                "--tasks",
+                "60",
+                "--keep",
+                keep.to_str().unwrap(),
+                "--json",
+            ],
+        )
+    };
+    let out = bench(&keep);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The kept store is a data directory like any other.
+    let out = hindsight(&keep, &["policy", "evaluate", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let eval: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(eval["rows"], 60, "{eval}");
+    // A second run would mix two runs' learning: refused, in one sentence naming the directory.
+    let out = bench(&keep);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("kept") && err.contains("not empty"), "{err}");
 }

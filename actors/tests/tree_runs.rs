@@ -304,3 +304,113 @@ async fn the_adaptive_settings_reach_the_reflector_and_a_restart_takes_the_new_o
         "new lessons follow the new scope: {second:?}"
     );
 }
+
+async fn distillation(rt: &Runtime) -> hindsight_actors::policy::DistillStatus {
+    rt.ctx()
+        .dir
+        .policy
+        .call(|reply| PolicyMsg::Distillation { reply })
+        .await
+        .unwrap()
+}
+
+/// Distillation every 40 runs, with a gate of `margin` and `min_effective_n`.
+fn distilling(dir: &std::path::Path, margin: f64, min_effective_n: f64) -> RuntimeOptions {
+    let mut opts = options(dir);
+    opts.distill = hindsight::learn::distill::DistillConfig {
+        every: 40,
+        min_rows: 40,
+        margin,
+        min_effective_n,
+        ..Default::default()
+    };
+    opts
+}
+
+/// The policy distils a ranker from the log on schedule and its off-policy gate decides: a
+/// refused ranker never plans; a promoted one plans the exploit share, the diary says so, and it
+/// is still in force after a restart (and gone once distillation is switched off).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_distilled_ranker_plans_only_when_its_gate_lets_it_and_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env();
+    // A gate no ranker passes: it asks for more support than any holdout has.
+    let rt = Runtime::start(distilling(dir.path(), 0.0, 1e9))
+        .await
+        .unwrap();
+    workload::run_tasks(&rt, &env, 11, 120, 1, |_| {})
+        .await
+        .unwrap();
+    let refused = distillation(&rt).await;
+    rt.shutdown().await;
+    assert_eq!(refused.fits, 3, "{refused:?}");
+    assert_eq!(refused.promotions, 0);
+    assert!(!refused.in_force && refused.ranked_choices == 0);
+    assert!(
+        refused
+            .last
+            .as_ref()
+            .is_some_and(|p| p.reason.contains("too little support")),
+        "{refused:?}"
+    );
+
+    // A gate every ranker passes (a reward per task is in [0, 1], so a margin of 1 admits all).
+    let rt = Runtime::start(distilling(dir.path(), 1.0, 0.0))
+        .await
+        .unwrap();
+    workload::run_tasks(&rt, &env, 11, 120, 1, |_| {})
+        .await
+        .unwrap();
+    let promoted = distillation(&rt).await;
+    rt.shutdown().await;
+    assert_eq!(promoted.fits, 6, "the schedule came back: {promoted:?}");
+    assert!(
+        promoted.promotions >= 1 && promoted.in_force,
+        "{promoted:?}"
+    );
+    assert!(promoted.ranked_choices > 0, "{promoted:?}");
+    let notes: Vec<String> = dir_diary_kinds(dir.path());
+    assert!(
+        notes.iter().any(|k| k == "ranker_promoted"),
+        "diary kinds: {notes:?}"
+    );
+
+    // A restart brings the ranker in force back, with its schedule.
+    let rt = Runtime::start(distilling(dir.path(), 1.0, 0.0))
+        .await
+        .unwrap();
+    let back = distillation(&rt).await;
+    assert!(back.in_force, "{back:?}");
+    assert_eq!(
+        (back.fits, back.promotions),
+        (promoted.fits, promoted.promotions)
+    );
+    workload::run_tasks(&rt, &env, 11, 20, 1, |_| {})
+        .await
+        .unwrap();
+    assert!(distillation(&rt).await.ranked_choices > 0);
+    rt.shutdown().await;
+
+    // Switched off: no ranker plans.
+    let mut off = distilling(dir.path(), 1.0, 0.0);
+    off.distill.every = 0;
+    let rt = Runtime::start(off).await.unwrap();
+    workload::run_tasks(&rt, &env, 11, 20, 1, |_| {})
+        .await
+        .unwrap();
+    let status = distillation(&rt).await;
+    rt.shutdown().await;
+    assert!(!status.in_force && status.ranked_choices == 0, "{status:?}");
+}
+
+/// The kinds of every diary note in the store under `dir`.
+fn dir_diary_kinds(dir: &std::path::Path) -> Vec<String> {
+    let store = hindsight::store::Store::open(dir, Default::default()).unwrap();
+    store
+        .diary_tail(10_000)
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| e.ok())
+        .map(|e| e.kind)
+        .collect()
+}

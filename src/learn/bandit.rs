@@ -280,8 +280,12 @@ pub struct Choice {
     pub plan_propensity: f64,
     /// Expected reward of the plan under the posterior means.
     pub mean_value: f64,
-    /// Whether the plan is also the greedy (posterior-mean) plan; `false` = exploration.
+    /// Whether the plan is also the greedy (posterior-mean) plan, or a promoted ranker's plan
+    /// in its place; `false` = exploration.
     pub greedy: bool,
+    /// Whether a promoted ranker's plan took the greedy plan's place.
+    #[serde(default)]
+    pub ranked: bool,
     /// Arm index per stage (into the policy's stage arms).
     pub indices: Vec<usize>,
 }
@@ -381,6 +385,46 @@ impl Eff {
         for (j, x) in p.iter_mut().enumerate() {
             *x = self.sample(j, rng);
         }
+    }
+}
+
+/// A policy's beliefs for one task's features (posterior means), from [`Policy::beliefs`].
+#[derive(Debug, Clone)]
+pub struct Beliefs<'a> {
+    policy: &'a Policy,
+    eff: Eff,
+}
+
+impl Beliefs<'_> {
+    /// The greedy plan (arm index per stage) and its expected reward.
+    pub fn greedy(&self) -> (Vec<usize>, f64) {
+        let mut plan = Vec::new();
+        let v = self.policy.best_plan(&self.eff.mean, &self.eff, &mut plan);
+        (plan, v)
+    }
+
+    /// A plan's expected reward (0 when it does not have one known arm per stage).
+    pub fn value(&self, plan: &[usize]) -> f64 {
+        let p = self.policy;
+        if plan.len() != p.stages.len()
+            || plan.iter().zip(&p.stages).any(|(&a, s)| a >= s.arms.len())
+        {
+            return 0.0;
+        }
+        p.plan_value(&self.eff.mean, &self.eff, plan)
+    }
+
+    /// The arm indices of a plan given as arms (`None` if one is unknown or a stage is missing).
+    pub fn indices(&self, plan: &[Arm]) -> Option<Vec<usize>> {
+        let stages = &self.policy.stages;
+        if plan.len() != stages.len() {
+            return None;
+        }
+        stages
+            .iter()
+            .zip(plan)
+            .map(|(s, arm)| s.arms.iter().position(|a| a == arm))
+            .collect()
     }
 }
 
@@ -821,20 +865,50 @@ impl Policy {
     /// Chooses a plan for a task with `features`: samples the posteriors, takes the plan with the
     /// highest sampled expected reward, and estimates its propensity by resampling.
     pub fn choose(&self, features: &BTreeMap<String, String>, rng: &mut fastrand::Rng) -> Choice {
+        self.choose_with(features, None, rng)
+    }
+
+    /// [`Policy::choose`] with another scorer's plan for the exploit share: whenever the sampled
+    /// plan is the greedy (posterior-mean) plan, `exploit` is taken instead (a promoted ranker's
+    /// plan); exploration is Thompson sampling's as always. The propensity is that of the mixed
+    /// choice, estimated by resampling it.
+    pub fn choose_with(
+        &self,
+        features: &BTreeMap<String, String>,
+        exploit: Option<&[usize]>,
+        rng: &mut fastrand::Rng,
+    ) -> Choice {
         let eff = self.effective(features);
+        let n_stages = self.stages.len();
+        let means = eff.mean.clone();
+        let mut greedy = Vec::new();
+        self.best_plan(&means, &eff, &mut greedy);
+        let exploit = exploit.filter(|e| {
+            e.len() == n_stages && e.iter().zip(&self.stages).all(|(&a, s)| a < s.arms.len())
+        });
         let mut p = vec![0.0; self.n_arms];
-        eff.sample_all(rng, &mut p);
+        // One choice: the sampled plan, or the exploit plan in place of the greedy one.
+        let mut draw = |rng: &mut fastrand::Rng, out: &mut Vec<usize>| -> bool {
+            eff.sample_all(rng, &mut p);
+            self.best_plan(&p, &eff, out);
+            match exploit {
+                Some(e) if *out == greedy => {
+                    out.clear();
+                    out.extend_from_slice(e);
+                    true
+                }
+                _ => false,
+            }
+        };
         let mut chosen = Vec::new();
-        self.best_plan(&p, &eff, &mut chosen);
+        let ranked = draw(rng, &mut chosen);
         // Propensity: the chosen draw plus `propensity_draws` more; per stage the frequency of
         // the chosen arm given that the earlier stages matched (the product is the plan's).
-        let n_stages = self.stages.len();
         let draws = self.config.propensity_draws;
         let mut prefix = vec![1usize; n_stages];
         let mut other = Vec::new();
         for _ in 0..draws {
-            eff.sample_all(rng, &mut p);
-            self.best_plan(&p, &eff, &mut other);
+            draw(rng, &mut other);
             for s in 0..n_stages {
                 if other[s] != chosen[s] {
                     break;
@@ -843,9 +917,6 @@ impl Policy {
             }
         }
         let total = (draws + 1) as f64;
-        let means = eff.mean.clone();
-        let mut greedy = Vec::new();
-        self.best_plan(&means, &eff, &mut greedy);
         let mean_value = self.plan_value(&means, &eff, &chosen);
         let greedy_value = self.plan_value(&means, &eff, &greedy);
         let mut plan = Vec::with_capacity(n_stages);
@@ -869,7 +940,8 @@ impl Policy {
             plan,
             plan_propensity,
             mean_value,
-            greedy: chosen == greedy || mean_value >= greedy_value - 1e-12,
+            greedy: ranked || chosen == greedy || mean_value >= greedy_value - 1e-12,
+            ranked,
             indices: chosen,
         }
     }
@@ -918,6 +990,15 @@ impl Policy {
         let mut plan = Vec::new();
         let v = self.best_plan(&means, &eff, &mut plan);
         (plan, v)
+    }
+
+    /// The policy's beliefs for one task with `features`, to value many plans at the cost of one
+    /// lookup.
+    pub fn beliefs(&self, features: &BTreeMap<String, String>) -> Beliefs<'_> {
+        Beliefs {
+            policy: self,
+            eff: self.effective(features),
+        }
     }
 
     /// The policy's estimate of a plan's expected reward (posterior means) for `features`.
@@ -1304,6 +1385,46 @@ mod tests {
             ],
         )
         .unwrap()
+    }
+
+    #[test]
+    fn an_exploit_plan_takes_the_greedy_share_and_its_propensity_is_the_mixtures() {
+        let mut p = policy();
+        let f = feats(&[("k", "v")]);
+        // "cheap" + "a" is clearly the greedy plan.
+        for _ in 0..40 {
+            for (s, arm, ok) in [
+                ("extract", Arm::new("cheap", "x"), true),
+                ("normalize", Arm::new("a", "s"), true),
+                ("normalize", Arm::new("b", "s"), false),
+            ] {
+                p.update(&stage_obs(f.clone(), s, arm, ok, 100.0, 0.001));
+            }
+        }
+        let mut rng = fastrand::Rng::with_seed(3);
+        assert_eq!(p.greedy(&f).0, vec![0, 0]);
+        let exploit = [1usize, 0];
+        let (mut hits, mut reported, n) = (0usize, 0.0, 400);
+        for _ in 0..n {
+            let c = p.choose_with(&f, Some(&exploit), &mut rng);
+            assert_ne!(c.indices, vec![0, 0], "the greedy plan is always replaced");
+            // (Exploration may draw the exploit plan too; the propensity covers both ways.)
+            assert!(!c.ranked || (c.indices == exploit && c.greedy));
+            if c.indices == exploit {
+                hits += 1;
+                reported += c.plan_propensity;
+            }
+        }
+        assert!(hits > n / 2, "the exploit share is most choices: {hits}");
+        let freq = hits as f64 / n as f64;
+        let mean_reported = reported / hits as f64;
+        assert!(
+            (freq - mean_reported).abs() < 0.1,
+            "observed {freq} vs reported propensity {mean_reported}"
+        );
+        // Without an exploit plan (or with a malformed one) the policy's own choice stands.
+        let c = p.choose_with(&f, Some(&[5, 0]), &mut rng);
+        assert!(!c.ranked);
     }
 
     fn simulate(p: &mut Policy, f: &BTreeMap<String, String>, rng: &mut fastrand::Rng) -> Choice {

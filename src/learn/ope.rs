@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::learn::bandit::{Arm, Policy};
+use crate::learn::bandit::{Arm, Policy, RewardParams};
 use crate::learn::cluster::cluster_key;
 use crate::record::ExperienceTuple;
 
@@ -27,6 +27,14 @@ pub struct LogRecord {
 }
 
 impl LogRecord {
+    /// Whether the record's stages are `stages`, in order (a log of another workflow is not).
+    pub fn has_stages(&self, stages: &[crate::learn::bandit::StageArms]) -> bool {
+        self.stages
+            .iter()
+            .map(String::as_str)
+            .eq(stages.iter().map(|s| s.stage.as_str()))
+    }
+
     /// The record of an experience tuple; `None` when it has no arms or a propensity outside
     /// (0, 1] (such a row cannot be used for off-policy evaluation).
     pub fn from_experience(t: &ExperienceTuple) -> Option<LogRecord> {
@@ -49,6 +57,81 @@ impl LogRecord {
             reward: t.reward.clamp(0.0, 1.0),
         })
     }
+}
+
+/// What a log record's reward measures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Objective {
+    /// The first attempt's plan as if no recovery followed: the arms' own latency and cost when
+    /// every stage's first arm was valid, 0 when one failed on its own (what the bandit's plan
+    /// value and FORMAT.md's regret measure). Runs whose first attempt ended on an
+    /// infrastructure fault say nothing about the plan and are left out.
+    #[default]
+    FirstAttempt,
+    /// The reward the run earned in the end, recoveries included.
+    Realized,
+}
+
+/// The first attempt's reward of an experience ([`Objective::FirstAttempt`]): `None` when its
+/// first attempt ended on an infrastructure fault or never reached a verdict on every stage.
+pub fn first_attempt_reward(t: &ExperienceTuple, reward: &RewardParams) -> Option<f64> {
+    use serde_json::Value;
+    let first = t.steps.iter().filter(|s| {
+        s.metadata
+            .get("attempt")
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+            == 0
+    });
+    let (mut latency, mut cost) = (0.0, 0.0);
+    let mut valid = Vec::new();
+    for step in first {
+        let Some(stage) = step.metadata.get("stage").and_then(Value::as_str) else {
+            continue;
+        };
+        let own = |key: &str, all: f64| {
+            step.metadata
+                .get(key)
+                .and_then(Value::as_f64)
+                .unwrap_or(all)
+        };
+        match step.metadata.get("outcome").and_then(Value::as_str) {
+            Some("valid") => {
+                latency += own("own_latency_ms", step.latency_ms);
+                cost += own("own_cost", step.cost);
+                valid.push(stage);
+            }
+            Some("infrastructure") => return None,
+            Some("invalid" | "strategy" | "unknown") => return Some(0.0),
+            _ => {}
+        }
+    }
+    t.arms
+        .iter()
+        .all(|a| valid.contains(&a.stage.as_str()))
+        .then(|| reward.passed_value(latency, cost))
+}
+
+/// The records usable for off-policy evaluation under `objective` (`reward` prices a first
+/// attempt), and how many were skipped.
+pub fn log_for(
+    tuples: &[ExperienceTuple],
+    objective: Objective,
+    reward: &RewardParams,
+) -> (Vec<LogRecord>, usize) {
+    let log: Vec<LogRecord> = tuples
+        .iter()
+        .filter_map(|t| {
+            let mut r = LogRecord::from_experience(t)?;
+            if objective == Objective::FirstAttempt {
+                r.reward = first_attempt_reward(t, reward)?.clamp(0.0, 1.0);
+            }
+            Some(r)
+        })
+        .collect();
+    let skipped = tuples.len() - log.len();
+    (log, skipped)
 }
 
 /// The records usable for off-policy evaluation, and how many were skipped.
@@ -220,24 +303,34 @@ pub fn compare(
     incumbent: &dyn TargetPolicy,
     model: &dyn RewardModel,
 ) -> Comparison {
-    let a = dr_terms(log, candidate, model);
-    let b = dr_terms(log, incumbent, model);
-    let d: Vec<f64> = a.iter().zip(&b).map(|(x, y)| x - y).collect();
+    compare_terms(
+        &dr_terms(log, candidate, model),
+        &dr_terms(log, incumbent, model),
+        &weights(log, candidate, f64::INFINITY),
+        &weights(log, incumbent, f64::INFINITY),
+    )
+}
+
+/// A paired comparison from per-record doubly robust terms of the candidate (`a`) and the
+/// incumbent (`b`) and their unclipped importance weights (`wa`, `wb`, for the effective sample
+/// sizes).
+pub fn compare_terms(a: &[f64], b: &[f64], wa: &[f64], wb: &[f64]) -> Comparison {
+    let d: Vec<f64> = a.iter().zip(b).map(|(x, y)| x - y).collect();
     let (diff, diff_se) = mean_se(&d);
-    let (va, sa) = mean_se(&a);
-    let (vb, sb) = mean_se(&b);
+    let (va, sa) = mean_se(a);
+    let (vb, sb) = mean_se(b);
     Comparison {
         candidate: Estimate {
             value: va,
             std_err: sa,
-            n: log.len(),
-            effective_n: ess(&weights(log, candidate, f64::INFINITY)),
+            n: a.len(),
+            effective_n: ess(wa),
         },
         incumbent: Estimate {
             value: vb,
             std_err: sb,
-            n: log.len(),
-            effective_n: ess(&weights(log, incumbent, f64::INFINITY)),
+            n: b.len(),
+            effective_n: ess(wb),
         },
         diff,
         diff_se,
@@ -336,6 +429,45 @@ impl TargetPolicy for GreedyTarget<'_> {
     }
 }
 
+/// The live policy's posterior means as a reward model: a plan's expected first-attempt reward
+/// as the policy believes it (0 for a plan with an arm it does not know).
+pub struct PolicyModel<'a> {
+    /// The policy.
+    pub policy: &'a Policy,
+}
+
+impl RewardModel for PolicyModel<'_> {
+    fn predict(&self, context: &BTreeMap<String, String>, plan: &[Arm]) -> f64 {
+        let stages = self.policy.stages();
+        let indices: Option<Vec<usize>> = stages
+            .iter()
+            .zip(plan)
+            .map(|(s, arm)| s.arms.iter().position(|a| a == arm))
+            .collect();
+        match indices {
+            Some(ix) if ix.len() == stages.len() => self.policy.plan_mean_value(context, &ix),
+            _ => 0.0,
+        }
+    }
+}
+
+/// The live policy's greedy plan (posterior means, no exploration) as a target: the share of
+/// choices a promoted ranker takes over.
+pub struct PolicyGreedyTarget<'a> {
+    /// The policy.
+    pub policy: &'a Policy,
+}
+
+impl TargetPolicy for PolicyGreedyTarget<'_> {
+    fn distribution(&self, context: &BTreeMap<String, String>) -> Vec<(Vec<Arm>, f64)> {
+        let (plan, _) = self.policy.greedy(context);
+        self.policy
+            .plan_arms(&plan)
+            .map(|a| vec![(a, 1.0)])
+            .unwrap_or_default()
+    }
+}
+
 /// The live Thompson-sampling policy as a target: its plan distribution estimated by `draws`
 /// posterior samples, from an RNG seeded per context (so the estimate is deterministic).
 pub struct PolicyTarget<'a> {
@@ -430,6 +562,95 @@ mod tests {
         assert_eq!(greedy.distribution(&ctx("x"))[0].0[0].tool, "a");
     }
 
+    fn passed() -> crate::record::RunResult {
+        crate::record::RunResult {
+            state: crate::record::RunState::Succeeded,
+            passed: true,
+            output: None,
+            latency_ms: 1.0,
+            cost: 0.0,
+            attempts: 1,
+        }
+    }
+
+    /// A step of attempt `attempt` at `stage` with `outcome`, 100 ms and 0.01 of its own.
+    fn step(attempt: u32, stage: &str, outcome: &str) -> crate::taxonomy::Step {
+        let mut s = crate::taxonomy::Step {
+            tool_called: Some("t".into()),
+            latency_ms: 900.0,
+            cost: 0.05,
+            ..crate::taxonomy::Step::default()
+        };
+        for (k, v) in [
+            ("attempt", serde_json::json!(attempt)),
+            ("stage", serde_json::json!(stage)),
+            ("strategy", serde_json::json!("x")),
+            ("outcome", serde_json::json!(outcome)),
+            ("own_latency_ms", serde_json::json!(100.0)),
+            ("own_cost", serde_json::json!(0.01)),
+        ] {
+            s.metadata.insert(k.into(), v);
+        }
+        s
+    }
+
+    #[test]
+    fn the_first_attempt_is_priced_by_its_own_arms_and_recoveries_do_not_count() {
+        let reward = RewardParams {
+            success: 1.0,
+            latency: 0.2,
+            cost: 0.1,
+            max_cost: 0.1,
+            sla_ms: 1000.0,
+        };
+        let arm = |stage: &str| crate::record::ArmChoice {
+            stage: stage.into(),
+            tool: "t".into(),
+            strategy: "x".into(),
+            propensity: 0.5,
+        };
+        let tuple = |steps: Vec<crate::taxonomy::Step>| ExperienceTuple {
+            run_id: "r".into(),
+            task_id: "t".into(),
+            plan_id: "p".into(),
+            user_id: None,
+            context_features: ctx("x"),
+            arms: vec![arm("a"), arm("b")],
+            steps,
+            result: passed(),
+            reward: 0.7,
+            user_feedback: None,
+            time_ms: 0,
+        };
+        // Both stages valid on the first attempt: 200 ms and 0.02 of the arms' own (the step
+        // totals, with the infrastructure retries inside the calls, are not the plan's).
+        let clean = tuple(vec![step(0, "a", "valid"), step(0, "b", "valid")]);
+        let want = 1.0 - 0.2 * 0.2 - 0.1 * 0.2;
+        assert!((first_attempt_reward(&clean, &reward).unwrap() - want).abs() < 1e-9);
+        // The first plan failed on its own and a recovery passed: the plan earned 0.
+        let recovered = tuple(vec![
+            step(0, "a", "strategy"),
+            step(1, "a", "valid"),
+            step(1, "b", "valid"),
+        ]);
+        assert_eq!(first_attempt_reward(&recovered, &reward), Some(0.0));
+        let invalid = tuple(vec![step(0, "a", "valid"), step(0, "b", "invalid")]);
+        assert_eq!(first_attempt_reward(&invalid, &reward), Some(0.0));
+        // An infrastructure fault says nothing about the plan; nor does an attempt cut short.
+        let infra = tuple(vec![step(0, "a", "infrastructure"), step(1, "a", "valid")]);
+        assert_eq!(first_attempt_reward(&infra, &reward), None);
+        let cut = tuple(vec![step(0, "a", "valid"), step(0, "b", "success")]);
+        assert_eq!(first_attempt_reward(&cut, &reward), None);
+        // The log under each objective.
+        let rows = [clean, recovered, infra];
+        let (first, skipped) = log_for(&rows, Objective::FirstAttempt, &reward);
+        assert_eq!((first.len(), skipped), (2, 1));
+        assert_eq!(first[1].reward, 0.0);
+        let (realized, skipped) = log_for(&rows, Objective::Realized, &reward);
+        assert_eq!((realized.len(), skipped), (3, 0));
+        assert!(realized.iter().all(|r| r.reward == 0.7));
+    }
+
     #[test]
     fn experience_rows_without_propensities_are_skipped() {
         let mut t = ExperienceTuple {
@@ -453,14 +674,7 @@ mod tests {
                 },
             ],
             steps: vec![],
-            result: crate::record::RunResult {
-                state: crate::record::RunState::Succeeded,
-                passed: true,
-                output: None,
-                latency_ms: 1.0,
-                cost: 0.0,
-                attempts: 1,
-            },
+            result: passed(),
             reward: 0.9,
             user_feedback: None,
             time_ms: 0,

@@ -14,6 +14,8 @@ use crate::learn::bandit::{
     Arm, Observation, Policy, PolicyConfig, PolicyError, RewardParams, StageArms, StageObservation,
     StageOutcome,
 };
+use crate::learn::distill::{DistillConfig, Distiller};
+use crate::learn::ope::LogRecord;
 use crate::learn::sop::{SopBook, SopConfig, SopEvent};
 use crate::record::ArmChoice;
 use crate::taxonomy::FailureCategory;
@@ -55,6 +57,8 @@ pub struct SimRunConfig {
     pub recovery_tasks: u64,
     /// Whether to keep the per-task trace.
     pub trace: bool,
+    /// The ranker distilled from the run's log as it goes (as the policy actor does).
+    pub distill: DistillConfig,
 }
 
 impl Default for SimRunConfig {
@@ -65,6 +69,7 @@ impl Default for SimRunConfig {
             window: 100,
             recovery_tasks: 150,
             trace: false,
+            distill: DistillConfig::default(),
         }
     }
 }
@@ -230,6 +235,15 @@ pub struct LearningReport {
     pub changes_detected: u64,
     /// SOPs promoted (shadow book: recorded, not routed).
     pub sops_promoted: u64,
+    /// Distillations of the ranker (fit and off-policy evaluation).
+    #[serde(default)]
+    pub ranker_fits: u64,
+    /// Distillations that put the ranker in force.
+    #[serde(default)]
+    pub ranker_promotions: u64,
+    /// Share of the last 100 choices whose plan came from the ranker.
+    #[serde(default)]
+    pub ranker_share_last_100: f64,
     /// KPIs per window.
     pub windows: Vec<WindowKpi>,
     /// Drift recovery, when the environment drifts.
@@ -280,6 +294,9 @@ fn call_now(
 }
 
 struct Exec {
+    /// The first attempt's reward (every stage's first arm valid, priced by their own latency
+    /// and cost; 0 when one failed on its own; `None` after an infrastructure fault).
+    first: Option<f64>,
     passed: bool,
     latency: f64,
     cost: f64,
@@ -311,11 +328,15 @@ impl Runner<'_> {
         rng: &mut fastrand::Rng,
     ) -> Result<Exec, SimRunError> {
         let mut ex = Exec {
+            first: None,
             passed: true,
             latency: 0.0,
             cost: 0.0,
             obs: Vec::new(),
         };
+        // The first attempt: `Some(true)` while every first arm was valid.
+        let mut first_ok: Option<bool> = Some(true);
+        let (mut first_latency, mut first_cost) = (0.0, 0.0);
         for (s, stage) in self.env.stages().iter().enumerate() {
             let mut tried = vec![plan[s]];
             let mut arm_i = plan[s];
@@ -373,6 +394,18 @@ impl Runner<'_> {
                     }
                     break outcome;
                 };
+                if tried.len() == 1 && first_ok == Some(true) {
+                    match outcome {
+                        StageOutcome::Valid => {
+                            if let Some(o) = ex.obs.last() {
+                                first_latency += o.latency_ms;
+                                first_cost += o.cost;
+                            }
+                        }
+                        StageOutcome::Failed(FailureCategory::Infrastructure) => first_ok = None,
+                        _ => first_ok = Some(false),
+                    }
+                }
                 if outcome == StageOutcome::Valid {
                     break true;
                 }
@@ -396,6 +429,14 @@ impl Runner<'_> {
                 break;
             }
         }
+        let reward = reward_params(self.env);
+        ex.first = first_ok.map(|ok| {
+            if ok {
+                reward.passed_value(first_latency, first_cost)
+            } else {
+                0.0
+            }
+        });
         Ok(ex)
     }
 }
@@ -485,10 +526,18 @@ pub fn run_learning_with(
     let mut random_sum = 0.0;
     let mut trace = Vec::new();
     let mut infra_seen = 0u64;
+    // The distiller fits from its own stream, so that the choices do not depend on its fits.
+    let mut fit_rng = fastrand::Rng::with_seed(seed ^ 0xd157_111e);
+    let mut distiller = Distiller::new(cfg.distill.clone());
+    let mut log: Vec<LogRecord> = Vec::new();
+    let mut ranked: Vec<bool> = Vec::new();
+    let stage_names: Vec<String> = policy.stages().iter().map(|s| s.stage.clone()).collect();
     for index in 0..tasks {
         let task = seeded.draw_task(seed, index);
         let f = &task.features;
-        let choice = policy.choose(f, &mut rng);
+        let exploit = distiller.exploit_plan(&policy, f);
+        let choice = policy.choose_with(f, exploit.as_deref(), &mut rng);
+        ranked.push(choice.ranked);
         let plan = choice.arms();
         let (_, oracle) = seeded.oracle(index, f);
         let random = seeded.random_baseline(index, f);
@@ -506,6 +555,18 @@ pub fn run_learning_with(
             stages: ex.obs,
         });
         infra_seen += u64::from(summary.infra_ignored);
+        if let Some(first) = ex.first {
+            log.push(LogRecord {
+                context: f.clone(),
+                stages: stage_names.clone(),
+                plan: choice.plan.iter().map(|c| c.arm.clone()).collect(),
+                propensity: choice.plan_propensity.clamp(1e-6, 1.0),
+                reward: first,
+            });
+            if distiller.due(log.len() as u64) {
+                distiller.refit(log.len() as u64, &log, &policy, &mut fit_rng);
+            }
+        }
         total.add(ex.passed, reward, regret, random_regret, choice.greedy);
         window.add(ex.passed, reward, regret, random_regret, choice.greedy);
         recent.push(choice.greedy);
@@ -552,6 +613,12 @@ pub fn run_learning_with(
     };
     let drift = drift.finish(tasks);
     let n = tasks.max(1) as f64;
+    let last_ranked: Vec<&bool> = ranked.iter().rev().take(100).collect();
+    let ranker_share_last_100 = if last_ranked.is_empty() {
+        0.0
+    } else {
+        last_ranked.iter().filter(|r| ***r).count() as f64 / last_ranked.len() as f64
+    };
     let report = LearningReport {
         env: env.name().to_string(),
         seed,
@@ -568,6 +635,9 @@ pub fn run_learning_with(
         infra_failures_seen: infra_seen,
         changes_detected: policy.changes_detected(),
         sops_promoted,
+        ranker_fits: distiller.fits,
+        ranker_promotions: distiller.promotions,
+        ranker_share_last_100,
         windows,
         drift,
         trace,

@@ -80,6 +80,10 @@ pub struct LearningArgs {
     /// Tasks in flight at once.
     #[arg(long, default_value_t = 4)]
     pub concurrency: usize,
+    /// Keep the run's store in this new or empty directory (for `report`, `policy evaluate`,
+    /// `diary` with `--data DIR`); by default it runs on a temporary store, never on `--data`.
+    #[arg(long, value_name = "DIR")]
+    pub keep: Option<PathBuf>,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -102,9 +106,15 @@ struct TraceLine<'a> {
 /// Runs `hindsight bench learning`.
 pub async fn learning(_global: &Global, args: LearningArgs) -> Result<(), Failure> {
     let env = load_env(args.env.as_deref()).map_err(|e| Failure::new(e.to_string()))?;
-    let (b, records) = bench::learning(&env, args.tasks, args.seed, args.concurrency.max(1))
-        .await
-        .map_err(|e| Failure::new(e.to_string()))?;
+    let (b, records) = bench::learning(
+        &env,
+        args.tasks,
+        args.seed,
+        args.concurrency.max(1),
+        args.keep.as_deref(),
+    )
+    .await
+    .map_err(|e| Failure::new(e.to_string()))?;
     if let Some(path) = &args.trace {
         let file = std::fs::File::create(path).map_err(|e| {
             Failure::new(format!(

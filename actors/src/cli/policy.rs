@@ -6,6 +6,7 @@ use clap::Subcommand;
 use hindsight::ExperienceTuple;
 use hindsight::learn::bandit::Policy;
 use hindsight::learn::distill::{EvaluationConfig, PolicyEvaluation, evaluate_log};
+use hindsight::learn::ope::Objective;
 use hindsight::store::StoreOptions;
 
 use super::data::open_existing;
@@ -26,16 +27,49 @@ enum PolicyCommand {
         /// Share of the newest rows held out for evaluation (the rest fits the ranker).
         #[arg(long, default_value_t = 0.3)]
         holdout: f64,
-        /// Margin by which the ranker may be worse than the live policy and still be promoted.
-        #[arg(long, default_value_t = 0.01)]
+        /// Margin by which the ranker may look worse than the live policy's greedy plan and
+        /// still be promoted (the policy actor's `[policy] distill_margin`).
+        #[arg(long, default_value_t = 0.0)]
         margin: f64,
         /// Seed of the posterior draws and of the ranker's fit.
         #[arg(long, default_value_t = 7)]
         seed: u64,
+        /// What a run's reward is: its first attempt's plan as if no recovery followed (what
+        /// the policy and the regret measure), or what it earned in the end.
+        #[arg(long, value_enum, default_value_t = ObjectiveArg::FirstAttempt)]
+        objective: ObjectiveArg,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `--objective`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ObjectiveArg {
+    /// The first attempt's plan, as if no recovery followed.
+    FirstAttempt,
+    /// What the run earned in the end, recoveries included.
+    Realized,
+}
+
+/// What `evaluate --json` prints: the evaluation and the ranker the policy has in force.
+#[derive(serde::Serialize)]
+struct Report<'a> {
+    #[serde(flatten)]
+    evaluation: &'a PolicyEvaluation,
+    /// The distiller the policy actor persisted, if any: whether a ranker plans now.
+    in_force: Option<InForce>,
+}
+
+/// The policy actor's distillation, as stored.
+#[derive(serde::Serialize)]
+struct InForce {
+    ranker: bool,
+    fits: u64,
+    promotions: u64,
+    last_fit_at_row: u64,
+    last_reason: Option<String>,
 }
 
 /// Runs `hindsight policy ...`.
@@ -45,6 +79,7 @@ pub async fn run(global: &Global, args: Args) -> Result<(), Failure> {
             holdout,
             margin,
             seed,
+            objective,
             json,
         } => {
             if !(0.0..1.0).contains(&holdout) {
@@ -72,13 +107,34 @@ pub async fn run(global: &Global, args: Args) -> Result<(), Failure> {
                     None
                 }
             };
+            let in_force = match hindsight_actors::policy::stored_distiller(&store) {
+                Ok(d) => d.map(|d| InForce {
+                    ranker: d.active.is_some(),
+                    fits: d.fits,
+                    promotions: d.promotions,
+                    last_fit_at_row: d.last_at,
+                    last_reason: d.last.map(|p| p.reason),
+                }),
+                Err(e) => {
+                    eprintln!("the policy's distilled ranker cannot be read ({e})");
+                    None
+                }
+            };
             let cfg = EvaluationConfig {
                 holdout_share: holdout,
                 margin,
                 seed,
+                objective: match objective {
+                    ObjectiveArg::FirstAttempt => Objective::FirstAttempt,
+                    ObjectiveArg::Realized => Objective::Realized,
+                },
                 ..EvaluationConfig::default()
             };
-            let report = evaluate(&tuples, live.as_ref(), &cfg);
+            let evaluation = evaluate(&tuples, live.as_ref(), &cfg);
+            let report = Report {
+                evaluation: &evaluation,
+                in_force,
+            };
             if json {
                 print_json(&report)
             } else {
@@ -97,7 +153,8 @@ pub fn evaluate(
     evaluate_log(tuples, live, cfg)
 }
 
-fn print_table(r: &PolicyEvaluation) -> Result<(), Failure> {
+fn print_table(report: &Report<'_>) -> Result<(), Failure> {
+    let r = report.evaluation;
     outln!(
         "experience rows {} (skipped {}), fitted on {}, evaluated on {}; logged mean reward {:.4}",
         r.rows,
@@ -105,6 +162,14 @@ fn print_table(r: &PolicyEvaluation) -> Result<(), Failure> {
         r.train_rows,
         r.holdout_rows,
         r.logged_mean_reward
+    )?;
+    outln!(
+        "rewards: {}",
+        match r.objective {
+            Objective::FirstAttempt =>
+                "each run's first attempt, as if no recovery followed (runs cut short by an infrastructure fault are skipped)",
+            Objective::Realized => "what each run earned in the end, recoveries included",
+        }
     )?;
     outln!(
         "{:<8} {:>16} {:>16} {:>16} {:>8}",
@@ -139,6 +204,24 @@ fn print_table(r: &PolicyEvaluation) -> Result<(), Failure> {
     }
     if let Some(n) = &r.note {
         outln!("note: {n}")?;
+    }
+    match &report.in_force {
+        Some(d) => outln!(
+            "in the running policy: {} ({} fits, {} promotions; last at row {}{})",
+            if d.ranker {
+                "a distilled ranker plans the exploit share"
+            } else {
+                "no ranker in force; Thompson sampling plans"
+            },
+            d.fits,
+            d.promotions,
+            d.last_fit_at_row,
+            d.last_reason
+                .as_deref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        )?,
+        None => outln!("in the running policy: no ranker was ever distilled")?,
     }
     Ok(())
 }
