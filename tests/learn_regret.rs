@@ -98,6 +98,17 @@ fn support_triage_three_stages_flaky_best_arms() {
     check("support_triage.toml", &[1, 2], 0.3);
 }
 
+// code_review (4 stages, 108 plans, 48 clusters, a feature that matters to nothing, and an upward
+// drift: at task 700 the sandbox's smoke tests, long abandoned at 60% valid, become the best test
+// arm). The policy averages 0.19 over 48 seeds, 12 runs above 0.2: it rarely tries an arm it has
+// written off again, so the upward drift is found late or not at all (the windows after task 700
+// stay near 0.2). Its bar below is what every run reaches today, not the target.
+
+#[test]
+fn code_review_distractor_feature_and_an_upward_drift() {
+    check("code_review.toml", &[1, 2], 0.3);
+}
+
 #[test]
 fn runs_are_reproducible() {
     let a = run("bank_statements.toml", 9, 200);
