@@ -217,8 +217,6 @@ pub struct LearningBench {
     pub infra_failures_learned_from: u64,
     /// Infrastructure failures the policy saw and ignored.
     pub infra_failures_ignored: u64,
-    /// The distilled ranker: fits, promotions, whether it is in force, choices it planned.
-    pub ranker: crate::policy::DistillStatus,
     /// How the policy followed the environment's drift (`null` when it does not drift within
     /// the tasks run): the regret ratio of the tasks a drift applies to, during the first
     /// [`RECOVERY_TASKS`] tasks after it and after them.
@@ -272,19 +270,12 @@ pub async fn learning(
             Duration::from_secs(30),
         )
         .await?;
-    let ranker = rt
-        .ctx()
-        .dir
-        .policy
-        .call_with_timeout(
-            |reply| crate::policy::PolicyMsg::Distillation { reply },
-            Duration::from_secs(30),
-        )
-        .await?;
+    let ranker = workload::distillation(&rt).await?;
     let sops_promoted = crate::policy::sops_promoted(rt.store())?;
     let restarts = rt.restarts();
     rt.shutdown().await;
-    let summary = workload::summarize(env, &records, restarts);
+    let mut summary = workload::summarize(env, &records, restarts);
+    summary.ranker = Some(ranker);
     let repeat_error_rate = repeat_error_rate(&records);
     let mut drift = DriftTracker::new(env, RECOVERY_TASKS);
     for r in &records {
@@ -298,7 +289,6 @@ pub async fn learning(
             repeat_error_rate,
             infra_failures_learned_from: stats.2,
             infra_failures_ignored: stats.1,
-            ranker,
             drift,
             seconds,
         },

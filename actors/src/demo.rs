@@ -125,6 +125,7 @@ pub async fn run(opts: &DemoOptions) -> Result<Summary, RuntimeError> {
     };
     let at = records.last().map(|r| r.task).unwrap_or(0);
     let learned = workload::learned(&rt, &env, at).await;
+    let ranker = workload::distillation(&rt).await;
     // The report is built from the running tree's store (a second open of the file would race
     // with the shutdown's last writes).
     let report = report_data(rt.store(), &env, hindsight::now_ms()).and_then(|data| {
@@ -137,6 +138,7 @@ pub async fn run(opts: &DemoOptions) -> Result<Summary, RuntimeError> {
     rt.shutdown().await;
     let mut summary = workload::summarize(&env, &records, restarts);
     summary.learned = learned?;
+    summary.ranker = Some(ranker?);
     summary.report = Some(report?.display().to_string());
     Ok(summary)
 }
@@ -219,6 +221,28 @@ pub fn render_table(s: &Summary) -> String {
         100.0 * s.exploration_rate_last_100,
         100.0 * s.sop_coverage_last_100
     );
+    if let Some(r) = &s.ranker {
+        let _ = writeln!(
+            out,
+            "distilled ranker:  {} fits, {} promoted; {}",
+            r.fits,
+            r.promotions,
+            if r.in_force {
+                format!("in force, it planned {} choices", r.ranked_choices)
+            } else if let Some(last) = &r.last {
+                if last.reason.starts_with("too little support") {
+                    "not in force: too little support on the log yet".to_string()
+                } else {
+                    format!(
+                        "not in force: it did not beat the policy's greedy plan (lower bound {:+.3})",
+                        last.lower_bound
+                    )
+                }
+            } else {
+                "not fitted yet (every 200 runs)".to_string()
+            }
+        );
+    }
     if s.resumed > 0 {
         let _ = writeln!(out, "resumed after a crash: {}", s.resumed);
     }

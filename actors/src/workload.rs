@@ -137,6 +137,25 @@ pub struct Summary {
     /// Where the demo wrote its HTML report.
     #[serde(default)]
     pub report: Option<String>,
+    /// The policy's distilled ranker: fits, promotions, whether one is in force (filled by the
+    /// demo and the learning bench).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ranker: Option<crate::policy::DistillStatus>,
+}
+
+/// What the policy's distillation has done so far.
+pub async fn distillation(
+    rt: &Runtime,
+) -> Result<crate::policy::DistillStatus, crate::runtime::RuntimeError> {
+    Ok(rt
+        .ctx()
+        .dir
+        .policy
+        .call_with_timeout(
+            |reply| crate::policy::PolicyMsg::Distillation { reply },
+            std::time::Duration::from_secs(30),
+        )
+        .await?)
 }
 
 /// The task of index `index` of `env`.
@@ -339,6 +358,7 @@ pub fn summarize(env: &SimEnv, records: &[TaskRecord], actor_restarts: u64) -> S
         resumed: records.iter().filter(|r| r.resumed).count() as u64,
         learned: Vec::new(),
         report: None,
+        ranker: None,
     }
 }
 
