@@ -278,20 +278,32 @@ impl Actor for PolicyActor {
             }
             _ => (args.initial, SopBook::new(args.sop), 0, BTreeSet::new()),
         };
+        // A configuration out of range (from an embedder that skipped `Runtime::start`'s check)
+        // turns distillation off rather than stop the policy.
+        let distill = match args.distill.validate() {
+            Ok(()) => args.distill.clone(),
+            Err(e) => {
+                tracing::error!(error = %e, "distillation is off");
+                DistillConfig {
+                    every: 0,
+                    ..DistillConfig::default()
+                }
+            }
+        };
         // The ranker in force comes back with its schedule, under the configuration in force
         // now; a distiller that cannot be read starts afresh (the next fit rebuilds it).
         let distiller = match args.store.get::<Distiller>(POLICY, RANKER_KEY) {
             Ok(Some(mut d)) if watermark > 0 => {
-                d.config = args.distill.clone();
+                d.config = distill.clone();
                 if d.config.every == 0 {
                     d.active = None;
                 }
                 d
             }
-            Ok(_) => Distiller::new(args.distill.clone()),
+            Ok(_) => Distiller::new(distill),
             Err(e) => {
                 tracing::error!(error = %e, "the distilled ranker cannot be read; it is fitted again");
-                Distiller::new(args.distill.clone())
+                Distiller::new(distill)
             }
         };
         let mut state = PolicyState {

@@ -40,6 +40,9 @@ pub enum RuntimeError {
     /// The policy configuration is not valid.
     #[error(transparent)]
     Policy(#[from] PolicyError),
+    /// The distillation configuration is not valid.
+    #[error(transparent)]
+    Distill(#[from] hindsight::learn::distill::DistillConfigError),
     /// The tree could not be started.
     #[error("the supervision tree could not start: {0}")]
     Spawn(String),
@@ -247,6 +250,7 @@ impl Runtime {
                 reward,
             } => Workflow::new(name, stages, &registry, check, reward)?,
         });
+        opts.distill.validate()?;
         let mut policy_config = opts.policy;
         policy_config.reward = reward_params(workflow.reward_config());
         let policy = Policy::new(policy_config, stage_arms(&workflow))?;

@@ -403,6 +403,20 @@ async fn the_distilled_ranker_plans_only_when_its_gate_lets_it_and_survives_a_re
     assert!(!status.in_force && status.ranked_choices == 0, "{status:?}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_distillation_setting_out_of_range_stops_the_start_and_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = distilling(dir.path(), f64::NAN, 0.0);
+    opts.distill.every = 10;
+    match Runtime::start(opts).await {
+        Err(e) => assert!(e.to_string().contains("distill.margin"), "{e}"),
+        Ok(rt) => {
+            rt.shutdown().await;
+            panic!("a NaN margin was accepted");
+        }
+    }
+}
+
 /// The kinds of every diary note in the store under `dir`.
 fn dir_diary_kinds(dir: &std::path::Path) -> Vec<String> {
     let store = hindsight::store::Store::open(dir, Default::default()).unwrap();

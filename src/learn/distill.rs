@@ -346,6 +346,57 @@ impl Default for DistillConfig {
     }
 }
 
+/// A distillation setting out of range.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("distill.{field}: {reason}")]
+pub struct DistillConfigError {
+    /// The setting.
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl DistillConfig {
+    /// Checks every setting (they are stored as JSON, which has no infinities or NaN).
+    pub fn validate(&self) -> Result<(), DistillConfigError> {
+        let bad = |field: &'static str, reason: &str| {
+            Err(DistillConfigError {
+                field,
+                reason: reason.to_string(),
+            })
+        };
+        if !(self.holdout_share > 0.0 && self.holdout_share < 1.0) {
+            return bad("holdout_share", "must be in (0, 1)");
+        }
+        if !(self.margin.is_finite() && self.margin >= 0.0) {
+            return bad("margin", "must be a finite number >= 0");
+        }
+        if !(self.z.is_finite() && self.z >= 0.0) {
+            return bad("z", "must be a finite number >= 0");
+        }
+        if !(self.min_effective_n.is_finite() && self.min_effective_n >= 0.0) {
+            return bad("min_effective_n", "must be a finite number >= 0");
+        }
+        if self.window < 2 {
+            return bad("window", "must be at least 2");
+        }
+        let r = &self.ranker;
+        if !(1..=24).contains(&r.bits) {
+            return bad("ranker.bits", "must be in 1..=24");
+        }
+        if !(r.learning_rate.is_finite() && r.learning_rate > 0.0) {
+            return bad("ranker.learning_rate", "must be a finite number > 0");
+        }
+        if !(r.l2.is_finite() && r.l2 >= 0.0 && r.max_weight.is_finite() && r.max_weight > 0.0) {
+            return bad(
+                "ranker.l2/max_weight",
+                "must be finite, l2 >= 0 and max_weight > 0",
+            );
+        }
+        Ok(())
+    }
+}
+
 /// What one distillation decided.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DistillOutcome {
@@ -777,6 +828,41 @@ mod tests {
         assert_eq!((d.fits, d.promotions), (2, 1));
         // Too few rows: no fit.
         assert!(d.refit(1800, &log[..10], &right, &mut rng).is_none());
+    }
+
+    #[test]
+    fn a_distillation_setting_out_of_range_is_named() {
+        assert_eq!(DistillConfig::default().validate(), Ok(()));
+        for (cfg, field) in [
+            (
+                DistillConfig {
+                    margin: f64::NAN,
+                    ..DistillConfig::default()
+                },
+                "margin",
+            ),
+            (
+                DistillConfig {
+                    min_effective_n: f64::INFINITY,
+                    ..DistillConfig::default()
+                },
+                "min_effective_n",
+            ),
+            (
+                DistillConfig {
+                    holdout_share: 1.0,
+                    ..DistillConfig::default()
+                },
+                "holdout_share",
+            ),
+        ] {
+            let e = cfg.validate().unwrap_err();
+            assert_eq!(e.field, field);
+            assert!(
+                e.to_string().starts_with(&format!("distill.{field}:")),
+                "{e}"
+            );
+        }
     }
 
     #[test]
