@@ -1215,7 +1215,28 @@ impl Backend for TreeBackend {
         }
     }
 
-    fn metrics_text(&self) -> String {
+    async fn metrics_text(&self) -> String {
+        // The learning figures are the policy actor's; a scrape that cannot reach it (a restart
+        // in progress) shows the last ones read.
+        let policy = &self.ctx.dir.policy;
+        let wait = std::time::Duration::from_secs(2);
+        let stats = policy
+            .call_with_timeout(|reply| PolicyMsg::Stats { reply }, wait)
+            .await;
+        let ranker = policy
+            .call_with_timeout(|reply| PolicyMsg::Distillation { reply }, wait)
+            .await;
+        if let (Ok(s), Ok(r)) = (stats, ranker) {
+            self.metrics.learning(&crate::metrics::LearningFigures {
+                learned: s.0,
+                infra_ignored: s.1,
+                infra_learned: s.2,
+                changes_detected: s.3,
+                ranker_fits: r.fits,
+                ranker_promotions: r.promotions,
+                ranker_in_force: r.in_force,
+            });
+        }
         self.metrics.encode()
     }
 

@@ -57,6 +57,30 @@ struct ToolOutcomeLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LearningLabel {
+    figure: String,
+}
+
+/// What the learners report at a scrape (read from the policy actor).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LearningFigures {
+    /// Stage observations the policy learned from.
+    pub learned: u64,
+    /// Infrastructure failures it saw and ignored.
+    pub infra_ignored: u64,
+    /// Infrastructure failures it learned from (0 unless something is wrong).
+    pub infra_learned: u64,
+    /// Changes (drift) it detected.
+    pub changes_detected: u64,
+    /// Rankers distilled and evaluated.
+    pub ranker_fits: u64,
+    /// Distillations that put the ranker in force.
+    pub ranker_promotions: u64,
+    /// Whether a ranker plans the exploit share now.
+    pub ranker_in_force: bool,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HttpLabel {
     method: String,
     route: String,
@@ -102,6 +126,7 @@ struct Inner {
     actor_restarts: Family<ActorLabel, Counter>,
     store_commit: Histogram,
     reflect_retries: Counter,
+    learning: Family<LearningLabel, Gauge>,
     http_requests: Family<HttpLabel, Counter>,
     http_latency: HistogramFamily<RouteLabel>,
 }
@@ -139,6 +164,7 @@ impl Metrics {
         let actor_restarts = Family::<ActorLabel, Counter>::default();
         let store_commit = commit_histogram();
         let reflect_retries = Counter::default();
+        let learning = Family::<LearningLabel, Gauge>::default();
         let http_requests = Family::<HttpLabel, Counter>::default();
         let http_latency: HistogramFamily<RouteLabel> =
             Family::new_with_constructor(http_histogram as fn() -> Histogram);
@@ -189,6 +215,11 @@ impl Metrics {
             reflect_retries.clone(),
         );
         registry.register(
+            "learning",
+            "What the policy has learned, by figure (learned, infra_ignored, infra_learned, changes_detected, ranker_fits, ranker_promotions, ranker_in_force), read at the scrape",
+            learning.clone(),
+        );
+        registry.register(
             "http_requests",
             "HTTP requests answered, by method, route template and status",
             http_requests.clone(),
@@ -211,6 +242,7 @@ impl Metrics {
                 actor_restarts,
                 store_commit,
                 reflect_retries,
+                learning,
                 http_requests,
                 http_latency,
             }),
@@ -285,6 +317,26 @@ impl Metrics {
                 actor: name.to_string(),
             })
             .inc();
+    }
+
+    /// Sets the learning figures (the `hindsight_learning` gauges).
+    pub fn learning(&self, f: &LearningFigures) {
+        for (figure, value) in [
+            ("learned", f.learned),
+            ("infra_ignored", f.infra_ignored),
+            ("infra_learned", f.infra_learned),
+            ("changes_detected", f.changes_detected),
+            ("ranker_fits", f.ranker_fits),
+            ("ranker_promotions", f.ranker_promotions),
+            ("ranker_in_force", u64::from(f.ranker_in_force)),
+        ] {
+            self.inner
+                .learning
+                .get_or_create(&LearningLabel {
+                    figure: figure.to_string(),
+                })
+                .set(i64::try_from(value).unwrap_or(i64::MAX));
+        }
     }
 
     /// A store transaction committed after `latency`.

@@ -264,7 +264,7 @@ impl Backend for Fake {
         }
     }
 
-    fn metrics_text(&self) -> String {
+    async fn metrics_text(&self) -> String {
         self.metrics.encode()
     }
 

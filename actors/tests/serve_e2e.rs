@@ -682,6 +682,21 @@ async fn serve_every_route_with_tenant_isolation_and_graceful_shutdown() {
         "{text}"
     );
     assert!(text.contains("hindsight_http_requests_total"), "{text}");
+    // The learning figures, read from the policy at the scrape: it learned from the runs, and
+    // from none of the infrastructure faults; 243 runs passed one distillation (every 200).
+    let figure = |name: &str| -> f64 {
+        let prefix = format!("hindsight_learning{{figure=\"{name}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .unwrap_or_else(|| panic!("no learning figure {name}: {text}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert!(figure("learned") > 0.0, "{text}");
+    assert_eq!(figure("infra_learned"), 0.0, "{text}");
+    assert!(figure("ranker_fits") >= 1.0, "{text}");
+    assert!(figure("ranker_in_force") <= 1.0, "{text}");
 
     // SIGTERM: stops accepting, shuts the tree down, exits 0.
     assert!(terminate(d), "the daemon did not exit 0 on SIGTERM");

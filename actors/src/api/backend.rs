@@ -138,8 +138,8 @@ pub trait Backend: Send + Sync + 'static {
     /// Liveness and readiness of the components.
     fn health(&self) -> impl Future<Output = Health> + Send;
 
-    /// The Prometheus text exposition of the metrics.
-    fn metrics_text(&self) -> String;
+    /// The Prometheus text exposition of the metrics (the learning figures read at the call).
+    fn metrics_text(&self) -> impl Future<Output = String> + Send;
 
     /// The metrics the API records its requests in (`hindsight_http_requests_total`, ...), if any.
     fn metrics(&self) -> Option<&crate::metrics::Metrics> {

@@ -216,7 +216,7 @@ async fn healthz<B: Backend>(State(s): State<AppState<B>>) -> Response {
 }
 
 async fn metrics<B: Backend>(State(s): State<AppState<B>>) -> Response {
-    let mut response = s.backend.metrics_text().into_response();
+    let mut response = s.backend.metrics_text().await.into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
