@@ -1,6 +1,8 @@
 //! distill: the stable ranker distilled from the experience log (importance-weighted logistic
-//! regression on hashed features of (context, stage, arm)) and the decision to promote it, made
-//! by off-policy evaluation against the live policy.
+//! regression on hashed features of (context, stage, arm)), the decision to promote it, made by
+//! off-policy evaluation against the live policy's greedy plan, the running system's
+//! [`Distiller`] (its schedule and the ranker in force), and `hindsight policy evaluate`'s
+//! report.
 
 use std::collections::BTreeMap;
 

@@ -1,4 +1,5 @@
-//! ope: off-policy evaluation over the experience log: the log record, target policies as plan
+//! ope: off-policy evaluation over the experience log: the log record and what its reward
+//! measures (a run's first attempt, or what it earned in the end), target policies as plan
 //! distributions, reward models, and the IPS, self-normalised IPS and doubly robust estimators
 //! with their standard errors, plus paired comparisons of two policies.
 
