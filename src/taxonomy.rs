@@ -224,6 +224,24 @@ pub struct Step {
     pub metadata: BTreeMap<String, serde_json::Value>,
 }
 
+impl Step {
+    /// The latency and cost of the arm's own attempt (metadata `own_latency_ms` and `own_cost`,
+    /// without the infrastructure faults retried inside the call); a step logged before they
+    /// were recorded falls back to its totals.
+    pub fn own_latency_cost(&self) -> (f64, f64) {
+        let own = |key: &str, all: f64| {
+            self.metadata
+                .get(key)
+                .and_then(serde_json::Value::as_f64)
+                .unwrap_or(all)
+        };
+        (
+            own("own_latency_ms", self.latency_ms),
+            own("own_cost", self.cost),
+        )
+    }
+}
+
 /// The ordered steps of one attempt of a run.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Trajectory {

@@ -230,7 +230,10 @@ pub fn render_table(s: &Summary) -> String {
             if r.in_force {
                 format!("in force, it planned {} choices", r.ranked_choices)
             } else if let Some(last) = &r.last {
-                if last.reason.starts_with("too little support") {
+                if last
+                    .reason
+                    .starts_with(hindsight::learn::distill::TOO_LITTLE_SUPPORT)
+                {
                     "not in force: too little support on the log yet".to_string()
                 } else {
                     format!(

@@ -11,7 +11,7 @@ use hindsight::learn::bandit::{
     Arm, Observation, Policy, PolicySnapshot, StageObservation, StageOutcome,
 };
 use hindsight::learn::distill::{DistillConfig, DistillOutcome, Distiller, Promotion};
-use hindsight::learn::ope::{LogRecord, first_attempt_reward};
+use hindsight::learn::ope::{Objective, log_for};
 use hindsight::learn::sop::{Route, SopBook, SopConfig, SopEvent};
 use hindsight::store::{KvTable, Store};
 use hindsight::{ArmChoice, ExperienceTuple, FailureCategory, Sop, SopStatus, Task, now_ms};
@@ -246,8 +246,6 @@ pub struct PolicyState {
     /// Diary notes of the distiller's decisions, written with the next snapshot.
     distill_notes: Vec<hindsight::store::NewDiaryEntry>,
     ranked_choices: u64,
-    /// Whether the experience log is being replayed (fits wait for its end).
-    replaying: bool,
 }
 
 impl Actor for PolicyActor {
@@ -326,7 +324,6 @@ impl Actor for PolicyActor {
             distiller_dirty: false,
             distill_notes: Vec::new(),
             ranked_choices: 0,
-            replaying: true,
         };
         // Replay what was logged after the snapshot.
         for (seq, exp) in state.store.experience_since(state.watermark)? {
@@ -338,7 +335,7 @@ impl Actor for PolicyActor {
                 }
             }
         }
-        state.replaying = false;
+        // One fit after the replay if one is due (replaying itself never fits).
         state.maybe_distill();
         args.slot.publish(myself);
         Ok(state)
@@ -462,25 +459,21 @@ impl PolicyState {
         self.since_snapshot += 1;
     }
 
-    /// Fits and evaluates a ranker when one is due (not while the log is replayed): on the
-    /// newest `window` experiences, rewarded by their first attempt.
+    /// Fits and evaluates a ranker when one is due: on the newest `window` experiences,
+    /// rewarded by their first attempt.
     fn maybe_distill(&mut self) {
-        if self.replaying || !self.distiller.due(self.watermark) {
+        if !self.distiller.due(self.watermark) {
             return;
         }
         let window = self.distiller.config.window as u64;
         let from = self.watermark.saturating_sub(window);
         let reward = self.policy.config().reward.clone();
-        let log: Vec<LogRecord> = match self.store.experience_since(from) {
-            Ok(rows) => rows
-                .into_iter()
-                .filter_map(|(_, e)| e.ok())
-                .filter_map(|e| {
-                    let mut r = LogRecord::from_experience(&e)?;
-                    r.reward = first_attempt_reward(&e, &reward)?;
-                    Some(r)
-                })
-                .collect(),
+        let log = match self.store.experience_since(from) {
+            Ok(rows) => {
+                let tuples: Vec<ExperienceTuple> =
+                    rows.into_iter().filter_map(|(_, e)| e.ok()).collect();
+                log_for(&tuples, Objective::FirstAttempt, &reward).0
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "the experience log cannot be read; the ranker is not fitted now");
                 return;
@@ -713,20 +706,14 @@ pub fn observation_of(exp: &ExperienceTuple) -> Observation {
             Some("infrastructure") => StageOutcome::Failed(FailureCategory::Infrastructure),
             _ => continue,
         };
-        // The arm's own latency and cost (experiences logged before they were recorded fall
-        // back to the step's, which also holds any infrastructure retries).
-        let own = |key: &str, all: f64| {
-            step.metadata
-                .get(key)
-                .and_then(Value::as_f64)
-                .unwrap_or(all)
-        };
+        // The arm's own latency and cost, never the infrastructure retries inside the call.
+        let (latency_ms, cost) = step.own_latency_cost();
         stages.push(StageObservation {
             stage: stage.to_string(),
             arm,
             outcome,
-            latency_ms: own("own_latency_ms", step.latency_ms),
-            cost: own("own_cost", step.cost),
+            latency_ms,
+            cost,
         });
     }
     Observation {

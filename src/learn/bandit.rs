@@ -413,19 +413,6 @@ impl Beliefs<'_> {
         }
         p.plan_value(&self.eff.mean, &self.eff, plan)
     }
-
-    /// The arm indices of a plan given as arms (`None` if one is unknown or a stage is missing).
-    pub fn indices(&self, plan: &[Arm]) -> Option<Vec<usize>> {
-        let stages = &self.policy.stages;
-        if plan.len() != stages.len() {
-            return None;
-        }
-        stages
-            .iter()
-            .zip(plan)
-            .map(|(s, arm)| s.arms.iter().position(|a| a == arm))
-            .collect()
-    }
 }
 
 /// The predictive evidence of one hierarchy level (a set of feature names) per arm.
@@ -985,11 +972,7 @@ impl Policy {
 
     /// The greedy plan (posterior means, no sampling) and its expected value.
     pub fn greedy(&self, features: &BTreeMap<String, String>) -> (Vec<usize>, f64) {
-        let eff = self.effective(features);
-        let means = eff.mean.clone();
-        let mut plan = Vec::new();
-        let v = self.best_plan(&means, &eff, &mut plan);
-        (plan, v)
+        self.beliefs(features).greedy()
     }
 
     /// The policy's beliefs for one task with `features`, to value many plans at the cost of one
@@ -1001,19 +984,23 @@ impl Policy {
         }
     }
 
-    /// The policy's estimate of a plan's expected reward (posterior means) for `features`.
+    /// The policy's estimate of a plan's expected reward (posterior means) for `features` (0
+    /// when the plan does not have one known arm per stage).
     pub fn plan_mean_value(&self, features: &BTreeMap<String, String>, plan: &[usize]) -> f64 {
-        if plan.len() != self.stages.len()
-            || plan
-                .iter()
-                .zip(&self.stages)
-                .any(|(&a, s)| a >= s.arms.len())
-        {
-            return 0.0;
+        self.beliefs(features).value(plan)
+    }
+
+    /// The arm indices of a plan given as arms (`None` if one is unknown or a stage is missing):
+    /// the inverse of [`Policy::plan_arms`].
+    pub fn plan_indices(&self, plan: &[Arm]) -> Option<Vec<usize>> {
+        if plan.len() != self.stages.len() {
+            return None;
         }
-        let eff = self.effective(features);
-        let means = eff.mean.clone();
-        self.plan_value(&means, &eff, plan)
+        self.stages
+            .iter()
+            .zip(plan)
+            .map(|(s, arm)| s.arms.iter().position(|a| a == arm))
+            .collect()
     }
 
     /// How much less the policy expects from `plan` (the arms of an SOP, say) than from its own

@@ -76,9 +76,15 @@ mod sparse {
         (w.len() as u32, nz).serialize(s)
     }
 
-    /// Reads them back (an index beyond the length is an error).
+    /// Reads them back (an index beyond the length, or a length beyond what a configuration
+    /// allows, `2^24`, is an error: a corrupt record must not allocate gigabytes).
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
         let (len, nz) = <(u32, Vec<(u32, f64)>)>::deserialize(d)?;
+        if len > 1 << 24 {
+            return Err(D::Error::custom(format!(
+                "{len} weights: more than a ranker can have (2^24)"
+            )));
+        }
         let mut w = vec![0.0; len as usize];
         for (i, v) in nz {
             *w.get_mut(i as usize)
@@ -242,10 +248,10 @@ pub fn ranker_vs_greedy(hold: &[LogRecord], ranker: &Ranker, policy: &Policy) ->
     for r in hold {
         let beliefs = policy.beliefs(&r.context);
         let (greedy, greedy_value) = beliefs.greedy();
-        let candidate = beliefs
-            .indices(&ranker.best_plan(&r.context))
+        let candidate = policy
+            .plan_indices(&ranker.best_plan(&r.context))
             .unwrap_or_else(|| greedy.clone());
-        let logged = beliefs.indices(&r.plan);
+        let logged = policy.plan_indices(&r.plan);
         let residual = logged
             .as_ref()
             .map(|l| (r.reward - beliefs.value(l)) / r.propensity)
@@ -259,6 +265,21 @@ pub fn ranker_vs_greedy(hold: &[LogRecord], ranker: &Ranker, policy: &Policy) ->
     }
     compare_terms(&a, &b, &wa, &wb)
 }
+
+/// Splits a log (oldest first) into the rows that fit and the newest `share` held out to
+/// evaluate on: at least one row on each side when there are two or more.
+fn split_holdout(log: &[LogRecord], share: f64) -> (&[LogRecord], &[LogRecord]) {
+    let n_hold = ((log.len() as f64) * share.clamp(0.0, 1.0)).round() as usize;
+    let n_hold = if log.len() >= 2 {
+        n_hold.clamp(1, log.len() - 1)
+    } else {
+        log.len()
+    };
+    log.split_at(log.len() - n_hold)
+}
+
+/// How a [`Promotion::reason`] refused for too small an effective sample begins.
+pub const TOO_LITTLE_SUPPORT: &str = "too little support";
 
 /// Whether to promote a candidate, and why.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -286,7 +307,7 @@ pub fn promotion_decision(
             promote: false,
             lower_bound,
             reason: format!(
-                "too little support: effective sample {:.1} < {min_effective_n}",
+                "{TOO_LITTLE_SUPPORT}: effective sample {:.1} < {min_effective_n}",
                 cmp.candidate.effective_n
             ),
         };
@@ -468,18 +489,19 @@ impl Distiller {
     ) -> Option<DistillOutcome> {
         self.last_at = rows;
         let c = &self.config;
-        let usable: Vec<LogRecord> = log
+        // The newest `window` usable rows, oldest first.
+        let mut usable: Vec<LogRecord> = log
             .iter()
+            .rev()
             .filter(|r| r.has_stages(policy.stages()))
+            .take(c.window.max(1))
             .cloned()
             .collect();
-        let usable = &usable[usable.len().saturating_sub(c.window.max(1))..];
+        usable.reverse();
         if usable.len() < c.min_rows.max(2) {
             return None;
         }
-        let n_hold = ((usable.len() as f64) * c.holdout_share.clamp(0.05, 0.95)).round() as usize;
-        let n_hold = n_hold.clamp(1, usable.len() - 1);
-        let (train, hold) = usable.split_at(usable.len() - n_hold);
+        let (train, hold) = split_holdout(&usable, c.holdout_share.clamp(0.05, 0.95));
         let ranker = Ranker::fit(train, policy.stages(), c.ranker.clone(), rng);
         let comparison = ranker_vs_greedy(hold, &ranker, policy);
         let promotion = promotion_decision(&comparison, c.margin, c.z, c.min_effective_n);
@@ -507,15 +529,7 @@ impl Distiller {
         policy: &Policy,
         features: &BTreeMap<String, String>,
     ) -> Option<Vec<usize>> {
-        let ranker = self.active.as_ref()?;
-        let plan = ranker.best_plan(features);
-        if plan.len() != policy.stages().len() {
-            return None;
-        }
-        plan.iter()
-            .zip(policy.stages())
-            .map(|(arm, s)| s.arms.iter().position(|a| a == arm))
-            .collect()
+        policy.plan_indices(&self.active.as_ref()?.best_plan(features))
     }
 }
 
@@ -648,14 +662,7 @@ pub fn evaluate_log(
 ) -> PolicyEvaluation {
     let reward = live.map(|p| p.config().reward.clone()).unwrap_or_default();
     let (log, skipped) = log_for(tuples, cfg.objective, &reward);
-    let share = cfg.holdout_share.clamp(0.0, 1.0);
-    let n_hold = ((log.len() as f64) * share).round() as usize;
-    let n_hold = if log.len() >= 2 {
-        n_hold.clamp(1, log.len() - 1)
-    } else {
-        log.len()
-    };
-    let (train, hold) = log.split_at(log.len() - n_hold);
+    let (train, hold) = split_holdout(&log, cfg.holdout_share);
     let tabular = TabularModel::fit(train, 2.0);
     // With the live policy, its beliefs are the reward model and its greedy plan is the greedy
     // policy (what a promoted ranker would replace); without it, a table of the log's rewards.

@@ -91,16 +91,11 @@ pub fn first_attempt_reward(t: &ExperienceTuple, reward: &RewardParams) -> Optio
         let Some(stage) = step.metadata.get("stage").and_then(Value::as_str) else {
             continue;
         };
-        let own = |key: &str, all: f64| {
-            step.metadata
-                .get(key)
-                .and_then(Value::as_f64)
-                .unwrap_or(all)
-        };
         match step.metadata.get("outcome").and_then(Value::as_str) {
             Some("valid") => {
-                latency += own("own_latency_ms", step.latency_ms);
-                cost += own("own_cost", step.cost);
+                let (l, c) = step.own_latency_cost();
+                latency += l;
+                cost += c;
                 valid.push(stage);
             }
             Some("infrastructure") => return None,
@@ -135,14 +130,10 @@ pub fn log_for(
     (log, skipped)
 }
 
-/// The records usable for off-policy evaluation, and how many were skipped.
+/// The records usable for off-policy evaluation, each with the reward its run earned in the end
+/// ([`Objective::Realized`]), and how many were skipped.
 pub fn log_from_experience(tuples: &[ExperienceTuple]) -> (Vec<LogRecord>, usize) {
-    let log: Vec<LogRecord> = tuples
-        .iter()
-        .filter_map(LogRecord::from_experience)
-        .collect();
-    let skipped = tuples.len() - log.len();
-    (log, skipped)
+    log_for(tuples, Objective::Realized, &RewardParams::default())
 }
 
 /// A policy to evaluate: its distribution over plans in a context.
@@ -439,16 +430,9 @@ pub struct PolicyModel<'a> {
 
 impl RewardModel for PolicyModel<'_> {
     fn predict(&self, context: &BTreeMap<String, String>, plan: &[Arm]) -> f64 {
-        let stages = self.policy.stages();
-        let indices: Option<Vec<usize>> = stages
-            .iter()
-            .zip(plan)
-            .map(|(s, arm)| s.arms.iter().position(|a| a == arm))
-            .collect();
-        match indices {
-            Some(ix) if ix.len() == stages.len() => self.policy.plan_mean_value(context, &ix),
-            _ => 0.0,
-        }
+        self.policy
+            .plan_indices(plan)
+            .map_or(0.0, |ix| self.policy.plan_mean_value(context, &ix))
     }
 }
 

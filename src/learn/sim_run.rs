@@ -441,6 +441,16 @@ impl Runner<'_> {
     }
 }
 
+/// Share of the last 100 of `flags` that are `value` (0 when there are none).
+fn share_of_last_100(flags: &[bool], value: bool) -> f64 {
+    let last = &flags[flags.len().saturating_sub(100)..];
+    if last.is_empty() {
+        0.0
+    } else {
+        last.iter().filter(|f| **f == value).count() as f64 / last.len() as f64
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 struct Acc {
     n: u64,
@@ -605,20 +615,10 @@ pub fn run_learning_with(
             window = Acc::default();
         }
     }
-    let last: Vec<&bool> = recent.iter().rev().take(100).collect();
-    let exploration_rate_last_100 = if last.is_empty() {
-        0.0
-    } else {
-        last.iter().filter(|g| !***g).count() as f64 / last.len() as f64
-    };
+    let exploration_rate_last_100 = share_of_last_100(&recent, false);
+    let ranker_share_last_100 = share_of_last_100(&ranked, true);
     let drift = drift.finish(tasks);
     let n = tasks.max(1) as f64;
-    let last_ranked: Vec<&bool> = ranked.iter().rev().take(100).collect();
-    let ranker_share_last_100 = if last_ranked.is_empty() {
-        0.0
-    } else {
-        last_ranked.iter().filter(|r| ***r).count() as f64 / last_ranked.len() as f64
-    };
     let report = LearningReport {
         env: env.name().to_string(),
         seed,
