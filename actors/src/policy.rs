@@ -12,7 +12,7 @@ use hindsight::learn::bandit::{
 };
 use hindsight::learn::distill::{DistillConfig, DistillOutcome, Distiller, Promotion};
 use hindsight::learn::ope::{Objective, log_for};
-use hindsight::learn::sop::{Route, SopBook, SopConfig, SopEvent};
+use hindsight::learn::sop::{Route, SopBook, SopConfig, SopEvent, routed_propensities};
 use hindsight::store::{KvTable, Store};
 use hindsight::{ArmChoice, ExperienceTuple, FailureCategory, Sop, SopStatus, Task, now_ms};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -578,32 +578,7 @@ impl PolicyState {
         exclude: &[(String, String, String)],
     ) -> Result<PlanChoice, String> {
         let Some(mut arms) = base else {
-            // The A/B router: a matching stable SOP takes the task, except a holdout share
-            // that runs the policy as the baseline.
-            if let Route::Sop {
-                sop_id,
-                version,
-                plan,
-            } = self.sops.route(&task.features, &mut self.rng)
-                && plan.len() == self.policy.stages().len()
-                // The policy's own evidence since the promotion may say the SOP no longer fits.
-                && self
-                    .policy
-                    .shortfall(&task.features, &plan)
-                    .is_some_and(|gap| gap <= self.sops.config.defer_margin)
-            {
-                let mut choice = PlanChoice::new(plan, Some(sop_id.clone()), true);
-                choice.plan_id = sop_plan_id(&sop_id, version);
-                choice.sop_version = Some(version);
-                return Ok(choice);
-            }
-            // A promoted ranker plans the exploit share; Thompson sampling explores.
-            let exploit = self.distiller.exploit_plan(&self.policy, &task.features);
-            let choice = self
-                .policy
-                .choose_with(&task.features, exploit.as_deref(), &mut self.rng);
-            self.ranked_choices += u64::from(choice.ranked);
-            return Ok(PlanChoice::new(choice.arm_choices(), None, choice.greedy));
+            return Ok(self.route(task));
         };
         for (s, stage) in self.policy.stages().to_vec().iter().enumerate() {
             let Some(current) = arms.get(s) else {
@@ -646,6 +621,77 @@ impl PolicyState {
             };
         }
         Ok(PlanChoice::new(arms, None, false))
+    }
+
+    /// A new plan for `task`. The A/B router first: a matching stable SOP takes the task, except
+    /// a holdout share that runs the policy as the baseline; otherwise the policy chooses (a
+    /// promoted ranker plans its exploit share, Thompson sampling explores). Where an SOP is in
+    /// force, every run's propensities are the router's mixture's, whichever way it went, so
+    /// that off-policy evaluation weighs SOP and holdout runs alike by what chose them.
+    fn route(&mut self, task: &Task) -> PlanChoice {
+        let features = &task.features;
+        let exploit = self.distiller.exploit_plan(&self.policy, features);
+        // The SOP in force, with its plan's arm indices: one that matches, fits the stages, and
+        // that the policy's own evidence since the promotion (a drift, say) has not overtaken.
+        let in_force = self.sops.matching_stable_sop(features).and_then(|sop| {
+            let arms: Vec<Arm> = sop
+                .plan
+                .iter()
+                .map(|a| Arm::new(a.tool.clone(), a.strategy.clone()))
+                .collect();
+            let indices = self.policy.plan_indices(&arms)?;
+            let gap = self.policy.shortfall(features, &sop.plan)?;
+            (gap <= self.sops.config.defer_margin).then_some(indices)
+        });
+        let Some(sop_indices) = in_force else {
+            let choice = self
+                .policy
+                .choose_with(features, exploit.as_deref(), &mut self.rng);
+            self.ranked_choices += u64::from(choice.ranked);
+            return PlanChoice::new(choice.arm_choices(), None, choice.greedy);
+        };
+        let share = self.sops.sop_share();
+        match self.sops.route(features, &mut self.rng) {
+            Route::Sop {
+                sop_id,
+                version,
+                mut plan,
+            } => {
+                let policy = self
+                    .policy
+                    .propensities_of(features, &sop_indices, exploit.as_deref(), &mut self.rng)
+                    .unwrap_or_default();
+                let props = routed_propensities(&policy, &vec![true; plan.len()], share);
+                for (arm, p) in plan.iter_mut().zip(props) {
+                    arm.propensity = p;
+                }
+                let mut choice = PlanChoice::new(plan, Some(sop_id.clone()), true);
+                choice.plan_id = sop_plan_id(&sop_id, version);
+                choice.sop_version = Some(version);
+                choice
+            }
+            Route::Holdout { .. } | Route::Baseline => {
+                let choice = self
+                    .policy
+                    .choose_with(features, exploit.as_deref(), &mut self.rng);
+                self.ranked_choices += u64::from(choice.ranked);
+                let policy: Vec<f64> = choice.plan.iter().map(|c| c.propensity).collect();
+                let on_sop: Vec<bool> = choice
+                    .indices
+                    .iter()
+                    .zip(&sop_indices)
+                    .map(|(a, b)| a == b)
+                    .collect();
+                let mut arms = choice.arm_choices();
+                for (arm, p) in arms
+                    .iter_mut()
+                    .zip(routed_propensities(&policy, &on_sop, share))
+                {
+                    arm.propensity = p;
+                }
+                PlanChoice::new(arms, None, choice.greedy)
+            }
+        }
     }
 
     fn suggest(&self, features: &BTreeMap<String, String>) -> Vec<RankedStage> {

@@ -43,6 +43,10 @@ pub struct TaskRecord {
     pub explored: bool,
     /// The SOP followed, if any.
     pub sop_id: Option<String>,
+    /// The probability the router and the policy had of choosing the first plan (what
+    /// off-policy evaluation weighs the run by).
+    #[serde(default)]
+    pub propensity: f64,
     /// Recoveries by failure type.
     pub recoveries: Vec<String>,
     /// ReflectRetry rounds.
@@ -196,6 +200,7 @@ fn record_of(env: &SimEnv, index: u64, task: &Task, outcome: &RunOutcome) -> Tas
         random_reward: env.random_baseline(index, &task.features),
         explored: outcome.explored,
         sop_id: outcome.sop_id.clone(),
+        propensity: outcome.arms.iter().map(|a| a.propensity).product(),
         recoveries: outcome
             .recoveries
             .iter()

@@ -463,6 +463,38 @@ fn level_evidence(models: &[Option<&ModelEvidence>], j: usize, out: &mut [f64]) 
     }
 }
 
+/// Per stage, the share of choices that agree with `plan` there among those that agreed with it
+/// in every earlier stage: over `draws` choices made by `draw`, plus `counted` that are `plan`
+/// itself (1 when `plan` is one of the choices). A stage no choice reached gets 0.
+fn conditional_frequencies(
+    plan: &[usize],
+    draws: usize,
+    counted: usize,
+    mut draw: impl FnMut(&mut Vec<usize>),
+) -> Vec<f64> {
+    let mut agree = vec![counted; plan.len()];
+    let mut other = Vec::new();
+    for _ in 0..draws {
+        draw(&mut other);
+        for (s, &a) in plan.iter().enumerate() {
+            if other.get(s) != Some(&a) {
+                break;
+            }
+            agree[s] += 1;
+        }
+    }
+    let mut prev = (draws + counted) as f64;
+    agree
+        .iter()
+        .map(|&n| {
+            let n = n as f64;
+            let share = if prev > 0.0 { n / prev } else { 0.0 };
+            prev = n;
+            share
+        })
+        .collect()
+}
+
 fn check_config(c: &PolicyConfig) -> Result<(), PolicyError> {
     let bad = |field: &'static str, reason: &str| {
         Err(PolicyError::BadConfig {
@@ -870,49 +902,21 @@ impl Policy {
         let means = eff.mean.clone();
         let mut greedy = Vec::new();
         self.best_plan(&means, &eff, &mut greedy);
-        let exploit = exploit.filter(|e| {
-            e.len() == n_stages && e.iter().zip(&self.stages).all(|(&a, s)| a < s.arms.len())
-        });
+        let exploit = self.valid_plan(exploit);
         let mut p = vec![0.0; self.n_arms];
-        // One choice: the sampled plan, or the exploit plan in place of the greedy one.
-        let mut draw = |rng: &mut fastrand::Rng, out: &mut Vec<usize>| -> bool {
-            eff.sample_all(rng, &mut p);
-            self.best_plan(&p, &eff, out);
-            match exploit {
-                Some(e) if *out == greedy => {
-                    out.clear();
-                    out.extend_from_slice(e);
-                    true
-                }
-                _ => false,
-            }
-        };
         let mut chosen = Vec::new();
-        let ranked = draw(rng, &mut chosen);
+        let ranked = self.mixed_draw(&eff, &greedy, exploit, &mut p, rng, &mut chosen);
         // Propensity: the chosen draw plus `propensity_draws` more; per stage the frequency of
         // the chosen arm given that the earlier stages matched (the product is the plan's).
-        let draws = self.config.propensity_draws;
-        let mut prefix = vec![1usize; n_stages];
-        let mut other = Vec::new();
-        for _ in 0..draws {
-            draw(rng, &mut other);
-            for s in 0..n_stages {
-                if other[s] != chosen[s] {
-                    break;
-                }
-                prefix[s] += 1;
-            }
-        }
-        let total = (draws + 1) as f64;
+        let props = conditional_frequencies(&chosen, self.config.propensity_draws, 1, |out| {
+            self.mixed_draw(&eff, &greedy, exploit, &mut p, rng, out);
+        });
         let mean_value = self.plan_value(&means, &eff, &chosen);
         let greedy_value = self.plan_value(&means, &eff, &greedy);
         let mut plan = Vec::with_capacity(n_stages);
-        let mut prev = total;
         let mut plan_propensity = 1.0;
-        for (s, &a) in chosen.iter().enumerate() {
+        for (s, (&a, &prop)) in chosen.iter().zip(&props).enumerate() {
             let j = self.offsets[s] + a;
-            let prop = prefix[s] as f64 / prev;
-            prev = prefix[s] as f64;
             plan_propensity *= prop;
             plan.push(ChosenArm {
                 stage: self.stages[s].stage.clone(),
@@ -931,6 +935,61 @@ impl Policy {
             ranked,
             indices: chosen,
         }
+    }
+
+    /// `plan` when it has one known arm per stage.
+    fn valid_plan<'p>(&self, plan: Option<&'p [usize]>) -> Option<&'p [usize]> {
+        plan.filter(|e| {
+            e.len() == self.stages.len()
+                && e.iter().zip(&self.stages).all(|(&a, s)| a < s.arms.len())
+        })
+    }
+
+    /// One choice into `out`: the plan of a posterior draw, or `exploit` in place of the greedy
+    /// plan (then `true`).
+    fn mixed_draw(
+        &self,
+        eff: &Eff,
+        greedy: &[usize],
+        exploit: Option<&[usize]>,
+        p: &mut [f64],
+        rng: &mut fastrand::Rng,
+        out: &mut Vec<usize>,
+    ) -> bool {
+        eff.sample_all(rng, p);
+        self.best_plan(p, eff, out);
+        match exploit {
+            Some(e) if out.as_slice() == greedy => {
+                out.clear();
+                out.extend_from_slice(e);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The per-stage propensities [`Policy::choose_with`] would have had of choosing `plan` (arm
+    /// indices) for `features`, each conditional on the earlier stages (their product is the
+    /// plan's), estimated from `propensity_draws` choices: what a choice made by someone else (a
+    /// stable SOP) is weighed against. A stage the draws never reached has propensity 0; `None`
+    /// when `plan` does not have one known arm per stage.
+    pub fn propensities_of(
+        &self,
+        features: &BTreeMap<String, String>,
+        plan: &[usize],
+        exploit: Option<&[usize]>,
+        rng: &mut fastrand::Rng,
+    ) -> Option<Vec<f64>> {
+        let plan = self.valid_plan(Some(plan))?;
+        let eff = self.effective(features);
+        let mut greedy = Vec::new();
+        self.best_plan(&eff.mean, &eff, &mut greedy);
+        let exploit = self.valid_plan(exploit);
+        let mut p = vec![0.0; self.n_arms];
+        let draws = self.config.propensity_draws.max(1);
+        Some(conditional_frequencies(plan, draws, 0, |out| {
+            self.mixed_draw(&eff, &greedy, exploit, &mut p, rng, out);
+        }))
     }
 
     /// The distribution of the policy's plan choice for `features`, estimated from `draws`
@@ -1412,6 +1471,47 @@ mod tests {
         // Without an exploit plan (or with a malformed one) the policy's own choice stands.
         let c = p.choose_with(&f, Some(&[5, 0]), &mut rng);
         assert!(!c.ranked);
+    }
+
+    #[test]
+    fn propensities_of_a_plan_chosen_elsewhere_match_the_policys_own_frequencies() {
+        let mut p = policy();
+        let mut config = p.config().clone();
+        config.propensity_draws = 400;
+        p.set_config(config).expect("a valid configuration");
+        let f = feats(&[("k", "v")]);
+        for _ in 0..6 {
+            for (s, arm, ok) in [
+                ("extract", Arm::new("cheap", "x"), true),
+                ("normalize", Arm::new("a", "s"), true),
+                ("normalize", Arm::new("b", "s"), false),
+            ] {
+                p.update(&stage_obs(f.clone(), s, arm, ok, 100.0, 0.001));
+            }
+        }
+        let mut rng = fastrand::Rng::with_seed(11);
+        // Mostly the known plan [0, 0]; now and then the untried extract arm with it.
+        let n = 600;
+        let mut counts: BTreeMap<Vec<usize>, usize> = BTreeMap::new();
+        for _ in 0..n {
+            *counts.entry(p.choose(&f, &mut rng).indices).or_default() += 1;
+        }
+        for plan in [vec![0usize, 0], vec![1, 0], vec![0, 1], vec![1, 1]] {
+            let props = p
+                .propensities_of(&f, &plan, None, &mut rng)
+                .expect("a known plan");
+            assert_eq!(props.len(), 2);
+            assert!(props.iter().all(|x| (0.0..=1.0).contains(x)), "{props:?}");
+            let product: f64 = props.iter().product();
+            let freq = counts.get(&plan).copied().unwrap_or(0) as f64 / n as f64;
+            assert!(
+                (product - freq).abs() < 0.05,
+                "{plan:?}: estimated {product} vs chosen {freq}"
+            );
+        }
+        // A plan without one known arm per stage has none.
+        assert!(p.propensities_of(&f, &[0], None, &mut rng).is_none());
+        assert!(p.propensities_of(&f, &[0, 9], None, &mut rng).is_none());
     }
 
     fn simulate(p: &mut Policy, f: &BTreeMap<String, String>, rng: &mut fastrand::Rng) -> Choice {

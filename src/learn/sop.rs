@@ -91,6 +91,33 @@ pub enum Route {
     Baseline,
 }
 
+/// The per-stage propensities of a plan under the A/B router's mixture: with probability
+/// `sop_share` the SOP's plan, else the policy's choice, whose per-stage propensities of this plan
+/// (each conditional on the earlier stages) are `policy`. `on_sop[s]` says whether the plan's arm
+/// at stage `s` is the SOP's. Each result is conditional on the earlier stages too, so that their
+/// product is the plan's probability, `sop_share * [plan is the SOP's] + (1 - sop_share) *
+/// product(policy)`: what off-policy evaluation must weigh a run by, whichever way it was routed.
+pub fn routed_propensities(policy: &[f64], on_sop: &[bool], sop_share: f64) -> Vec<f64> {
+    let share = sop_share.clamp(0.0, 1.0);
+    let (mut by_policy, mut by_sop, mut prev) = (1.0, true, 1.0);
+    policy
+        .iter()
+        .enumerate()
+        .map(|(s, &c)| {
+            by_policy *= c.clamp(0.0, 1.0);
+            by_sop &= on_sop.get(s).copied().unwrap_or(false);
+            let mix = if by_sop { share } else { 0.0 } + (1.0 - share) * by_policy;
+            let conditional = if prev > 0.0 {
+                (mix / prev).clamp(0.0, 1.0)
+            } else {
+                0.0
+            };
+            prev = mix;
+            conditional
+        })
+        .collect()
+}
+
 /// What consolidation changed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum SopEvent {
@@ -387,6 +414,12 @@ impl SopBook {
         }
     }
 
+    /// The share of matching traffic a stable SOP gets from the router (the rest is the
+    /// baseline holdout).
+    pub fn sop_share(&self) -> f64 {
+        1.0 - self.config.baseline_share.clamp(0.0, 1.0)
+    }
+
     /// Stable SOPs.
     pub fn stable(&self) -> impl Iterator<Item = &Sop> {
         self.sops.iter().filter(|s| s.status == SopStatus::Stable)
@@ -492,6 +525,28 @@ mod tests {
         assert!(book.consolidate(2_000).is_empty());
         let later = 1_000 + book.config.incident_window_ms;
         assert_eq!(book.consolidate(later).len(), 1);
+    }
+
+    #[test]
+    fn routed_propensities_multiply_to_the_mixtures_probability() {
+        let product = |v: &[f64]| v.iter().product::<f64>();
+        // The SOP's own plan: 0.9 from the router plus 0.1 of the policy's 0.5 * 0.4.
+        let sop = routed_propensities(&[0.5, 0.4], &[true, true], 0.9);
+        assert!((product(&sop) - (0.9 + 0.1 * 0.2)).abs() < 1e-12, "{sop:?}");
+        assert!(sop.iter().all(|p| *p > 0.0 && *p <= 1.0), "{sop:?}");
+        // A holdout plan that leaves the SOP at the second stage: only the policy's share.
+        let off = routed_propensities(&[0.5, 0.4], &[true, false], 0.9);
+        assert!((product(&off) - 0.1 * 0.2).abs() < 1e-12, "{off:?}");
+        // The first stage is still shared with the SOP: its propensity counts the router.
+        assert!((off[0] - (0.9 + 0.1 * 0.5)).abs() < 1e-12, "{off:?}");
+        // A plan the policy never draws is still the SOP's 0.9.
+        let never = routed_propensities(&[0.0, 0.0], &[true, true], 0.9);
+        assert!((product(&never) - 0.9).abs() < 1e-12, "{never:?}");
+        // No SOP share: the policy's own propensities.
+        assert_eq!(
+            routed_propensities(&[0.5, 0.4], &[true, true], 0.0),
+            vec![0.5, 0.4]
+        );
     }
 
     #[test]

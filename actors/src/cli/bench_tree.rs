@@ -101,6 +101,8 @@ struct TraceLine<'a> {
     regret: f64,
     /// The SOP the first plan followed, if any.
     sop: Option<&'a str>,
+    /// The probability the first plan had of being chosen (the router's and the policy's).
+    propensity: f64,
 }
 
 /// Runs `hindsight bench learning`.
@@ -132,6 +134,7 @@ pub async fn learning(_global: &Global, args: LearningArgs) -> Result<(), Failur
                 reward: r.reward,
                 regret: r.regret(),
                 sop: r.sop_id.as_deref(),
+                propensity: r.propensity,
             })
             .map_err(|e| Failure::new(format!("cannot encode the trace: {e}")))?;
             writeln!(w, "{line}").map_err(|e| {
