@@ -1,0 +1,128 @@
+//! Writes seeded random simulated environments (FORMAT.md) of the kind the issue describes:
+//! three to five stages of three to six arms, two to four features, specialists (an arm much
+//! better or much worse for one feature value), the best arm of each stage behind 20-40%
+//! infrastructure faults, and a downward drift of one arm for one feature value at task 500,
+//! 600 or 700. They stand in for the environments the learning bench will be run on unseen.
+//!
+//! `cargo run --release --example random_env -- DIR FIRST LAST` writes `DIR/gFIRST.toml` to
+//! `DIR/gLAST.toml`; then run `hindsight bench learning --env DIR/g1.toml --json` on each.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// The environment of `seed`, as TOML text (the same text for the same seed, on every build).
+pub fn generate(seed: u64) -> String {
+    let mut r = fastrand::Rng::with_seed(seed);
+    let pick = |r: &mut fastrand::Rng, xs: &[u64]| xs[r.usize(..xs.len())];
+    let round2 = |x: f64| (x * 100.0).round() / 100.0;
+    let n_stages = pick(&mut r, &[3, 3, 4, 5]);
+    let n_features = pick(&mut r, &[2, 3, 3, 4]);
+    let features: Vec<(String, Vec<String>, Vec<u64>)> = (0..n_features)
+        .map(|i| {
+            let k = pick(&mut r, &[2, 3, 4]);
+            let values = (0..k).map(|j| format!("v{i}{j}")).collect();
+            let weights = (0..k).map(|_| r.u64(1..=5)).collect();
+            (format!("f{i}"), values, weights)
+        })
+        .collect();
+    let quote = |v: &[String]| {
+        v.iter()
+            .map(|s| format!("\"{s}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut out = String::new();
+    let placeholders: Vec<String> = features.iter().map(|f| format!("{{{}}}", f.0)).collect();
+    let _ = writeln!(out, "name = \"random-{seed}\"");
+    let _ = writeln!(out, "goal = \"task {}\"", placeholders.join(" "));
+    let _ = writeln!(out, "sla_ms = {}\n", pick(&mut r, &[15000, 20000, 30000]));
+    let _ = writeln!(out, "[reward]\nsuccess = 1.0");
+    let _ = writeln!(out, "latency = {}", [0.1, 0.2, 0.3][r.usize(..3)]);
+    let _ = writeln!(out, "cost = {}", [0.1, 0.15][r.usize(..2)]);
+    let _ = writeln!(out, "max_cost = 0.2\n\n[features]");
+    for (name, values, weights) in &features {
+        let w: Vec<String> = weights.iter().map(u64::to_string).collect();
+        let _ = writeln!(
+            out,
+            "{name} = {{ values = [{}], weights = [{}] }}",
+            quote(values),
+            w.join(", ")
+        );
+    }
+    let random_match = |r: &mut fastrand::Rng| {
+        let (name, values, _) = &features[r.usize(..features.len())];
+        format!("{name} = \"{}\"", values[r.usize(..values.len())])
+    };
+    let mut drifting: Option<(u64, u64)> = None;
+    for s in 0..n_stages {
+        let _ = writeln!(out, "\n[[stage]]\nname = \"s{s}\"");
+        let n_arms = pick(&mut r, &[3, 4, 5, 6]);
+        let best = r.u64(..n_arms);
+        for a in 0..n_arms {
+            let _ = writeln!(
+                out,
+                "\n[[stage.arm]]\ntool = \"t{s}_{a}\"\nstrategy = \"st{a}\""
+            );
+            let _ = writeln!(
+                out,
+                "cost = {}",
+                [0.001, 0.005, 0.01, 0.03, 0.06][r.usize(..5)]
+            );
+            let _ = writeln!(
+                out,
+                "latency_ms = {}",
+                pick(&mut r, &[300, 800, 1500, 3000, 6000, 12000])
+            );
+            let _ = writeln!(out, "p_success = {}", round2(0.55 + 0.42 * r.f64()));
+            let _ = writeln!(out, "p_valid = {}", round2(0.6 + 0.39 * r.f64()));
+            let _ = writeln!(out, "errors = {{ Timeout = 1, DeterministicFailure = 1 }}");
+            if a == best {
+                let _ = writeln!(out, "p_infra = {}", round2(0.2 + 0.2 * r.f64()));
+            }
+            for _ in 0..pick(&mut r, &[0, 0, 1, 2]) {
+                let m = random_match(&mut r);
+                let p = if r.bool() {
+                    0.05 + 0.25 * r.f64()
+                } else {
+                    0.9 + 0.09 * r.f64()
+                };
+                let _ = writeln!(
+                    out,
+                    "\n[[stage.arm.when]]\nmatch = {{ {m} }}\np_success = {}",
+                    round2(p)
+                );
+            }
+            if drifting.is_none() && r.f64() < 0.3 {
+                drifting = Some((s, a));
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\n[infra]\np_fault = 0.05\nerrors = {{ TransientNetwork = 2, RateLimit = 1 }}"
+    );
+    let (s, a) = drifting.unwrap_or((0, 0));
+    let m = random_match(&mut r);
+    let _ = writeln!(
+        out,
+        "\n[[drift]]\nafter_task = {}\nstage = \"s{s}\"\ntool = \"t{s}_{a}\"\nstrategy = \"st{a}\"\nmatch = {{ {m} }}\np_success = {}",
+        pick(&mut r, &[500, 600, 700]),
+        round2(0.05 + 0.25 * r.f64())
+    );
+    out
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let usage = "usage: random_env DIR FIRST LAST";
+    let dir = args.first().ok_or(usage)?;
+    let first: u64 = args.get(1).ok_or(usage)?.parse()?;
+    let last: u64 = args.get(2).ok_or(usage)?.parse()?;
+    std::fs::create_dir_all(dir)?;
+    for seed in first..=last {
+        let path = Path::new(dir).join(format!("g{seed}.toml"));
+        std::fs::write(&path, generate(seed))?;
+        println!("{}", path.display());
+    }
+    Ok(())
+}
