@@ -255,6 +255,12 @@ pub struct ArmChoice {
     pub propensity: f64,
 }
 
+/// The probability a plan had of being chosen: the product of its arms' per-stage propensities
+/// (each conditional on the earlier stages).
+pub fn plan_propensity(arms: &[ArmChoice]) -> f64 {
+    arms.iter().map(|a| a.propensity).product()
+}
+
 /// One row of the experience log: everything learned from one run (append-only).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExperienceTuple {

@@ -634,64 +634,59 @@ impl PolicyState {
         // The SOP in force, with its plan's arm indices: one that matches, fits the stages, and
         // that the policy's own evidence since the promotion (a drift, say) has not overtaken.
         let in_force = self.sops.matching_stable_sop(features).and_then(|sop| {
-            let arms: Vec<Arm> = sop
-                .plan
-                .iter()
-                .map(|a| Arm::new(a.tool.clone(), a.strategy.clone()))
-                .collect();
-            let indices = self.policy.plan_indices(&arms)?;
+            let indices = self.policy.choice_indices(&sop.plan)?;
             let gap = self.policy.shortfall(features, &sop.plan)?;
-            (gap <= self.sops.config.defer_margin).then_some(indices)
+            (gap <= self.sops.config.defer_margin).then_some((sop, indices))
         });
-        let Some(sop_indices) = in_force else {
-            let choice = self
-                .policy
-                .choose_with(features, exploit.as_deref(), &mut self.rng);
-            self.ranked_choices += u64::from(choice.ranked);
-            return PlanChoice::new(choice.arm_choices(), None, choice.greedy);
+        let Some((sop, sop_indices)) = in_force else {
+            return self.policy_choice(features, exploit.as_deref(), None);
         };
         let share = self.sops.sop_share();
-        match self.sops.route(features, &mut self.rng) {
-            Route::Sop {
-                sop_id,
-                version,
-                mut plan,
-            } => {
-                let policy = self
-                    .policy
-                    .propensities_of(features, &sop_indices, exploit.as_deref(), &mut self.rng)
-                    .unwrap_or_default();
-                let props = routed_propensities(&policy, &vec![true; plan.len()], share);
-                for (arm, p) in plan.iter_mut().zip(props) {
-                    arm.propensity = p;
-                }
-                let mut choice = PlanChoice::new(plan, Some(sop_id.clone()), true);
-                choice.plan_id = sop_plan_id(&sop_id, version);
-                choice.sop_version = Some(version);
-                choice
-            }
-            Route::Holdout { .. } | Route::Baseline => {
-                let choice = self
-                    .policy
-                    .choose_with(features, exploit.as_deref(), &mut self.rng);
-                self.ranked_choices += u64::from(choice.ranked);
-                let policy: Vec<f64> = choice.plan.iter().map(|c| c.propensity).collect();
-                let on_sop: Vec<bool> = choice
-                    .indices
-                    .iter()
-                    .zip(&sop_indices)
-                    .map(|(a, b)| a == b)
-                    .collect();
-                let mut arms = choice.arm_choices();
-                for (arm, p) in arms
-                    .iter_mut()
-                    .zip(routed_propensities(&policy, &on_sop, share))
-                {
-                    arm.propensity = p;
-                }
-                PlanChoice::new(arms, None, choice.greedy)
-            }
+        let Route::Sop {
+            sop_id,
+            version,
+            plan,
+        } = self.sops.route_to(sop, &mut self.rng)
+        else {
+            return self.policy_choice(features, exploit.as_deref(), Some((&sop_indices, share)));
+        };
+        let policy = self
+            .policy
+            .propensities_of(features, &sop_indices, exploit.as_deref(), &mut self.rng)
+            .unwrap_or_default();
+        let arms = with_propensities(
+            plan,
+            routed_propensities(&policy, &vec![true; sop_indices.len()], share),
+        );
+        let mut choice = PlanChoice::new(arms, Some(sop_id.clone()), true);
+        choice.plan_id = sop_plan_id(&sop_id, version);
+        choice.sop_version = Some(version);
+        choice
+    }
+
+    /// The policy's own choice (a promoted ranker's plan in the exploit share); with an SOP in
+    /// force (`(its arm indices, its share of the traffic)`) its propensities are the router's
+    /// mixture's.
+    fn policy_choice(
+        &mut self,
+        features: &BTreeMap<String, String>,
+        exploit: Option<&[usize]>,
+        sop: Option<(&[usize], f64)>,
+    ) -> PlanChoice {
+        let choice = self.policy.choose_with(features, exploit, &mut self.rng);
+        self.ranked_choices += u64::from(choice.ranked);
+        let mut arms = choice.arm_choices();
+        if let Some((sop_indices, share)) = sop {
+            let policy: Vec<f64> = choice.plan.iter().map(|c| c.propensity).collect();
+            let on_sop: Vec<bool> = choice
+                .indices
+                .iter()
+                .zip(sop_indices)
+                .map(|(a, b)| a == b)
+                .collect();
+            arms = with_propensities(arms, routed_propensities(&policy, &on_sop, share));
         }
+        PlanChoice::new(arms, None, choice.greedy)
     }
 
     fn suggest(&self, features: &BTreeMap<String, String>) -> Vec<RankedStage> {
@@ -713,6 +708,14 @@ impl PolicyState {
             })
             .collect()
     }
+}
+
+/// `arms` with their propensities replaced by `propensities`, stage by stage.
+fn with_propensities(mut arms: Vec<ArmChoice>, propensities: Vec<f64>) -> Vec<ArmChoice> {
+    for (arm, p) in arms.iter_mut().zip(propensities) {
+        arm.propensity = p;
+    }
+    arms
 }
 
 /// The bandit observation of an experience: one entry per stage call, its outcome taken from the

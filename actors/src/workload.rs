@@ -200,7 +200,7 @@ fn record_of(env: &SimEnv, index: u64, task: &Task, outcome: &RunOutcome) -> Tas
         random_reward: env.random_baseline(index, &task.features),
         explored: outcome.explored,
         sop_id: outcome.sop_id.clone(),
-        propensity: outcome.arms.iter().map(|a| a.propensity).product(),
+        propensity: hindsight::plan_propensity(&outcome.arms),
         recoveries: outcome
             .recoveries
             .iter()

@@ -406,9 +406,7 @@ pub struct Beliefs<'a> {
 impl Beliefs<'_> {
     /// The greedy plan (arm index per stage) and its expected reward.
     pub fn greedy(&self) -> (Vec<usize>, f64) {
-        let mut plan = Vec::new();
-        let v = self.policy.best_plan(&self.eff.mean, &self.eff, &mut plan);
-        (plan, v)
+        self.policy.greedy_in(&self.eff)
     }
 
     /// A plan's expected reward (0 when it does not have one known arm per stage).
@@ -908,8 +906,7 @@ impl Policy {
         let eff = self.effective(features);
         let n_stages = self.stages.len();
         let means = eff.mean.clone();
-        let mut greedy = Vec::new();
-        self.best_plan(&means, &eff, &mut greedy);
+        let (greedy, greedy_value) = self.greedy_in(&eff);
         let exploit = self.valid_plan(exploit);
         let mut p = vec![0.0; self.n_arms];
         let mut chosen = Vec::new();
@@ -920,7 +917,6 @@ impl Policy {
             self.mixed_draw(&eff, &greedy, exploit, &mut p, rng, out);
         });
         let mean_value = self.plan_value(&means, &eff, &chosen);
-        let greedy_value = self.plan_value(&means, &eff, &greedy);
         let mut plan = Vec::with_capacity(n_stages);
         let mut plan_propensity = 1.0;
         for (s, (&a, &prop)) in chosen.iter().zip(&props).enumerate() {
@@ -943,6 +939,13 @@ impl Policy {
             ranked,
             indices: chosen,
         }
+    }
+
+    /// The greedy plan (posterior means) under `eff`, and its expected reward.
+    fn greedy_in(&self, eff: &Eff) -> (Vec<usize>, f64) {
+        let mut plan = Vec::new();
+        let v = self.best_plan(&eff.mean, eff, &mut plan);
+        (plan, v)
     }
 
     /// `plan` when it has one known arm per stage.
@@ -1022,8 +1025,7 @@ impl Policy {
     ) -> Option<Vec<f64>> {
         let plan = self.valid_plan(Some(plan))?;
         let eff = self.effective(features);
-        let mut greedy = Vec::new();
-        self.best_plan(&eff.mean, &eff, &mut greedy);
+        let (greedy, _) = self.greedy_in(&eff);
         let exploit = self.valid_plan(exploit);
         let mut p = vec![0.0; self.n_arms];
         let draws = self.config.propensity_draws.max(1);
@@ -1042,8 +1044,7 @@ impl Policy {
     ) -> Vec<(Vec<usize>, f64)> {
         let eff = self.effective(features);
         let draws = draws.max(1);
-        let mut greedy = Vec::new();
-        self.best_plan(&eff.mean, &eff, &mut greedy);
+        let (greedy, _) = self.greedy_in(&eff);
         let mut p = vec![0.0; self.n_arms];
         let mut plan = Vec::new();
         let mut counts: BTreeMap<Vec<usize>, usize> = BTreeMap::new();
@@ -1111,21 +1112,28 @@ impl Policy {
         features: &BTreeMap<String, String>,
         plan: &[ArmChoice],
     ) -> Option<f64> {
+        let indices = self.choice_indices(plan)?;
+        let eff = self.effective(features);
+        let (_, best) = self.greedy_in(&eff);
+        Some((best - self.plan_value(&eff.mean, &eff, &indices)).max(0.0))
+    }
+
+    /// The arm index per stage of `plan` (the arms of an SOP, say): `None` if it names an unknown
+    /// stage or arm, or does not have one arm per stage in the stages' order.
+    pub fn choice_indices(&self, plan: &[ArmChoice]) -> Option<Vec<usize>> {
         if plan.len() != self.stages.len() {
             return None;
         }
-        let mut indices = Vec::with_capacity(plan.len());
-        for (s, c) in plan.iter().enumerate() {
-            if c.stage != self.stages[s].stage {
-                return None;
-            }
-            let j = self.arm_index(&c.stage, &Arm::new(c.tool.clone(), c.strategy.clone()))?;
-            indices.push(j - self.offsets[s]);
-        }
-        let eff = self.effective(features);
-        let mut greedy = Vec::new();
-        let best = self.best_plan(&eff.mean, &eff, &mut greedy);
-        Some((best - self.plan_value(&eff.mean, &eff, &indices)).max(0.0))
+        plan.iter()
+            .enumerate()
+            .map(|(s, c)| {
+                if c.stage != self.stages[s].stage {
+                    return None;
+                }
+                let j = self.arm_index(&c.stage, &Arm::new(c.tool.clone(), c.strategy.clone()))?;
+                Some(j - self.offsets[s])
+            })
+            .collect()
     }
 
     /// Ranked arms of one stage for `features`: `(arm index, posterior mean of success, its
@@ -1474,12 +1482,9 @@ mod tests {
         .unwrap()
     }
 
-    #[test]
-    fn an_exploit_plan_takes_the_greedy_share_and_its_propensity_is_the_mixtures() {
-        let mut p = policy();
-        let f = feats(&[("k", "v")]);
-        // "cheap" + "a" is clearly the greedy plan.
-        for _ in 0..40 {
+    /// `rounds` of "cheap" succeeding at extract, "a" succeeding and "b" failing at normalize.
+    fn learn_cheap_then_a(p: &mut Policy, f: &BTreeMap<String, String>, rounds: usize) {
+        for _ in 0..rounds {
             for (s, arm, ok) in [
                 ("extract", Arm::new("cheap", "x"), true),
                 ("normalize", Arm::new("a", "s"), true),
@@ -1488,6 +1493,14 @@ mod tests {
                 p.update(&stage_obs(f.clone(), s, arm, ok, 100.0, 0.001));
             }
         }
+    }
+
+    #[test]
+    fn an_exploit_plan_takes_the_greedy_share_and_its_propensity_is_the_mixtures() {
+        let mut p = policy();
+        let f = feats(&[("k", "v")]);
+        // "cheap" + "a" is clearly the greedy plan.
+        learn_cheap_then_a(&mut p, &f, 40);
         let mut rng = fastrand::Rng::with_seed(3);
         assert_eq!(p.greedy(&f).0, vec![0, 0]);
         let exploit = [1usize, 0];
@@ -1521,15 +1534,7 @@ mod tests {
         config.propensity_draws = 400;
         p.set_config(config).expect("a valid configuration");
         let f = feats(&[("k", "v")]);
-        for _ in 0..6 {
-            for (s, arm, ok) in [
-                ("extract", Arm::new("cheap", "x"), true),
-                ("normalize", Arm::new("a", "s"), true),
-                ("normalize", Arm::new("b", "s"), false),
-            ] {
-                p.update(&stage_obs(f.clone(), s, arm, ok, 100.0, 0.001));
-            }
-        }
+        learn_cheap_then_a(&mut p, &f, 6);
         let mut rng = fastrand::Rng::with_seed(11);
         // Mostly the known plan [0, 0]; now and then the untried extract arm with it.
         let n = 600;

@@ -42,7 +42,7 @@ impl LogRecord {
         if t.arms.is_empty() {
             return None;
         }
-        let propensity: f64 = t.arms.iter().map(|a| a.propensity).product();
+        let propensity = crate::record::plan_propensity(&t.arms);
         if !(propensity > 0.0 && propensity <= 1.0 + 1e-9 && t.reward.is_finite()) {
             return None;
         }

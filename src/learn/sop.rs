@@ -403,14 +403,22 @@ impl SopBook {
     pub fn route(&self, features: &BTreeMap<String, String>, rng: &mut fastrand::Rng) -> Route {
         match self.matching_stable_sop(features) {
             None => Route::Baseline,
-            Some(s) if rng.f64() < self.config.baseline_share => Route::Holdout {
-                sop_id: s.sop_id.clone(),
-            },
-            Some(s) => Route::Sop {
-                sop_id: s.sop_id.clone(),
-                version: s.version,
-                plan: s.plan.clone(),
-            },
+            Some(s) => self.route_to(s, rng),
+        }
+    }
+
+    /// The A/B router's draw for a stable SOP already matched: the SOP, or the holdout share.
+    pub fn route_to(&self, sop: &Sop, rng: &mut fastrand::Rng) -> Route {
+        if rng.f64() < self.config.baseline_share {
+            Route::Holdout {
+                sop_id: sop.sop_id.clone(),
+            }
+        } else {
+            Route::Sop {
+                sop_id: sop.sop_id.clone(),
+                version: sop.version,
+                plan: sop.plan.clone(),
+            }
         }
     }
 
