@@ -1495,6 +1495,16 @@ mod tests {
         }
     }
 
+    /// `n` stages `s0..` of `m` arms `t0/x..` each.
+    fn uniform_stages(n: usize, m: usize) -> Vec<StageArms> {
+        (0..n)
+            .map(|s| StageArms {
+                stage: format!("s{s}"),
+                arms: (0..m).map(|a| Arm::new(format!("t{a}"), "x")).collect(),
+            })
+            .collect()
+    }
+
     /// One outcome of `arm` at a "search" stage (1 s, cost 0.005).
     fn search_obs(p: &mut Policy, features: &BTreeMap<String, String>, arm: Arm, ok: bool) {
         p.update(&stage_obs(
@@ -1608,12 +1618,7 @@ mod tests {
     fn a_choice_of_four_stages_explores_one_stage_at_a_time_unless_told_otherwise() {
         // Four stages of three arms; one observation each of the first arms, so that every
         // stage is uncertain and a posterior draw often departs from the greedy plan in several.
-        let stages: Vec<StageArms> = (0..4)
-            .map(|s| StageArms {
-                stage: format!("s{s}"),
-                arms: (0..3).map(|a| Arm::new(format!("t{a}"), "x")).collect(),
-            })
-            .collect();
+        let stages = uniform_stages(4, 3);
         let mut p = Policy::new(PolicyConfig::default(), stages).expect("valid stages");
         let f = feats(&[("k", "v")]);
         for s in 0..4 {
@@ -2099,12 +2104,7 @@ mod tests {
 
     #[test]
     fn coordinate_ascent_handles_many_plans() {
-        let stages: Vec<StageArms> = (0..6)
-            .map(|s| StageArms {
-                stage: format!("s{s}"),
-                arms: (0..5).map(|a| Arm::new(format!("t{a}"), "x")).collect(),
-            })
-            .collect();
+        let stages = uniform_stages(6, 5);
         let cfg = PolicyConfig {
             max_enumerate: 100,
             ..PolicyConfig::default()
