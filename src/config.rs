@@ -130,6 +130,8 @@ pub struct StoreConfig {
     pub diary_ttl_days: u64,
     /// Days an experience tuple is kept; 0 keeps it forever.
     pub experience_ttl_days: u64,
+    /// MiB of the database's page cache (0 = none).
+    pub cache_mb: u64,
 }
 
 impl Default for StoreConfig {
@@ -139,6 +141,7 @@ impl Default for StoreConfig {
             checkpoints_per_run: 3,
             diary_ttl_days: 0,
             experience_ttl_days: 0,
+            cache_mb: 256,
         }
     }
 }
@@ -149,6 +152,11 @@ impl StoreConfig {
     /// The diary TTL in milliseconds, `None` for forever.
     pub fn diary_ttl_ms(&self) -> Option<u64> {
         (self.diary_ttl_days > 0).then(|| self.diary_ttl_days.saturating_mul(DAY_MS))
+    }
+
+    /// The page cache in bytes.
+    pub fn cache_bytes(&self) -> usize {
+        usize::try_from(self.cache_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
     }
 
     /// The experience TTL in milliseconds, `None` for forever.

@@ -288,6 +288,7 @@ impl TreeBackend {
                 checkpoints_per_run: config.store.checkpoints_per_run.max(1),
                 diary_ttl_ms: config.store.diary_ttl_ms(),
                 experience_ttl_ms: config.store.experience_ttl_ms(),
+                cache_bytes: config.store.cache_bytes(),
             },
         )
         .map_err(RuntimeError::from)?;

@@ -1,7 +1,9 @@
 //! The Orchestrator actor: accepts tasks, owns every run's state machine (the single source of
 //! truth of run state transitions, each persisted before it is acknowledged), starts a driver per
 //! run, and answers callers once their run has ended. At start it resumes every run that is not
-//! terminal from its last checkpoint.
+//! terminal from its last checkpoint. It holds in memory only the runs under way (and a finished
+//! one until its end is on disk); the store answers for every run that ended, so a long-lived
+//! daemon's memory does not grow with its history.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -96,6 +98,17 @@ pub enum OrchestratorMsg {
         /// The answer.
         reply: RpcReplyPort<Option<RunOutcome>>,
     },
+    /// How many runs the orchestrator holds in memory: those under way, and those ended whose
+    /// end is not on disk yet (the store answers for the others).
+    Held {
+        /// The answer.
+        reply: RpcReplyPort<usize>,
+    },
+    /// Internal: a finished run's end is on disk; from now on the store answers for it.
+    Settled {
+        /// The run.
+        run_id: String,
+    },
     /// Internal: a newly received run is on disk; start its driver.
     Persisted {
         /// The run.
@@ -120,10 +133,10 @@ pub struct OrchestratorArgs {
 pub struct OrchestratorState {
     ctx: Arc<TreeCtx>,
     chaos: Option<ChaosHook>,
+    /// The runs under way, and the finished ones whose end is not on disk yet.
     runs: HashMap<String, Run>,
-    run_of_task: HashMap<String, String>,
     waiters: HashMap<String, Vec<RpcReplyPort<SubmitResult>>>,
-    /// Outcomes of runs that ended in this incarnation (until they are read from the store).
+    /// Outcomes of the finished runs still in `runs`.
     outcomes: HashMap<String, RunOutcome>,
 }
 
@@ -139,11 +152,11 @@ impl Actor for Orchestrator {
     ) -> Result<Self::State, ActorProcessingErr> {
         let ctx = args.ctx;
         let mut runs = HashMap::new();
-        let mut run_of_task = HashMap::new();
         for run in ctx.store.list_runs()? {
             match run {
+                // A finished run stays on disk: the store answers for it.
+                Ok(run) if run.state.is_terminal() => {}
                 Ok(run) => {
-                    run_of_task.insert(run.task_id.clone(), run.run_id.clone());
                     runs.insert(run.run_id.clone(), run);
                 }
                 Err(e) => tracing::error!(error = %e, "a run record cannot be read; skipped"),
@@ -154,7 +167,6 @@ impl Actor for Orchestrator {
             ctx,
             chaos: args.chaos,
             runs,
-            run_of_task,
             waiters: HashMap::new(),
             outcomes: HashMap::new(),
         })
@@ -214,9 +226,17 @@ impl Actor for Orchestrator {
                 patch,
                 reply,
             } => state.transition(run_id, from, next, patch, reply),
-            OrchestratorMsg::Finished { outcome, reply } => state.finished(*outcome, reply),
+            OrchestratorMsg::Finished { outcome, reply } => state.finished(myself, *outcome, reply),
+            OrchestratorMsg::Settled { run_id } => state.settled(&run_id),
+            OrchestratorMsg::Held { reply } => {
+                let _ = reply.send(state.runs.len());
+            }
             OrchestratorMsg::Get { run_id, reply } => {
-                let _ = reply.send(state.runs.get(&run_id).cloned());
+                let run = match state.runs.get(&run_id) {
+                    Some(r) => Some(r.clone()),
+                    None => state.ctx.store.get_run(&run_id).ok().flatten(),
+                };
+                let _ = reply.send(run);
             }
             OrchestratorMsg::Outcome { run_id, reply } => {
                 let outcome = match state.outcomes.get(&run_id) {
@@ -238,7 +258,36 @@ impl OrchestratorState {
         plan: Option<Vec<hindsight::ArmChoice>>,
         reply: RpcReplyPort<SubmitResult>,
     ) -> Result<(), ActorProcessingErr> {
-        if let Some(run_id) = self.run_of_task.get(&task.task_id).cloned() {
+        let run_id = crate::run::run_id_for(&task);
+        if !self.runs.contains_key(&run_id) {
+            // A run this incarnation does not hold: ended (on disk), or written by an earlier
+            // incarnation after this one loaded its runs.
+            match self.ctx.store.get_run(&run_id) {
+                Ok(Some(stored)) if !stored.state.is_terminal() => {
+                    self.runs.insert(run_id.clone(), stored);
+                }
+                Ok(Some(_)) => {
+                    let _ = reply.send(read_outcome(&self.ctx.store, &run_id).and_then(|o| {
+                        o.ok_or_else(|| {
+                            format!(
+                                "run {run_id} of task {} ended but its outcome is not stored",
+                                task.task_id
+                            )
+                        })
+                    }));
+                    return Ok(());
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    let _ = reply.send(Err(format!(
+                        "cannot read run {run_id} of task {}: {e}",
+                        task.task_id
+                    )));
+                    return Ok(());
+                }
+            }
+        }
+        if self.runs.contains_key(&run_id) {
             let terminal = self
                 .runs
                 .get(&run_id)
@@ -270,10 +319,7 @@ impl OrchestratorState {
             }
             return Ok(());
         }
-        let run_id = crate::run::run_id_for(&task);
         let run = Run::new(run_id.clone(), &task, now_ms());
-        self.run_of_task
-            .insert(task.task_id.clone(), run_id.clone());
         self.runs.insert(run_id.clone(), run.clone());
         self.waiters.entry(run_id).or_default().push(reply);
         let store = self.ctx.store.clone();
@@ -323,8 +369,6 @@ impl OrchestratorState {
         if !self.runs.contains_key(&run_id) {
             // Written by an earlier incarnation after this one loaded its runs.
             if let Ok(Some(stored)) = self.ctx.store.get_run(&run_id) {
-                self.run_of_task
-                    .insert(stored.task_id.clone(), run_id.clone());
                 self.runs.insert(run_id.clone(), stored);
             }
         }
@@ -368,7 +412,12 @@ impl OrchestratorState {
         });
     }
 
-    fn finished(&mut self, outcome: RunOutcome, reply: RpcReplyPort<Result<(), String>>) {
+    fn finished(
+        &mut self,
+        myself: ActorRef<OrchestratorMsg>,
+        outcome: RunOutcome,
+        reply: RpcReplyPort<Result<(), String>>,
+    ) {
         let run_id = outcome.run_id.clone();
         // The driver's outcome is authoritative: this incarnation may know the run only from
         // the store, in an earlier state, or not at all yet.
@@ -383,8 +432,6 @@ impl OrchestratorState {
                 }
             },
         };
-        self.run_of_task
-            .insert(outcome.task_id.clone(), run_id.clone());
         if !run.state.is_terminal() {
             if run.transition(outcome.state, now_ms()).is_err() {
                 tracing::debug!(run_id = %run_id, from = %run.state, to = %outcome.state, "terminal state recorded from the driver's outcome");
@@ -421,6 +468,11 @@ impl OrchestratorState {
                 .map(|_| ())
                 .map_err(|e| format!("cannot persist the end of run {run_id}: {e}"));
             live.release(&run_id);
+            if answer.is_ok() {
+                let _ = myself.cast(OrchestratorMsg::Settled {
+                    run_id: run_id.clone(),
+                });
+            }
             let _ = reply.send(answer.clone());
             for w in waiters {
                 let _ = w.send(match &answer {
@@ -429,5 +481,13 @@ impl OrchestratorState {
                 });
             }
         });
+    }
+
+    /// A finished run's end is on disk: it leaves memory, and the store answers for it.
+    fn settled(&mut self, run_id: &str) {
+        if self.runs.get(run_id).is_some_and(|r| r.state.is_terminal()) {
+            self.runs.remove(run_id);
+            self.outcomes.remove(run_id);
+        }
     }
 }

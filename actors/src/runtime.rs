@@ -315,6 +315,18 @@ impl Runtime {
             .await?)
     }
 
+    /// How many runs the orchestrator holds in memory: those under way, and those ended whose
+    /// end is not on disk yet. A finished run is read from the store, so this does not grow
+    /// with the daemon's history.
+    pub async fn held_runs(&self) -> Result<usize, RuntimeError> {
+        Ok(self
+            .ctx
+            .dir
+            .orchestrator
+            .call(|reply| OrchestratorMsg::Held { reply })
+            .await?)
+    }
+
     /// What the actors share (store, directory, workflow).
     pub fn ctx(&self) -> &Arc<TreeCtx> {
         &self.ctx

@@ -66,6 +66,20 @@ async fn every_task_ends_once_and_learning_survives_a_restart() {
     );
     let before = learned(&rt).await;
     assert!(before > 0);
+    // Ended runs are on disk, not in the orchestrator's memory; it still answers for them, and
+    // a finished task submitted again returns its outcome without running again.
+    assert_eq!(rt.held_runs().await.unwrap(), 0);
+    let run = rt.run("run-bank-statements#5").await.unwrap().unwrap();
+    assert!(run.state.is_terminal(), "{}", run.state);
+    let again = rt
+        .orchestrate(workload::sim_task(&env, 11, 5))
+        .await
+        .unwrap();
+    assert_eq!(again.run_id, "run-bank-statements#5");
+    let fifth = first.iter().find(|r| r.task == 5).unwrap();
+    assert_eq!(again.state.to_string(), fifth.state);
+    assert_eq!(rt.store().experience_all().unwrap().len(), 200);
+    assert_eq!(rt.held_runs().await.unwrap(), 0);
     rt.shutdown().await;
 
     // A new process on the same data: the posteriors come back, and the workload goes on from

@@ -91,7 +91,13 @@ pub struct StoreOptions {
     pub diary_ttl_ms: Option<u64>,
     /// Experience tuples older than this are removed by [`Store::compact`].
     pub experience_ttl_ms: Option<u64>,
+    /// Bytes of the database's page cache (redb's own default is 1 GiB; a long-lived daemon's
+    /// memory is this plus what its actors hold, which does not grow with its history).
+    pub cache_bytes: usize,
 }
+
+/// The page cache of [`StoreOptions::default`]: 256 MiB.
+pub const DEFAULT_CACHE_BYTES: usize = 256 << 20;
 
 impl Default for StoreOptions {
     fn default() -> StoreOptions {
@@ -100,6 +106,7 @@ impl Default for StoreOptions {
             checkpoints_per_run: 3,
             diary_ttl_ms: None,
             experience_ttl_ms: None,
+            cache_bytes: DEFAULT_CACHE_BYTES,
         }
     }
 }
@@ -411,7 +418,10 @@ impl Store {
                 dir.display()
             ))
         })?;
-        let db = Database::create(&path).map_err(|e| open_err(e.to_string()))?;
+        let db = redb::Builder::new()
+            .set_cache_size(options.cache_bytes)
+            .create(&path)
+            .map_err(|e| open_err(e.to_string()))?;
         // Create the fixed tables so that reads never meet a missing one.
         let txn = db.begin_write().map_err(|e| open_err(e.to_string()))?;
         {
