@@ -184,6 +184,9 @@ pub struct PolicyConfig {
     /// How much worse (reward per task, lower confidence bound) the ranker may look and still
     /// be promoted.
     pub distill_margin: f64,
+    /// A ranker in force plans a task only while the policy expects at most this much less
+    /// reward from the ranker's plan than from its own greedy plan.
+    pub distill_defer_margin: f64,
 }
 
 impl Default for PolicyConfig {
@@ -195,6 +198,7 @@ impl Default for PolicyConfig {
             prior_strength: 2.0,
             distill_every: 200,
             distill_margin: 0.0,
+            distill_defer_margin: 0.05,
         }
     }
 }
@@ -588,6 +592,17 @@ impl Config {
             return bad(
                 "policy.distill_margin",
                 format!("must be 0 or more, found {}", self.policy.distill_margin),
+            );
+        }
+        if !(self.policy.distill_defer_margin.is_finite()
+            && self.policy.distill_defer_margin >= 0.0)
+        {
+            return bad(
+                "policy.distill_defer_margin",
+                format!(
+                    "must be 0 or more, found {}",
+                    self.policy.distill_defer_margin
+                ),
             );
         }
         if !(self.policy.prior_strength.is_finite() && self.policy.prior_strength > 0.0) {

@@ -227,6 +227,7 @@ pub async fn runtime_options(
     opts.policy.propensity_draws = config.policy.propensity_samples.max(1) as usize;
     opts.distill.every = config.policy.distill_every;
     opts.distill.margin = config.policy.distill_margin;
+    opts.distill.defer_margin = config.policy.distill_defer_margin;
     opts.adaptive = adaptive_config(&config.adaptive)?;
     opts.tree.max_recovery_attempts = config.triage.max_recovery_attempts;
     if let Some(path) = &config.triage.policy_file {

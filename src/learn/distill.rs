@@ -352,6 +352,11 @@ pub struct DistillConfig {
     pub z: f64,
     /// Minimum effective sample size behind the ranker's estimate.
     pub min_effective_n: f64,
+    /// A ranker in force plans a task only while the policy expects at most this much less
+    /// reward from the ranker's plan than from its own greedy plan; beyond, the policy plans.
+    /// A ranker is distilled from the past: after a drift that the policy has detected and
+    /// followed, the ranker still plans what used to work until the next fit.
+    pub defer_margin: f64,
 }
 
 impl Default for DistillConfig {
@@ -365,6 +370,7 @@ impl Default for DistillConfig {
             margin: 0.0,
             z: 1.96,
             min_effective_n: 30.0,
+            defer_margin: 0.05,
         }
     }
 }
@@ -399,6 +405,9 @@ impl DistillConfig {
         }
         if !(self.min_effective_n.is_finite() && self.min_effective_n >= 0.0) {
             return bad("min_effective_n", "must be a finite number >= 0");
+        }
+        if !(self.defer_margin.is_finite() && self.defer_margin >= 0.0) {
+            return bad("defer_margin", "must be a finite number >= 0");
         }
         if self.window < 2 {
             return bad("window", "must be at least 2");
@@ -523,13 +532,18 @@ impl Distiller {
         })
     }
 
-    /// The ranker's plan for `features` as the policy's arm indices, when one is in force.
+    /// The ranker's plan for `features` as the policy's arm indices, when one is in force and
+    /// the policy does not expect clearly less from it than from its own greedy plan (by more
+    /// than [`DistillConfig::defer_margin`]).
     pub fn exploit_plan(
         &self,
         policy: &Policy,
         features: &BTreeMap<String, String>,
     ) -> Option<Vec<usize>> {
-        policy.plan_indices(&self.active.as_ref()?.best_plan(features))
+        let plan = policy.plan_indices(&self.active.as_ref()?.best_plan(features))?;
+        let beliefs = policy.beliefs(features);
+        let (_, greedy_value) = beliefs.greedy();
+        (beliefs.value(&plan) >= greedy_value - self.config.defer_margin).then_some(plan)
     }
 }
 
@@ -806,8 +820,11 @@ mod tests {
         let log = log(1500);
         let wrong = taught(|_| "ocr", 20);
         assert_eq!(wrong.greedy(&ctx("pdf")).0, vec![1]);
+        // (The policy here was taught against the log, so it would veto the ranker's plan on
+        // pdf; `defer_margin` 1 lets the ranker plan whatever the policy expects from it.)
         let mut d = Distiller::new(DistillConfig {
             min_rows: 100,
+            defer_margin: 1.0,
             ..DistillConfig::default()
         });
         assert!(!d.due(50));
@@ -840,6 +857,32 @@ mod tests {
     }
 
     #[test]
+    fn a_ranker_in_force_leaves_a_task_to_the_policy_that_expects_clearly_more_from_its_own_plan() {
+        // The ranker is promoted on a log where pdfminer wins on pdf; the policy now expects
+        // pdfminer to fail on pdf (as after a drift it has detected and followed, while the
+        // ranker, distilled from the past, would plan pdfminer until its next fit).
+        let log = log(1500);
+        let after = taught(|_| "ocr", 20);
+        let mut d = Distiller::new(DistillConfig {
+            min_rows: 100,
+            defer_margin: 1.0,
+            ..DistillConfig::default()
+        });
+        let mut rng = fastrand::Rng::with_seed(2);
+        let o = d.refit(1500, &log, &after, &mut rng).unwrap();
+        assert!(o.promotion.promote, "{:?}", o.promotion);
+        assert_eq!(d.exploit_plan(&after, &ctx("pdf")), Some(vec![0]));
+        // With the default margin the policy plans the task, on pdf; on png the ranker and the
+        // policy agree, and the ranker's plan stands.
+        d.config.defer_margin = DistillConfig::default().defer_margin;
+        assert_eq!(d.exploit_plan(&after, &ctx("pdf")), None);
+        assert_eq!(d.exploit_plan(&after, &ctx("png")), Some(vec![1]));
+        // A policy that expects about as much from the ranker's plan lets it plan.
+        let agreeing = taught(|t| if t == "pdf" { "pdfminer" } else { "ocr" }, 20);
+        assert_eq!(d.exploit_plan(&agreeing, &ctx("pdf")), Some(vec![0]));
+    }
+
+    #[test]
     fn a_distillation_setting_out_of_range_is_named() {
         assert_eq!(DistillConfig::default().validate(), Ok(()));
         for (cfg, field) in [
@@ -863,6 +906,13 @@ mod tests {
                     ..DistillConfig::default()
                 },
                 "holdout_share",
+            ),
+            (
+                DistillConfig {
+                    defer_margin: -0.1,
+                    ..DistillConfig::default()
+                },
+                "defer_margin",
             ),
         ] {
             let e = cfg.validate().unwrap_err();
