@@ -141,7 +141,7 @@ impl Default for StoreConfig {
             checkpoints_per_run: 3,
             diary_ttl_days: 0,
             experience_ttl_days: 0,
-            cache_mb: 256,
+            cache_mb: (crate::store::DEFAULT_CACHE_BYTES >> 20) as u64,
         }
     }
 }
@@ -198,7 +198,7 @@ impl Default for PolicyConfig {
             prior_strength: 2.0,
             distill_every: 200,
             distill_margin: 0.0,
-            distill_defer_margin: 0.05,
+            distill_defer_margin: crate::learn::distill::DistillConfig::default().defer_margin,
         }
     }
 }

@@ -259,25 +259,20 @@ impl OrchestratorState {
         reply: RpcReplyPort<SubmitResult>,
     ) -> Result<(), ActorProcessingErr> {
         let run_id = crate::run::run_id_for(&task);
-        if !self.runs.contains_key(&run_id) {
-            // A run this incarnation does not hold: ended (on disk), or written by an earlier
-            // incarnation after this one loaded its runs.
-            match self.ctx.store.get_run(&run_id) {
-                Ok(Some(stored)) if !stored.state.is_terminal() => {
-                    self.runs.insert(run_id.clone(), stored);
+        // Whether the task has a run, and whether it ended: in memory for the runs under way,
+        // in the store for the ended ones (and for those an earlier incarnation wrote after
+        // this one loaded its runs, which this one now holds).
+        let ended = match self.runs.get(&run_id) {
+            Some(r) => Some(r.state.is_terminal()),
+            None => match self.ctx.store.get_run(&run_id) {
+                Ok(Some(stored)) => {
+                    let ended = stored.state.is_terminal();
+                    if !ended {
+                        self.runs.insert(run_id.clone(), stored);
+                    }
+                    Some(ended)
                 }
-                Ok(Some(_)) => {
-                    let _ = reply.send(read_outcome(&self.ctx.store, &run_id).and_then(|o| {
-                        o.ok_or_else(|| {
-                            format!(
-                                "run {run_id} of task {} ended but its outcome is not stored",
-                                task.task_id
-                            )
-                        })
-                    }));
-                    return Ok(());
-                }
-                Ok(None) => {}
+                Ok(None) => None,
                 Err(e) => {
                     let _ = reply.send(Err(format!(
                         "cannot read run {run_id} of task {}: {e}",
@@ -285,14 +280,10 @@ impl OrchestratorState {
                     )));
                     return Ok(());
                 }
-            }
-        }
-        if self.runs.contains_key(&run_id) {
-            let terminal = self
-                .runs
-                .get(&run_id)
-                .is_some_and(|r| r.state.is_terminal());
-            if terminal {
+            },
+        };
+        match ended {
+            Some(true) => {
                 let outcome = match self.outcomes.get(&run_id) {
                     Some(o) => Ok(Some(o.clone())),
                     None => read_outcome(&self.ctx.store, &run_id),
@@ -305,7 +296,9 @@ impl OrchestratorState {
                         )
                     })
                 }));
-            } else {
+                return Ok(());
+            }
+            Some(false) => {
                 self.waiters.entry(run_id.clone()).or_default().push(reply);
                 // A run that is not finished and that no driver carries (its driver was lost)
                 // is resumed from its last checkpoint.
@@ -316,8 +309,9 @@ impl OrchestratorState {
                         self.ctx.live.release(&run_id);
                     }
                 }
+                return Ok(());
             }
-            return Ok(());
+            None => {}
         }
         let run = Run::new(run_id.clone(), &task, now_ms());
         self.runs.insert(run_id.clone(), run.clone());

@@ -1142,10 +1142,15 @@ impl Policy {
         features: &BTreeMap<String, String>,
         plan: &[ArmChoice],
     ) -> Option<f64> {
-        let indices = self.choice_indices(plan)?;
+        self.shortfall_of(features, &self.choice_indices(plan)?)
+    }
+
+    /// [`Policy::shortfall`] of a plan given as arm indices (a distilled ranker's, say).
+    pub fn shortfall_of(&self, features: &BTreeMap<String, String>, plan: &[usize]) -> Option<f64> {
+        let plan = self.valid_plan(Some(plan))?;
         let eff = self.effective(features);
         let (_, best) = self.greedy_in(&eff);
-        Some((best - self.plan_value(&eff.mean, &eff, &indices)).max(0.0))
+        Some((best - self.plan_value(&eff.mean, &eff, plan)).max(0.0))
     }
 
     /// The arm index per stage of `plan` (the arms of an SOP, say): `None` if it names an unknown

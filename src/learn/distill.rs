@@ -541,9 +541,7 @@ impl Distiller {
         features: &BTreeMap<String, String>,
     ) -> Option<Vec<usize>> {
         let plan = policy.plan_indices(&self.active.as_ref()?.best_plan(features))?;
-        let beliefs = policy.beliefs(features);
-        let (_, greedy_value) = beliefs.greedy();
-        (beliefs.value(&plan) >= greedy_value - self.config.defer_margin).then_some(plan)
+        (policy.shortfall_of(features, &plan)? <= self.config.defer_margin).then_some(plan)
     }
 }
 
