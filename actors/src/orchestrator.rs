@@ -151,11 +151,11 @@ impl Actor for Orchestrator {
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         let ctx = args.ctx;
+        // Only the unfinished runs, from the store's index of them: a finished run stays on
+        // disk (the store answers for it), and a start costs what is under way, not history.
         let mut runs = HashMap::new();
-        for run in ctx.store.list_runs()? {
+        for run in ctx.store.unfinished_runs()? {
             match run {
-                // A finished run stays on disk: the store answers for it.
-                Ok(run) if run.state.is_terminal() => {}
                 Ok(run) => {
                     runs.insert(run.run_id.clone(), run);
                 }
@@ -445,17 +445,26 @@ impl OrchestratorState {
         let waiters = self.waiters.remove(&run_id).unwrap_or_default();
         let store = self.ctx.store.clone();
         let live = self.ctx.live.clone();
+        // Once the end is on disk the run's tool calls are never repeated, so their idempotency
+        // records go in the same commit (the table would otherwise grow with every run ever
+        // made). Attempts count from 0; one more is covered for a run resumed mid-attempt.
+        let mut forget = Vec::new();
+        for attempt in 0..=outcome.attempts {
+            for stage in self.ctx.workflow.stages() {
+                let key = crate::run::idempotency_key(&run_id, attempt, &stage.name);
+                forget.push(WriteOp::delete_idempotent(&key));
+            }
+        }
         tokio::spawn(async move {
             let written = async {
                 let text = serde_json::to_string(&outcome)
                     .map_err(|e| format!("cannot encode the outcome of run {run_id}: {e}"))?;
-                store
-                    .write_batch(vec![
-                        WriteOp::put(OUTCOMES, &run_id, &text).map_err(|e| e.to_string())?,
-                        WriteOp::finish_run(&run).map_err(|e| e.to_string())?,
-                    ])
-                    .await
-                    .map_err(|e| e.to_string())
+                let mut ops = vec![
+                    WriteOp::put(OUTCOMES, &run_id, &text).map_err(|e| e.to_string())?,
+                    WriteOp::finish_run(&run).map_err(|e| e.to_string())?,
+                ];
+                ops.extend(forget);
+                store.write_batch(ops).await.map_err(|e| e.to_string())
             }
             .await;
             let answer = written

@@ -662,7 +662,7 @@ async fn repair(
 }
 
 /// The idempotency key of one stage call of one attempt.
-fn idempotency_key(run_id: &str, attempt: u32, stage: &str) -> String {
+pub(crate) fn idempotency_key(run_id: &str, attempt: u32, stage: &str) -> String {
     format!("{run_id}/a{attempt}/{stage}")
 }
 

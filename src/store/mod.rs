@@ -60,7 +60,10 @@ pub use envelope::EnvelopeError;
 use json::JsonTree;
 use stored::{StoredCheckpoint, StoredExperience};
 pub use tables::KvTable;
-use tables::{CHECKPOINTS, DIARY, EXPERIENCE, IDEMPOTENCY, KV_PREFIX, META, RUNS, checkpoint_key};
+use tables::{
+    CHECKPOINTS, DIARY, EXPERIENCE, IDEMPOTENCY, KV_PREFIX, META, OPEN_RUNS, OPEN_RUNS_INDEXED,
+    RUNS, checkpoint_key,
+};
 use writer::{Op, Request, WriterConfig};
 
 /// Most write requests the writer gathers into one transaction by default.
@@ -188,6 +191,7 @@ impl WriteOp {
     pub fn run(run: &Run) -> Result<WriteOp, StoreError> {
         Ok(WriteOp(Op::PutRun {
             run_id: run.run_id.clone(),
+            open: (!run.state.is_terminal()).then_some(run.updated_ms),
             bytes: encode("runs", &run.run_id, run)?,
         }))
     }
@@ -228,6 +232,14 @@ impl WriteOp {
             key: key.to_string(),
             bytes: encode("idempotency", key, &JsonTree::from(value))?,
         }))
+    }
+
+    /// Deletes the record of an idempotent call (no error if absent): once a run's end is on
+    /// disk its calls are never repeated, so their records need not be kept.
+    pub fn delete_idempotent(key: &str) -> WriteOp {
+        WriteOp(Op::DeleteIdempotent {
+            key: key.to_string(),
+        })
     }
 
     /// Writes a generic record.
@@ -434,6 +446,7 @@ impl Store {
                 .map_err(|e| open_err(e.to_string()))?;
             txn.open_table(IDEMPOTENCY)
                 .map_err(|e| open_err(e.to_string()))?;
+            index_open_runs(&txn).map_err(|e| open_err(e.to_string()))?;
         }
         txn.commit().map_err(|e| open_err(e.to_string()))?;
 
@@ -605,14 +618,33 @@ impl Store {
         Ok(out)
     }
 
-    /// Runs not in a terminal state (to resume after a restart); damaged run records are
-    /// included as `Err`, since they may be unfinished.
+    /// Runs not in a terminal state (to resume after a restart), from the open-runs index, so
+    /// that the cost is that of the unfinished runs, not of every run kept; damaged run records
+    /// are included as `Err`, since they may be unfinished.
     pub fn unfinished_runs(&self) -> Result<Vec<Result<Run, StoreError>>, StoreError> {
-        Ok(self
-            .list_runs()?
-            .into_iter()
-            .filter(|r| r.as_ref().map_or(true, |run| !run.state.is_terminal()))
-            .collect())
+        let txn = self.read_txn()?;
+        let open = txn.open_table(OPEN_RUNS).map_err(read_err("open_runs"))?;
+        let runs = txn.open_table(RUNS).map_err(read_err("runs"))?;
+        let mut out = Vec::new();
+        for entry in open.iter().map_err(read_err("open_runs"))? {
+            let (k, _) = entry.map_err(read_err("open_runs"))?;
+            let Some(v) = runs.get(k.value()).map_err(read_err("runs"))? else {
+                continue;
+            };
+            let run: Result<Run, StoreError> = decode("runs", k.value(), v.value());
+            if run.as_ref().map_or(true, |r| !r.state.is_terminal()) {
+                out.push(run);
+            }
+        }
+        Ok(out)
+    }
+
+    /// How many runs the open-runs index holds (unfinished runs, and damaged records that may
+    /// be).
+    pub fn open_run_count(&self) -> Result<u64, StoreError> {
+        let txn = self.read_txn()?;
+        let open = txn.open_table(OPEN_RUNS).map_err(read_err("open_runs"))?;
+        open.len().map_err(read_err("open_runs"))
     }
 
     /// A run's retained checkpoints, oldest first, each with its sequence number.
@@ -948,4 +980,29 @@ impl crate::triage::checkpoint::CheckpointStore for Store {
         self.checkpoint_named(run_id, name)
             .map_err(crate::triage::checkpoint::CheckpointError::backend)
     }
+}
+
+/// Builds the open-runs index once, for a store written before it existed: every run record
+/// that is not terminal (or cannot be read, so may not be) goes in. Later writes keep it.
+fn index_open_runs(txn: &redb::WriteTransaction) -> Result<(), redb::Error> {
+    let mut meta = txn.open_table(META)?;
+    let mut open = txn.open_table(OPEN_RUNS)?;
+    if meta.get(OPEN_RUNS_INDEXED)?.is_some() {
+        return Ok(());
+    }
+    let runs = txn.open_table(RUNS)?;
+    for entry in runs.iter()? {
+        let (k, v) = entry?;
+        match decode::<Run>("runs", k.value(), v.value()) {
+            Ok(run) if run.state.is_terminal() => {}
+            Ok(run) => {
+                open.insert(k.value(), run.updated_ms)?;
+            }
+            Err(_) => {
+                open.insert(k.value(), 0)?;
+            }
+        }
+    }
+    meta.insert(OPEN_RUNS_INDEXED, 1)?;
+    Ok(())
 }

@@ -13,6 +13,9 @@ pub(crate) const DIARY: TableDefinition<u64, &[u8]> = TableDefinition::new("diar
 pub(crate) const EXPERIENCE: TableDefinition<u64, &[u8]> = TableDefinition::new("experience");
 /// Results of idempotent tool calls by idempotency key.
 pub(crate) const IDEMPOTENCY: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency");
+/// The runs not yet in a terminal state, by `run_id` (value: when the run record was last
+/// written, ms since epoch): what a restart resumes, without a scan of every run ever kept.
+pub(crate) const OPEN_RUNS: TableDefinition<&str, u64> = TableDefinition::new("open_runs");
 /// The store's counters (next sequence numbers); plain `u64`, not envelopes.
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
@@ -22,6 +25,10 @@ pub(crate) const NEXT_DIARY: &str = "next_diary_seq";
 pub(crate) const NEXT_EXPERIENCE: &str = "next_experience_seq";
 /// Meta key of the next checkpoint sequence number.
 pub(crate) const NEXT_CHECKPOINT: &str = "next_checkpoint_seq";
+
+/// Meta key set once the open-runs index holds every unfinished run (a store written by an
+/// earlier build gets the index built at its first open).
+pub(crate) const OPEN_RUNS_INDEXED: &str = "open_runs_indexed";
 
 /// Prefix of the redb table that holds a [`KvTable`]'s records.
 pub(crate) const KV_PREFIX: &str = "kv.";

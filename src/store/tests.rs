@@ -295,6 +295,83 @@ async fn unfinished_runs_excludes_terminal_ones() {
 }
 
 #[tokio::test]
+async fn the_open_runs_index_follows_every_write_and_survives_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    store.put_run(&run("a", RunState::Executing)).await.unwrap();
+    store.put_run(&run("b", RunState::Received)).await.unwrap();
+    store
+        .put_run(&run("c", RunState::Validating))
+        .await
+        .unwrap();
+    // A run that ends by a plain write leaves the index, as one that ends by finish_run does.
+    store.put_run(&run("b", RunState::Failed)).await.unwrap();
+    store
+        .finish_run(&run("c", RunState::Succeeded))
+        .await
+        .unwrap();
+    assert_eq!(store.open_run_count().unwrap(), 1);
+    drop(store);
+    let store = Store::open(dir.path(), opts()).unwrap();
+    let ids: Vec<String> = store
+        .unfinished_runs()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.unwrap().run_id)
+        .collect();
+    assert_eq!(ids, vec!["a"]);
+    assert_eq!(store.list_runs().unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn a_store_written_before_the_open_runs_index_gets_it_built_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    store.put_run(&run("a", RunState::Executing)).await.unwrap();
+    store.put_run(&run("b", RunState::Succeeded)).await.unwrap();
+    store.put_run(&run("c", RunState::Received)).await.unwrap();
+    // What an earlier build left: no index, no marker.
+    {
+        let txn = store.inner.db.begin_write().unwrap();
+        txn.delete_table(OPEN_RUNS).unwrap();
+        txn.open_table(META)
+            .unwrap()
+            .remove(OPEN_RUNS_INDEXED)
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    store.overwrite_raw("runs", "c", &[1, 0xFF]).unwrap();
+    assert!(
+        store.open_run_count().is_err(),
+        "no index before the reopen"
+    );
+    drop(store);
+    let store = Store::open(dir.path(), opts()).unwrap();
+    let found = store.unfinished_runs().unwrap();
+    assert_eq!(found.len(), 2, "the unfinished run and the damaged one");
+    assert_eq!(found[0].as_ref().unwrap().run_id, "a");
+    assert!(found[1].is_err(), "a damaged record may be unfinished");
+}
+
+#[tokio::test]
+async fn an_idempotency_record_can_be_deleted_in_a_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    store.put_idempotent("r/a0/s", &json!(1)).await.unwrap();
+    store.put_idempotent("r/a0/t", &json!(2)).await.unwrap();
+    store
+        .write_batch(vec![
+            WriteOp::finish_run(&run("r", RunState::Succeeded)).unwrap(),
+            WriteOp::delete_idempotent("r/a0/s"),
+            WriteOp::delete_idempotent("r/a9/never-written"),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(store.get_idempotent("r/a0/s").unwrap(), None);
+    assert_eq!(store.get_idempotent("r/a0/t").unwrap(), Some(json!(2)));
+}
+
+#[tokio::test]
 async fn compaction_applies_the_ttls() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(

@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 
 use super::tables::{
     CHECKPOINTS, DIARY, EXPERIENCE, IDEMPOTENCY, KvTable, META, NEXT_CHECKPOINT, NEXT_DIARY,
-    NEXT_EXPERIENCE, RUNS,
+    NEXT_EXPERIENCE, OPEN_RUNS, RUNS,
 };
 use super::{Durability, StoreError};
 
@@ -27,6 +27,9 @@ const GATHER_IDLE_YIELDS: u32 = 128;
 pub(crate) enum Op {
     PutRun {
         run_id: String,
+        /// Whether the run is unfinished (it stays in the open-runs index) and when it was
+        /// last updated.
+        open: Option<u64>,
         bytes: Vec<u8>,
     },
     PutCheckpoint {
@@ -46,6 +49,9 @@ pub(crate) enum Op {
     PutIdempotent {
         key: String,
         bytes: Vec<u8>,
+    },
+    DeleteIdempotent {
+        key: String,
     },
     Put {
         table: KvTable,
@@ -216,6 +222,7 @@ fn next(meta: &redb::Table<&str, u64>, key: &str) -> Result<u64, StoreError> {
 struct Tables<'t> {
     meta: redb::Table<'t, &'static str, u64>,
     runs: redb::Table<'t, &'static str, &'static [u8]>,
+    open_runs: redb::Table<'t, &'static str, u64>,
     cps: redb::Table<'t, (&'static str, u64), &'static [u8]>,
     diary: redb::Table<'t, u64, &'static [u8]>,
     exp: redb::Table<'t, u64, &'static [u8]>,
@@ -237,6 +244,7 @@ impl<'t> Tables<'t> {
         Ok(Tables {
             meta,
             runs: open_table(txn, RUNS)?,
+            open_runs: open_table(txn, OPEN_RUNS)?,
             cps: open_table(txn, CHECKPOINTS)?,
             diary: open_table(txn, DIARY)?,
             exp: open_table(txn, EXPERIENCE)?,
@@ -257,10 +265,22 @@ impl<'t> Tables<'t> {
         for op in ops {
             let mut seq = None;
             match op {
-                Op::PutRun { run_id, bytes } => {
+                Op::PutRun {
+                    run_id,
+                    open,
+                    bytes,
+                } => {
                     self.runs
                         .insert(run_id.as_str(), bytes.as_slice())
                         .map_err(fail("cannot write to the table runs"))?;
+                    match open {
+                        Some(updated_ms) => self
+                            .open_runs
+                            .insert(run_id.as_str(), *updated_ms)
+                            .map(|_| ()),
+                        None => self.open_runs.remove(run_id.as_str()).map(|_| ()),
+                    }
+                    .map_err(fail("cannot write to the table open_runs"))?;
                 }
                 Op::PutCheckpoint { run_id, bytes } => {
                     self.cps
@@ -273,6 +293,9 @@ impl<'t> Tables<'t> {
                     self.runs
                         .insert(run_id.as_str(), bytes.as_slice())
                         .map_err(fail("cannot write to the table runs"))?;
+                    self.open_runs
+                        .remove(run_id.as_str())
+                        .map_err(fail("cannot write to the table open_runs"))?;
                     prune_checkpoints(&mut self.cps, run_id, 1)?;
                 }
                 Op::AppendDiary { bytes } => {
@@ -293,6 +316,11 @@ impl<'t> Tables<'t> {
                     self.idem
                         .insert(key.as_str(), bytes.as_slice())
                         .map_err(fail("cannot write to the table idempotency"))?;
+                }
+                Op::DeleteIdempotent { key } => {
+                    self.idem
+                        .remove(key.as_str())
+                        .map_err(fail("cannot delete from the table idempotency"))?;
                 }
                 Op::Put { table, key, bytes } => {
                     let (name, mut t) = open_kv(txn, *table)?;
