@@ -130,6 +130,13 @@ pub struct StoreConfig {
     pub diary_ttl_days: u64,
     /// Days an experience tuple is kept; 0 keeps it forever.
     pub experience_ttl_days: u64,
+    /// Days a finished run is kept after its end (with its checkpoint, task and outcome
+    /// records); 0 keeps it forever. A task submitted again after its run was removed runs
+    /// again.
+    pub run_ttl_days: u64,
+    /// Minutes between the daemon's compactions when a TTL is set (it compacts once at start,
+    /// then at this interval); 0 compacts at start only.
+    pub compact_every_minutes: u64,
     /// MiB of the database's page cache (0 = none).
     pub cache_mb: u64,
 }
@@ -141,6 +148,8 @@ impl Default for StoreConfig {
             checkpoints_per_run: 3,
             diary_ttl_days: 0,
             experience_ttl_days: 0,
+            run_ttl_days: 0,
+            compact_every_minutes: 60,
             cache_mb: (crate::store::DEFAULT_CACHE_BYTES >> 20) as u64,
         }
     }
@@ -157,6 +166,16 @@ impl StoreConfig {
     /// The page cache in bytes.
     pub fn cache_bytes(&self) -> usize {
         usize::try_from(self.cache_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
+    }
+
+    /// Whether any TTL is set (the daemon then compacts the store).
+    pub fn has_ttl(&self) -> bool {
+        self.diary_ttl_days > 0 || self.experience_ttl_days > 0 || self.run_ttl_days > 0
+    }
+
+    /// The finished-run TTL in milliseconds, `None` for forever.
+    pub fn run_ttl_ms(&self) -> Option<u64> {
+        (self.run_ttl_days > 0).then(|| self.run_ttl_days.saturating_mul(DAY_MS))
     }
 
     /// The experience TTL in milliseconds, `None` for forever.

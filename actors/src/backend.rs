@@ -77,6 +77,33 @@ pub struct TreeBackend {
     next_id: AtomicU64,
     prior_count: f64,
     started_ms: u64,
+    /// The periodic compaction, when the configuration sets a TTL.
+    compactor: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for TreeBackend {
+    fn drop(&mut self) {
+        // The compaction task holds the store: it must not outlive the daemon.
+        if let Some(c) = &self.compactor {
+            c.abort();
+        }
+    }
+}
+
+/// Applies the store's TTLs (diary, experience, finished runs with their records) and logs
+/// what went.
+fn compact(store: &Store) -> Result<hindsight::store::CompactReport, hindsight::store::StoreError> {
+    let report = store.compact_with(hindsight::now_ms(), &crate::orchestrator::RUN_RECORDS)?;
+    if report.diary_removed + report.experience_removed + report.runs_removed > 0 {
+        tracing::info!(
+            diary = report.diary_removed,
+            experience = report.experience_removed,
+            runs = report.runs_removed,
+            damaged_kept = report.damaged_kept,
+            "store compacted"
+        );
+    }
+    Ok(report)
 }
 
 /// The namespaced task id of a tenant's task.
@@ -289,14 +316,45 @@ impl TreeBackend {
                 checkpoints_per_run: config.store.checkpoints_per_run.max(1),
                 diary_ttl_ms: config.store.diary_ttl_ms(),
                 experience_ttl_ms: config.store.experience_ttl_ms(),
+                run_ttl_ms: config.store.run_ttl_ms(),
                 cache_bytes: config.store.cache_bytes(),
             },
         )
         .map_err(RuntimeError::from)?;
         let prior_count = opts.policy.prior_alpha + opts.policy.prior_beta;
+        // The TTLs apply at start (before the tree reads the store), then periodically.
+        let compactor = if config.store.has_ttl() {
+            if let Err(e) = compact(&store) {
+                for s in &servers {
+                    s.shutdown().await;
+                }
+                return Err(RuntimeError::from(e).into());
+            }
+            let every = config.store.compact_every_minutes;
+            let store = store.clone();
+            (every > 0).then(|| {
+                tokio::spawn(async move {
+                    let period = std::time::Duration::from_secs(every.saturating_mul(60));
+                    loop {
+                        tokio::time::sleep(period).await;
+                        let s = store.clone();
+                        match tokio::task::spawn_blocking(move || compact(&s)).await {
+                            Ok(Ok(_)) => {}
+                            Ok(Err(e)) => tracing::error!(error = %e, "store compaction failed"),
+                            Err(e) => tracing::error!(error = %e, "store compaction stopped"),
+                        }
+                    }
+                })
+            })
+        } else {
+            None
+        };
         let runtime = match Runtime::start_with_store(store, opts).await {
             Ok(rt) => rt,
             Err(e) => {
+                if let Some(c) = &compactor {
+                    c.abort();
+                }
                 for s in &servers {
                     s.shutdown().await;
                 }
@@ -313,6 +371,7 @@ impl TreeBackend {
             next_id: AtomicU64::new(0),
             prior_count,
             started_ms: hindsight::now_ms(),
+            compactor,
         })
     }
 
@@ -320,6 +379,9 @@ impl TreeBackend {
     /// MCP servers. Requests after this are answered 503.
     pub async fn shutdown(&self) {
         self.stopping.store(true, Ordering::SeqCst);
+        if let Some(c) = &self.compactor {
+            c.abort();
+        }
         if let Some(rt) = self.runtime.lock().await.take() {
             rt.shutdown().await;
         }
@@ -1249,6 +1311,46 @@ impl Backend for TreeBackend {
 
 #[cfg(test)]
 mod tests {
+
+    #[tokio::test]
+    async fn the_daemon_applies_the_run_ttl_at_start() {
+        use hindsight::{Run, RunState};
+        let dir = tempfile::tempdir().unwrap();
+        let config = Config {
+            data_dir: dir.path().to_path_buf(),
+            store: hindsight::config::StoreConfig {
+                durability: DurabilityConfig::None,
+                run_ttl_days: 1,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        {
+            let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+            let now = hindsight::now_ms();
+            for (id, updated) in [("old", now - 2 * 86_400_000), ("recent", now - 1000)] {
+                let mut run = Run::new(format!("run-{id}"), &Task::default(), updated);
+                run.task_id = id.into();
+                run.state = RunState::Succeeded;
+                store.finish_run(&run).await.unwrap();
+                store
+                    .put(crate::orchestrator::TASKS, id, &Task::default())
+                    .await
+                    .unwrap();
+            }
+        }
+        let backend = TreeBackend::start(&config).await.unwrap();
+        let store = backend.store();
+        assert_eq!(store.get_run("run-old").unwrap(), None);
+        assert!(store.get_run("run-recent").unwrap().is_some());
+        assert_eq!(
+            store
+                .get::<Task>(crate::orchestrator::TASKS, "old")
+                .unwrap(),
+            None
+        );
+        backend.shutdown().await;
+    }
     use super::*;
 
     #[test]

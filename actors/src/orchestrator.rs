@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use hindsight::store::{KvTable, WriteOp};
+use hindsight::store::{KvTable, RunKey, RunRecords, WriteOp};
 use hindsight::{Run, RunState, Task, now_ms};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
@@ -21,6 +21,32 @@ pub const TASKS: KvTable = KvTable::new("tasks");
 pub const FORCED_PLANS: KvTable = KvTable::new("forced_plans");
 /// The final outcome of every finished run.
 pub const OUTCOMES: KvTable = KvTable::new("run_outcomes");
+
+/// The per-run records that go with a finished run when the store's run TTL removes it
+/// ([`hindsight::store::Store::compact_with`]): its task, its outcome, the plan it was given,
+/// its ReflectRetry count and its experience-logged mark.
+pub const RUN_RECORDS: [RunRecords; 5] = [
+    RunRecords {
+        table: TASKS,
+        key: RunKey::TaskId,
+    },
+    RunRecords {
+        table: OUTCOMES,
+        key: RunKey::RunId,
+    },
+    RunRecords {
+        table: FORCED_PLANS,
+        key: RunKey::RunId,
+    },
+    RunRecords {
+        table: crate::reflect_retry::RETRY_COUNTS,
+        key: RunKey::RunId,
+    },
+    RunRecords {
+        table: crate::run::LOGGED,
+        key: RunKey::RunId,
+    },
+];
 
 /// Reads a stored outcome (kept as JSON text: outcomes carry JSON outputs, which postcard cannot
 /// decode by themselves).

@@ -127,6 +127,7 @@ async fn store_stats_and_compact() {
     let out = hindsight(dir.path(), &["store", "compact"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("--diary-ttl"));
+    assert!(text(&out.stderr).contains("--run-ttl"));
 
     let out = hindsight(
         dir.path(),
@@ -136,6 +137,80 @@ async fn store_stats_and_compact() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["diary_removed"], 3);
     assert_eq!(report["damaged_kept"], 1);
+}
+
+/// Record counts of the tables that hold any.
+fn records(data: &Path) -> std::collections::BTreeMap<String, u64> {
+    let out = hindsight(data, &["store", "stats", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    stats["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["table"].as_str().unwrap().to_string(),
+                t["records"].as_u64().unwrap(),
+            )
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+#[test]
+fn the_run_ttl_removes_finished_runs_with_everything_that_belongs_to_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("kept");
+    let out = hindsight(
+        dir.path(),
+        &[
+            "bench",
+            "learning",
+            "--tasks",
+            "30",
+            "--keep",
+            data.to_str().unwrap(),
+            "--json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let before = records(&data);
+    for table in ["runs", "checkpoints", "kv.tasks", "kv.run_outcomes"] {
+        assert_eq!(before.get(table), Some(&30), "{table}: {before:?}");
+    }
+    // The idempotency records went with each run's end already; nothing is open.
+    assert_eq!(before.get("idempotency"), None, "{before:?}");
+    assert_eq!(before.get("open_runs"), None, "{before:?}");
+
+    // A TTL longer than the runs' age removes nothing.
+    let out = hindsight(&data, &["store", "compact", "--run-ttl", "30d", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["runs_removed"], 0);
+    assert_eq!(records(&data), before);
+
+    let out = hindsight(&data, &["store", "compact", "--run-ttl", "1ms", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["runs_removed"], 30);
+    let after = records(&data);
+    for table in [
+        "runs",
+        "checkpoints",
+        "kv.tasks",
+        "kv.run_outcomes",
+        "kv.experience_logged",
+        "kv.reflect_retry_counts",
+    ] {
+        assert_eq!(after.get(table), None, "{table}: {after:?}");
+    }
+    // What was learned stays: the experience log, the policy, the diary.
+    for table in ["experience", "kv.policy", "diary"] {
+        assert_eq!(after.get(table), before.get(table), "{table}");
+    }
+    let out = hindsight(&data, &["runs", "list", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
 
 #[test]

@@ -94,6 +94,9 @@ pub struct StoreOptions {
     pub diary_ttl_ms: Option<u64>,
     /// Experience tuples older than this are removed by [`Store::compact`].
     pub experience_ttl_ms: Option<u64>,
+    /// Finished runs last updated longer ago than this are removed by [`Store::compact_with`],
+    /// with their checkpoints and their records in the tables it is given (`None` keeps them).
+    pub run_ttl_ms: Option<u64>,
     /// Bytes of the database's page cache (redb's own default is 1 GiB; a long-lived daemon's
     /// memory is this plus what its actors hold, which does not grow with its history).
     pub cache_bytes: usize,
@@ -109,6 +112,7 @@ impl Default for StoreOptions {
             checkpoints_per_run: 3,
             diary_ttl_ms: None,
             experience_ttl_ms: None,
+            run_ttl_ms: None,
             cache_bytes: DEFAULT_CACHE_BYTES,
         }
     }
@@ -291,8 +295,30 @@ pub struct CompactReport {
     pub diary_removed: u64,
     /// Experience tuples removed by the TTL.
     pub experience_removed: u64,
+    /// Finished runs removed by the run TTL (with their checkpoints and records).
+    #[serde(default)]
+    pub runs_removed: u64,
     /// Damaged records kept because their age cannot be read.
     pub damaged_kept: u64,
+}
+
+/// Which key a run's record has in a [`KvTable`] that [`Store::compact_with`] cleans.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunKey {
+    /// The run's id.
+    RunId,
+    /// The id of the run's task.
+    TaskId,
+}
+
+/// A table of per-run records that go with their run when the run TTL removes it (the
+/// orchestrator's task and outcome records, say): declared by the module that owns the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunRecords {
+    /// The table.
+    pub table: KvTable,
+    /// How its records are keyed.
+    pub key: RunKey,
 }
 
 /// What the writer has done since the store was opened.
@@ -840,6 +866,18 @@ impl Store {
     /// Damaged entries are kept (their age cannot be read) and counted. Runs in its own write
     /// transaction, serialized with the writer's by redb, durable per the store's options.
     pub fn compact(&self, now_ms: u64) -> Result<CompactReport, StoreError> {
+        self.compact_with(now_ms, &[])
+    }
+
+    /// [`Store::compact`], and also the run TTL: every finished run last updated before
+    /// `now_ms - run_ttl_ms` is removed with its checkpoints and its records in `run_records`.
+    /// An unfinished run is never removed, however old; a damaged run record is kept (its state
+    /// cannot be read) and counted.
+    pub fn compact_with(
+        &self,
+        now_ms: u64,
+        run_records: &[RunRecords],
+    ) -> Result<CompactReport, StoreError> {
         let fail = |e: &dyn std::fmt::Display| StoreError::Write {
             reason: format!("compaction: {e}"),
         };
@@ -887,6 +925,13 @@ impl Store {
                 })
                 .map_err(|e| fail(&e))?;
                 report.experience_removed = removed;
+                report.damaged_kept += damaged;
+            }
+            if let Some(ttl) = self.inner.options.run_ttl_ms {
+                let cutoff = now_ms.saturating_sub(ttl);
+                let (removed, damaged) =
+                    remove_old_runs(&txn, cutoff, run_records).map_err(|e| fail(&e))?;
+                report.runs_removed = removed;
                 report.damaged_kept += damaged;
             }
         }
@@ -1005,4 +1050,51 @@ fn index_open_runs(txn: &redb::WriteTransaction) -> Result<(), redb::Error> {
     }
     meta.insert(OPEN_RUNS_INDEXED, 1)?;
     Ok(())
+}
+
+/// Removes every finished run last updated before `cutoff`, with its checkpoints and its
+/// records in `run_records`; returns how many runs went and how many damaged run records were
+/// kept.
+fn remove_old_runs(
+    txn: &redb::WriteTransaction,
+    cutoff: u64,
+    run_records: &[RunRecords],
+) -> Result<(u64, u64), redb::Error> {
+    let mut runs = txn.open_table(RUNS)?;
+    let mut old: Vec<(String, String)> = Vec::new();
+    let mut damaged = 0;
+    for entry in runs.iter()? {
+        let (k, v) = entry?;
+        match decode::<Run>("runs", k.value(), v.value()) {
+            Ok(run) if run.state.is_terminal() && run.updated_ms < cutoff => {
+                old.push((run.run_id, run.task_id));
+            }
+            Ok(_) => {}
+            Err(_) => damaged += 1,
+        }
+    }
+    let mut cps = txn.open_table(CHECKPOINTS)?;
+    let mut open = txn.open_table(OPEN_RUNS)?;
+    let names: Vec<String> = run_records.iter().map(|r| r.table.redb_name()).collect();
+    let mut tables = Vec::with_capacity(run_records.len());
+    for (r, name) in run_records.iter().zip(&names) {
+        let def: TableDefinition<&str, &[u8]> = TableDefinition::new(name);
+        tables.push((txn.open_table(def)?, r.key));
+    }
+    for (run_id, task_id) in &old {
+        runs.remove(run_id.as_str())?;
+        open.remove(run_id.as_str())?;
+        cps.retain_in(
+            (run_id.as_str(), 0)..=(run_id.as_str(), u64::MAX),
+            |_, _| false,
+        )?;
+        for (t, key) in &mut tables {
+            let k = match key {
+                RunKey::RunId => run_id.as_str(),
+                RunKey::TaskId => task_id.as_str(),
+            };
+            t.remove(k)?;
+        }
+    }
+    Ok((old.len() as u64, damaged))
 }

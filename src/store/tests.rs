@@ -372,6 +372,81 @@ async fn an_idempotency_record_can_be_deleted_in_a_batch() {
 }
 
 #[tokio::test]
+async fn the_run_ttl_removes_only_finished_runs_past_it_and_their_records() {
+    const OUTCOMES: KvTable = KvTable::new("outcomes");
+    const TASKS: KvTable = KvTable::new("tasks");
+    const RECORDS: [RunRecords; 2] = [
+        RunRecords {
+            table: OUTCOMES,
+            key: RunKey::RunId,
+        },
+        RunRecords {
+            table: TASKS,
+            key: RunKey::TaskId,
+        },
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        dir.path(),
+        StoreOptions {
+            run_ttl_ms: Some(1000),
+            ..opts()
+        },
+    )
+    .unwrap();
+    // (id, state, last update): old and done, old but unfinished, done but recent.
+    for (id, state, updated) in [
+        ("old", RunState::Succeeded, 100),
+        ("stuck", RunState::Recovering, 100),
+        ("new", RunState::Failed, 1500),
+    ] {
+        let r = Run {
+            updated_ms: updated,
+            ..run(id, state)
+        };
+        store.put_run(&r).await.unwrap();
+        store.put_checkpoint(&checkpoint(id, 1)).await.unwrap();
+        store.put(OUTCOMES, id, &id).await.unwrap();
+        store.put(TASKS, &r.task_id, &id).await.unwrap();
+    }
+    let damaged = Run {
+        updated_ms: 100,
+        ..run("damaged", RunState::Succeeded)
+    };
+    store.put_run(&damaged).await.unwrap();
+    store.overwrite_raw("runs", "damaged", &[1, 0xFF]).unwrap();
+
+    // The plain compaction knows no run tables, and the diary and experience have no TTL here.
+    let report = store.compact_with(2000, &RECORDS).unwrap();
+    assert_eq!(report.runs_removed, 1);
+    assert_eq!(report.damaged_kept, 1);
+    assert_eq!(store.get_run("old").unwrap(), None);
+    assert!(store.checkpoints("old").unwrap().is_empty());
+    assert_eq!(store.get::<String>(OUTCOMES, "old").unwrap(), None);
+    assert_eq!(store.get::<String>(TASKS, "task-old").unwrap(), None);
+    for kept in ["stuck", "new"] {
+        assert!(store.get_run(kept).unwrap().is_some(), "{kept}");
+        assert_eq!(store.checkpoints(kept).unwrap().len(), 1, "{kept}");
+        assert!(store.get::<String>(OUTCOMES, kept).unwrap().is_some());
+        assert!(
+            store
+                .get::<String>(TASKS, &format!("task-{kept}"))
+                .unwrap()
+                .is_some()
+        );
+    }
+    // The damaged record was written finished, so the open-runs index does not list it.
+    assert_eq!(store.unfinished_runs().unwrap().len(), 1, "stuck");
+    // Without a run TTL nothing of a run goes.
+    drop(store);
+    let store = Store::open(dir.path(), opts()).unwrap();
+    assert_eq!(
+        store.compact_with(u64::MAX, &RECORDS).unwrap().runs_removed,
+        0
+    );
+}
+
+#[tokio::test]
 async fn compaction_applies_the_ttls() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(
@@ -394,6 +469,7 @@ async fn compaction_applies_the_ttls() {
         CompactReport {
             diary_removed: 3,
             experience_removed: 1,
+            runs_removed: 0,
             damaged_kept: 0
         }
     );

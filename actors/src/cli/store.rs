@@ -30,7 +30,7 @@ enum StoreCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Remove diary and experience entries older than their time-to-live.
+    /// Remove diary and experience entries, and finished runs, older than their time-to-live.
     Compact {
         /// Time-to-live of diary entries (`30d`, `12h`, `90m`, `45s`, `500ms`).
         #[arg(long, value_name = "DURATION", value_parser = parse_duration_ms)]
@@ -38,6 +38,10 @@ enum StoreCommand {
         /// Time-to-live of experience tuples (same format).
         #[arg(long, value_name = "DURATION", value_parser = parse_duration_ms)]
         experience_ttl: Option<u64>,
+        /// Time-to-live of finished runs after their end (same format): each goes with its
+        /// checkpoint, task, outcome and retry records; an unfinished run is never removed.
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration_ms)]
+        run_ttl: Option<u64>,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -62,8 +66,18 @@ pub async fn run(global: &Global, args: Args) -> Result<(), Failure> {
         StoreCommand::Compact {
             diary_ttl,
             experience_ttl,
+            run_ttl,
             json,
-        } => compact(global, diary_ttl, experience_ttl, json),
+        } => compact(
+            global,
+            StoreOptions {
+                diary_ttl_ms: diary_ttl,
+                experience_ttl_ms: experience_ttl,
+                run_ttl_ms: run_ttl,
+                ..StoreOptions::default()
+            },
+            json,
+        ),
         StoreCommand::CrashWriter { writers, seed } => crash_writer(global, writers, seed).await,
     }
 }
@@ -105,33 +119,25 @@ fn stats(global: &Global, json: bool) -> Result<(), Failure> {
     Ok(())
 }
 
-fn compact(
-    global: &Global,
-    diary_ttl_ms: Option<u64>,
-    experience_ttl_ms: Option<u64>,
-    json: bool,
-) -> Result<(), Failure> {
-    if diary_ttl_ms.is_none() && experience_ttl_ms.is_none() {
+fn compact(global: &Global, options: StoreOptions, json: bool) -> Result<(), Failure> {
+    if options.diary_ttl_ms.is_none()
+        && options.experience_ttl_ms.is_none()
+        && options.run_ttl_ms.is_none()
+    {
         return Err(Failure::new(
-            "nothing to compact: give --diary-ttl and/or --experience-ttl (e.g. --diary-ttl 30d)",
+            "nothing to compact: give --diary-ttl, --experience-ttl and/or --run-ttl (e.g. --run-ttl 30d)",
         ));
     }
-    let store = open_existing(
-        &global.data,
-        StoreOptions {
-            diary_ttl_ms,
-            experience_ttl_ms,
-            ..StoreOptions::default()
-        },
-    )?;
-    let report = store.compact(now_ms())?;
+    let store = open_existing(&global.data, options)?;
+    let report = store.compact_with(now_ms(), &hindsight_actors::orchestrator::RUN_RECORDS)?;
     if json {
         return print_json(&report);
     }
     outln!(
-        "removed {} diary entries and {} experience tuples",
+        "removed {} diary entries, {} experience tuples and {} finished runs",
         report.diary_removed,
-        report.experience_removed
+        report.experience_removed,
+        report.runs_removed
     )?;
     if report.damaged_kept > 0 {
         eprintln!(
