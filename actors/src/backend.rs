@@ -382,8 +382,10 @@ impl TreeBackend {
         if let Some(c) = &self.compactor {
             c.abort();
         }
+        // The backend holds the store itself (its file closes when the backend is dropped), so
+        // it does not wait for the tree to release it as `Runtime::shutdown` would.
         if let Some(rt) = self.runtime.lock().await.take() {
-            rt.shutdown().await;
+            rt.stop().await;
         }
         for s in &self.servers {
             s.shutdown().await;

@@ -352,9 +352,10 @@ impl Runtime {
         self.ctx.live.len()
     }
 
-    /// Stops the tree: children stop in reverse start order (the orchestrator first), each
-    /// persisting what it owns; runs in flight stay checkpointed and resume at the next start.
-    pub async fn shutdown(self) {
+    /// Stops the tree like [`Runtime::shutdown`] but does not wait for the store to be
+    /// released: for a caller that holds the store (or the context) itself, such as the daemon
+    /// behind the HTTP API, whose file closes when that caller lets go.
+    pub async fn stop(self) {
         let _ = self
             .ctx
             .dir
@@ -366,15 +367,22 @@ impl Runtime {
             .await;
         self.root.stop(Some("shutdown".to_string()));
         let _ = self.join.await;
+    }
+
+    /// Stops the tree: children stop in reverse start order (the orchestrator first), each
+    /// persisting what it owns; runs in flight stay checkpointed and resume at the next start.
+    pub async fn shutdown(self) {
+        let ctx = self.ctx.clone();
+        self.stop().await;
         // Stopped actors drop their state (and with it their handles on the store) a little
         // after the root's join; wait for that, so that the database file is closed when this
         // returns and a new runtime can open it at once.
         let held = |ctx: &Arc<TreeCtx>| Arc::strong_count(ctx) > 1 || ctx.store.handles() > 1;
         let deadline = tokio::time::Instant::now() + SHUTDOWN_RELEASE;
-        while held(&self.ctx) && tokio::time::Instant::now() < deadline {
+        while held(&ctx) && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        if held(&self.ctx) {
+        if held(&ctx) {
             tracing::warn!(
                 "shutdown: the store is still held elsewhere; its file closes when that ends"
             );

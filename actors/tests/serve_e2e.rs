@@ -698,8 +698,11 @@ async fn serve_every_route_with_tenant_isolation_and_graceful_shutdown() {
     assert!(figure("ranker_fits") >= 1.0, "{text}");
     assert!(figure("ranker_in_force") <= 1.0, "{text}");
 
-    // SIGTERM: stops accepting, shuts the tree down, exits 0.
+    // SIGTERM: stops accepting, shuts the tree down, exits 0, without waiting on the store
+    // the daemon holds itself.
     assert!(terminate(d), "the daemon did not exit 0 on SIGTERM");
+    let log = std::fs::read_to_string(dir.path().join("serve.log")).unwrap();
+    assert!(!log.contains("still held"), "{log}");
 
     // The store shows that tenant B's runs did follow tenant A's SOP (the masking above was
     // exercised, not vacuous).
