@@ -134,7 +134,7 @@ pub struct StoreConfig {
     /// records); 0 keeps it forever. A task submitted again after its run was removed runs
     /// again.
     pub run_ttl_days: u64,
-    /// Minutes between the daemon's compactions when a TTL is set (it compacts once at start,
+    /// Minutes between the runtime's compactions when a TTL is set (it compacts once at start,
     /// then at this interval); 0 compacts at start only.
     pub compact_every_minutes: u64,
     /// MiB of the database's page cache (0 = none).
@@ -166,11 +166,6 @@ impl StoreConfig {
     /// The page cache in bytes.
     pub fn cache_bytes(&self) -> usize {
         usize::try_from(self.cache_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
-    }
-
-    /// Whether any TTL is set (the daemon then compacts the store).
-    pub fn has_ttl(&self) -> bool {
-        self.diary_ttl_days > 0 || self.experience_ttl_days > 0 || self.run_ttl_days > 0
     }
 
     /// The finished-run TTL in milliseconds, `None` for forever.

@@ -77,33 +77,6 @@ pub struct TreeBackend {
     next_id: AtomicU64,
     prior_count: f64,
     started_ms: u64,
-    /// The periodic compaction, when the configuration sets a TTL.
-    compactor: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl Drop for TreeBackend {
-    fn drop(&mut self) {
-        // The compaction task holds the store: it must not outlive the daemon.
-        if let Some(c) = &self.compactor {
-            c.abort();
-        }
-    }
-}
-
-/// Applies the store's TTLs (diary, experience, finished runs with their records) and logs
-/// what went.
-fn compact(store: &Store) -> Result<hindsight::store::CompactReport, hindsight::store::StoreError> {
-    let report = store.compact_with(hindsight::now_ms(), &crate::orchestrator::RUN_RECORDS)?;
-    if report.diary_removed + report.experience_removed + report.runs_removed > 0 {
-        tracing::info!(
-            diary = report.diary_removed,
-            experience = report.experience_removed,
-            runs = report.runs_removed,
-            damaged_kept = report.damaged_kept,
-            "store compacted"
-        );
-    }
-    Ok(report)
 }
 
 /// The namespaced task id of a tenant's task.
@@ -249,6 +222,9 @@ pub async fn runtime_options(
         DurabilityConfig::None => Durability::None,
     };
     opts.seed = config.policy.seed;
+    opts.compact_every = (config.store.compact_every_minutes > 0).then(|| {
+        std::time::Duration::from_secs(config.store.compact_every_minutes.saturating_mul(60))
+    });
     opts.policy.discount = config.policy.discount;
     opts.policy.pool_strength = config.policy.prior_strength;
     opts.policy.propensity_draws = config.policy.propensity_samples.max(1) as usize;
@@ -322,39 +298,9 @@ impl TreeBackend {
         )
         .map_err(RuntimeError::from)?;
         let prior_count = opts.policy.prior_alpha + opts.policy.prior_beta;
-        // The TTLs apply at start (before the tree reads the store), then periodically.
-        let compactor = if config.store.has_ttl() {
-            if let Err(e) = compact(&store) {
-                for s in &servers {
-                    s.shutdown().await;
-                }
-                return Err(RuntimeError::from(e).into());
-            }
-            let every = config.store.compact_every_minutes;
-            let store = store.clone();
-            (every > 0).then(|| {
-                tokio::spawn(async move {
-                    let period = std::time::Duration::from_secs(every.saturating_mul(60));
-                    loop {
-                        tokio::time::sleep(period).await;
-                        let s = store.clone();
-                        match tokio::task::spawn_blocking(move || compact(&s)).await {
-                            Ok(Ok(_)) => {}
-                            Ok(Err(e)) => tracing::error!(error = %e, "store compaction failed"),
-                            Err(e) => tracing::error!(error = %e, "store compaction stopped"),
-                        }
-                    }
-                })
-            })
-        } else {
-            None
-        };
         let runtime = match Runtime::start_with_store(store, opts).await {
             Ok(rt) => rt,
             Err(e) => {
-                if let Some(c) = &compactor {
-                    c.abort();
-                }
                 for s in &servers {
                     s.shutdown().await;
                 }
@@ -371,7 +317,6 @@ impl TreeBackend {
             next_id: AtomicU64::new(0),
             prior_count,
             started_ms: hindsight::now_ms(),
-            compactor,
         })
     }
 
@@ -379,9 +324,6 @@ impl TreeBackend {
     /// MCP servers. Requests after this are answered 503.
     pub async fn shutdown(&self) {
         self.stopping.store(true, Ordering::SeqCst);
-        if let Some(c) = &self.compactor {
-            c.abort();
-        }
         // The backend holds the store itself (its file closes when the backend is dropped), so
         // it does not wait for the tree to release it as `Runtime::shutdown` would.
         if let Some(rt) = self.runtime.lock().await.take() {

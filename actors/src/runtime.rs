@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hindsight::learn::bandit::{Policy, PolicyConfig, PolicyError, RewardParams, StageArms};
-use hindsight::store::{Durability, Store, StoreError, StoreOptions};
+use hindsight::store::{CompactReport, Durability, Store, StoreError, StoreOptions};
 use hindsight::tools::sim::{SimEnv, SimError};
 use hindsight::tools::{ToolRegistry, ToolRunner};
 use hindsight::{Run, Task};
@@ -84,6 +84,9 @@ pub struct RuntimeOptions {
     pub max_restarts: u32,
     /// ... within this period.
     pub restart_period: Duration,
+    /// When the store was opened with a TTL (diary, experience or finished runs), the runtime
+    /// compacts it at start and then at this interval (`None`: at start only).
+    pub compact_every: Option<Duration>,
 }
 
 /// Where a tree's workflow comes from.
@@ -126,6 +129,7 @@ impl RuntimeOptions {
             distill: DistillConfig::default(),
             max_restarts: 100,
             restart_period: Duration::from_secs(5),
+            compact_every: Some(Duration::from_secs(60 * 60)),
         }
     }
 }
@@ -136,6 +140,55 @@ pub struct Runtime {
     root: ActorRef<SupervisorMsg>,
     join: tokio::task::JoinHandle<()>,
     stats: Arc<RestartStats>,
+    /// The periodic compaction, when the store has a TTL.
+    compactor: Option<AbortOnDrop>,
+}
+
+/// A spawned task that is aborted when this is dropped (the compaction task holds the store: it
+/// must not outlive the runtime).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Applies the store's TTLs (diary, experience, and finished runs with the records that belong
+/// to them, [`crate::orchestrator::RUN_RECORDS`]) and logs what went.
+pub fn compact(store: &Store) -> Result<CompactReport, StoreError> {
+    let report = store.compact_with(hindsight::now_ms(), &crate::orchestrator::RUN_RECORDS)?;
+    if report.diary_removed + report.experience_removed + report.runs_removed > 0 {
+        tracing::info!(
+            diary = report.diary_removed,
+            experience = report.experience_removed,
+            runs = report.runs_removed,
+            damaged_kept = report.damaged_kept,
+            "store compacted"
+        );
+    }
+    Ok(report)
+}
+
+/// Whether `store` was opened with any TTL.
+fn has_ttl(store: &Store) -> bool {
+    let o = store.options();
+    o.diary_ttl_ms.is_some() || o.experience_ttl_ms.is_some() || o.run_ttl_ms.is_some()
+}
+
+/// Compacts `store` every `period`, logging failures, until aborted.
+fn spawn_compactor(store: Store, period: Duration) -> AbortOnDrop {
+    AbortOnDrop(tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(period).await;
+            let s = store.clone();
+            match tokio::task::spawn_blocking(move || compact(&s)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::error!(error = %e, "store compaction failed"),
+                Err(e) => tracing::error!(error = %e, "store compaction stopped"),
+            }
+        }
+    }))
 }
 
 /// The policy's reward parameters from a reward configuration.
@@ -241,6 +294,15 @@ impl Runtime {
             registry = crate::journal::wrap_registry(registry, j);
         }
         let registry = Arc::new(registry);
+        // The TTLs apply before the tree reads the store, then periodically.
+        let compactor = if has_ttl(&store) {
+            compact(&store)?;
+            opts.compact_every
+                .filter(|p| !p.is_zero())
+                .map(|p| spawn_compactor(store.clone(), p))
+        } else {
+            None
+        };
         let workflow = Arc::new(match opts.workflow {
             WorkflowSource::Sim(env) => Workflow::from_sim(&env.with_seed(opts.seed), &registry)?,
             WorkflowSource::Custom {
@@ -286,6 +348,7 @@ impl Runtime {
             root,
             join,
             stats,
+            compactor,
         })
     }
 
@@ -355,7 +418,8 @@ impl Runtime {
     /// Stops the tree like [`Runtime::shutdown`] but does not wait for the store to be
     /// released: for a caller that holds the store (or the context) itself, such as the daemon
     /// behind the HTTP API, whose file closes when that caller lets go.
-    pub async fn stop(self) {
+    pub async fn stop(mut self) {
+        drop(self.compactor.take());
         let _ = self
             .ctx
             .dir

@@ -454,3 +454,30 @@ fn dir_diary_kinds(dir: &std::path::Path) -> Vec<String> {
         .map(|e| e.kind)
         .collect()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedded_runtime_applies_its_stores_run_ttl_at_start() {
+    use hindsight::store::{Store, StoreOptions};
+    use hindsight::{Run, RunState, Task};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        dir.path(),
+        StoreOptions {
+            durability: Durability::None,
+            run_ttl_ms: Some(60_000),
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap();
+    for (id, updated) in [("old", 1), ("recent", hindsight::now_ms())] {
+        let mut run = Run::new(format!("run-{id}"), &Task::default(), updated);
+        run.state = RunState::Succeeded;
+        store.finish_run(&run).await.unwrap();
+    }
+    let rt = Runtime::start_with_store(store, options(dir.path()))
+        .await
+        .unwrap();
+    assert_eq!(rt.store().get_run("run-old").unwrap(), None);
+    assert!(rt.store().get_run("run-recent").unwrap().is_some());
+    rt.shutdown().await;
+}
