@@ -296,7 +296,13 @@ impl Runtime {
         let registry = Arc::new(registry);
         // The TTLs apply before the tree reads the store, then periodically.
         let compactor = if has_ttl(&store) {
-            compact(&store)?;
+            // On a blocking thread: a long history must not stall the caller's executor.
+            let s = store.clone();
+            tokio::task::spawn_blocking(move || compact(&s))
+                .await
+                .map_err(|e| {
+                    RuntimeError::Rejected(format!("the store compaction stopped: {e}"))
+                })??;
             opts.compact_every
                 .filter(|p| !p.is_zero())
                 .map(|p| spawn_compactor(store.clone(), p))
