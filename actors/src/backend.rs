@@ -1255,6 +1255,7 @@ impl Backend for TreeBackend {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[tokio::test]
     async fn the_daemon_applies_the_run_ttl_at_start() {
@@ -1295,7 +1296,6 @@ mod tests {
         );
         backend.shutdown().await;
     }
-    use super::*;
 
     #[test]
     fn the_adaptive_section_maps_onto_the_reflectors_settings() {

@@ -170,6 +170,15 @@ pub fn compact(store: &Store) -> Result<CompactReport, StoreError> {
     Ok(report)
 }
 
+/// [`compact`] on a blocking thread, so that a long history does not stall the executor.
+async fn compact_blocking(store: &Store) -> Result<CompactReport, RuntimeError> {
+    let s = store.clone();
+    tokio::task::spawn_blocking(move || compact(&s))
+        .await
+        .map_err(|e| RuntimeError::Rejected(format!("the store compaction stopped: {e}")))?
+        .map_err(RuntimeError::from)
+}
+
 /// Whether `store` was opened with any TTL.
 fn has_ttl(store: &Store) -> bool {
     let o = store.options();
@@ -181,11 +190,8 @@ fn spawn_compactor(store: Store, period: Duration) -> AbortOnDrop {
     AbortOnDrop(tokio::spawn(async move {
         loop {
             tokio::time::sleep(period).await;
-            let s = store.clone();
-            match tokio::task::spawn_blocking(move || compact(&s)).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => tracing::error!(error = %e, "store compaction failed"),
-                Err(e) => tracing::error!(error = %e, "store compaction stopped"),
+            if let Err(e) = compact_blocking(&store).await {
+                tracing::error!(error = %e, "store compaction failed");
             }
         }
     }))
@@ -296,13 +302,7 @@ impl Runtime {
         let registry = Arc::new(registry);
         // The TTLs apply before the tree reads the store, then periodically.
         let compactor = if has_ttl(&store) {
-            // On a blocking thread: a long history must not stall the caller's executor.
-            let s = store.clone();
-            tokio::task::spawn_blocking(move || compact(&s))
-                .await
-                .map_err(|e| {
-                    RuntimeError::Rejected(format!("the store compaction stopped: {e}"))
-                })??;
+            compact_blocking(&store).await?;
             opts.compact_every
                 .filter(|p| !p.is_zero())
                 .map(|p| spawn_compactor(store.clone(), p))

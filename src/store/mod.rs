@@ -195,7 +195,7 @@ impl WriteOp {
     pub fn run(run: &Run) -> Result<WriteOp, StoreError> {
         Ok(WriteOp(Op::PutRun {
             run_id: run.run_id.clone(),
-            open: (!run.state.is_terminal()).then_some(run.updated_ms),
+            open: !run.state.is_terminal(),
             bytes: encode("runs", &run.run_id, run)?,
         }))
     }
@@ -1040,11 +1040,9 @@ fn index_open_runs(txn: &redb::WriteTransaction) -> Result<(), redb::Error> {
         let (k, v) = entry?;
         match decode::<Run>("runs", k.value(), v.value()) {
             Ok(run) if run.state.is_terminal() => {}
-            Ok(run) => {
-                open.insert(k.value(), run.updated_ms)?;
-            }
-            Err(_) => {
-                open.insert(k.value(), 0)?;
+            // Unfinished, or unreadable and so maybe unfinished.
+            Ok(_) | Err(_) => {
+                open.insert(k.value(), ())?;
             }
         }
     }

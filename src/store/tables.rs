@@ -13,9 +13,9 @@ pub(crate) const DIARY: TableDefinition<u64, &[u8]> = TableDefinition::new("diar
 pub(crate) const EXPERIENCE: TableDefinition<u64, &[u8]> = TableDefinition::new("experience");
 /// Results of idempotent tool calls by idempotency key.
 pub(crate) const IDEMPOTENCY: TableDefinition<&str, &[u8]> = TableDefinition::new("idempotency");
-/// The runs not yet in a terminal state, by `run_id` (value: when the run record was last
-/// written, ms since epoch): what a restart resumes, without a scan of every run ever kept.
-pub(crate) const OPEN_RUNS: TableDefinition<&str, u64> = TableDefinition::new("open_runs");
+/// The runs not yet in a terminal state, by `run_id` (a set: the run record holds the rest):
+/// what a restart resumes, without a scan of every run ever kept.
+pub(crate) const OPEN_RUNS: TableDefinition<&str, ()> = TableDefinition::new("open_runs");
 /// The store's counters (next sequence numbers); plain `u64`, not envelopes.
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 

@@ -277,6 +277,16 @@ async fn only_the_last_k_checkpoints_are_kept_and_finish_keeps_the_final_one() {
     );
 }
 
+/// The ids of the store's unfinished runs (every record readable).
+fn unfinished_ids(store: &Store) -> Vec<String> {
+    store
+        .unfinished_runs()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.unwrap().run_id)
+        .collect()
+}
+
 #[tokio::test]
 async fn unfinished_runs_excludes_terminal_ones() {
     let dir = tempfile::tempdir().unwrap();
@@ -284,12 +294,7 @@ async fn unfinished_runs_excludes_terminal_ones() {
     store.put_run(&run("a", RunState::Executing)).await.unwrap();
     store.put_run(&run("b", RunState::Failed)).await.unwrap();
     store.put_run(&run("c", RunState::Received)).await.unwrap();
-    let ids: Vec<String> = store
-        .unfinished_runs()
-        .unwrap()
-        .into_iter()
-        .map(|r| r.unwrap().run_id)
-        .collect();
+    let ids = unfinished_ids(&store);
     assert_eq!(ids, vec!["a", "c"]);
     assert_eq!(store.list_runs().unwrap().len(), 3);
 }
@@ -313,12 +318,7 @@ async fn the_open_runs_index_follows_every_write_and_survives_a_reopen() {
     assert_eq!(store.open_run_count().unwrap(), 1);
     drop(store);
     let store = Store::open(dir.path(), opts()).unwrap();
-    let ids: Vec<String> = store
-        .unfinished_runs()
-        .unwrap()
-        .into_iter()
-        .map(|r| r.unwrap().run_id)
-        .collect();
+    let ids = unfinished_ids(&store);
     assert_eq!(ids, vec!["a"]);
     assert_eq!(store.list_runs().unwrap().len(), 3);
 }

@@ -27,9 +27,8 @@ const GATHER_IDLE_YIELDS: u32 = 128;
 pub(crate) enum Op {
     PutRun {
         run_id: String,
-        /// Whether the run is unfinished (it stays in the open-runs index) and when it was
-        /// last updated.
-        open: Option<u64>,
+        /// Whether the run is unfinished (it stays in the open-runs index).
+        open: bool,
         bytes: Vec<u8>,
     },
     PutCheckpoint {
@@ -222,7 +221,7 @@ fn next(meta: &redb::Table<&str, u64>, key: &str) -> Result<u64, StoreError> {
 struct Tables<'t> {
     meta: redb::Table<'t, &'static str, u64>,
     runs: redb::Table<'t, &'static str, &'static [u8]>,
-    open_runs: redb::Table<'t, &'static str, u64>,
+    open_runs: redb::Table<'t, &'static str, ()>,
     cps: redb::Table<'t, (&'static str, u64), &'static [u8]>,
     diary: redb::Table<'t, u64, &'static [u8]>,
     exp: redb::Table<'t, u64, &'static [u8]>,
@@ -273,12 +272,10 @@ impl<'t> Tables<'t> {
                     self.runs
                         .insert(run_id.as_str(), bytes.as_slice())
                         .map_err(fail("cannot write to the table runs"))?;
-                    match open {
-                        Some(updated_ms) => self
-                            .open_runs
-                            .insert(run_id.as_str(), *updated_ms)
-                            .map(|_| ()),
-                        None => self.open_runs.remove(run_id.as_str()).map(|_| ()),
+                    if *open {
+                        self.open_runs.insert(run_id.as_str(), ()).map(|_| ())
+                    } else {
+                        self.open_runs.remove(run_id.as_str()).map(|_| ())
                     }
                     .map_err(fail("cannot write to the table open_runs"))?;
                 }

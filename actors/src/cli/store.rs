@@ -5,7 +5,7 @@ use std::io::Write;
 use std::sync::Arc;
 
 use clap::Subcommand;
-use hindsight::record::{Checkpoint, ExperienceTuple, Run, RunResult, RunState, now_ms};
+use hindsight::record::{Checkpoint, ExperienceTuple, Run, RunResult, RunState};
 use hindsight::store::{Durability, KvTable, NewDiaryEntry, Store, StoreOptions};
 use serde_json::json;
 
@@ -129,7 +129,7 @@ fn compact(global: &Global, options: StoreOptions, json: bool) -> Result<(), Fai
         ));
     }
     let store = open_existing(&global.data, options)?;
-    let report = store.compact_with(now_ms(), &hindsight_actors::orchestrator::RUN_RECORDS)?;
+    let report = hindsight_actors::runtime::compact(&store)?;
     if json {
         return print_json(&report);
     }
