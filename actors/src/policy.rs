@@ -8,11 +8,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use hindsight::learn::bandit::{
-    Arm, Observation, Policy, PolicySnapshot, StageObservation, StageOutcome,
+    Arm, Observation, Policy, PolicySnapshot, Routing, StageObservation, StageOutcome,
 };
 use hindsight::learn::distill::{DistillConfig, DistillOutcome, Distiller, Promotion};
 use hindsight::learn::ope::{Objective, log_for};
-use hindsight::learn::sop::{Route, SopBook, SopConfig, SopEvent, routed_propensities};
+use hindsight::learn::sop::{SopBook, SopConfig, SopEvent};
 use hindsight::store::{KvTable, Store};
 use hindsight::{ArmChoice, ExperienceTuple, FailureCategory, Sop, SopStatus, Task, now_ms};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -246,7 +246,16 @@ pub struct PolicyState {
     /// Diary notes of the distiller's decisions, written with the next snapshot.
     distill_notes: Vec<hindsight::store::NewDiaryEntry>,
     ranked_choices: u64,
+    /// Explorations in flight: the task, the choice count when it was chosen, and the arms it
+    /// explores (flat indices). Cleared when the task's experience is observed, or after
+    /// [`IN_FLIGHT_CHOICES`] more choices (a run that never ends, a crash).
+    in_flight: Vec<(String, u64, Vec<usize>)>,
+    /// Plans chosen by the router since start.
+    choices: u64,
 }
+
+/// Choices after which an exploration still in flight no longer holds its arms back.
+pub const IN_FLIGHT_CHOICES: u64 = 64;
 
 impl Actor for PolicyActor {
     type Msg = PolicyMsg;
@@ -324,6 +333,8 @@ impl Actor for PolicyActor {
             distiller_dirty: false,
             distill_notes: Vec::new(),
             ranked_choices: 0,
+            in_flight: Vec::new(),
+            choices: 0,
         };
         // Replay what was logged after the snapshot.
         for (seq, exp) in state.store.experience_since(state.watermark)? {
@@ -442,6 +453,7 @@ impl PolicyState {
         }
         let observation = observation_of(exp);
         self.policy.update(&observation);
+        self.in_flight.retain(|(task, ..)| task != &exp.task_id);
         let via_sop = parse_sop_plan_id(&exp.plan_id);
         let first_passed = exp.result.passed && exp.result.attempts == 1;
         self.sops.record_run(
@@ -623,11 +635,13 @@ impl PolicyState {
         Ok(PlanChoice::new(arms, None, false))
     }
 
-    /// A new plan for `task`. The A/B router first: a matching stable SOP takes the task, except
-    /// a holdout share that runs the policy as the baseline; otherwise the policy chooses (a
-    /// promoted ranker plans its exploit share, Thompson sampling explores). Where an SOP is in
-    /// force, every run's propensities are the router's mixture's, whichever way it went, so
-    /// that off-policy evaluation weighs SOP and holdout runs alike by what chose them.
+    /// A new plan for `task`. The policy draws a plan (a promoted ranker plans its exploit
+    /// share, Thompson sampling explores); where a stable SOP is in force, the A/B router gives
+    /// the SOP the draws that land on the greedy plan, except a holdout share that stays with
+    /// the policy as the baseline. Exploration is never routed away: an SOP promoted before the
+    /// cluster's best arm was found would otherwise take the tries that find it. Every run's
+    /// propensities are the whole mixture's, whichever way it went, so that off-policy
+    /// evaluation weighs SOP and holdout runs alike by what chose them.
     fn route(&mut self, task: &Task) -> PlanChoice {
         let features = &task.features;
         let exploit = self.distiller.exploit_plan(&self.policy, features);
@@ -638,55 +652,41 @@ impl PolicyState {
             let gap = self.policy.shortfall(features, &sop.plan)?;
             (gap <= self.sops.config.defer_margin).then_some((sop, indices))
         });
-        let Some((sop, sop_indices)) = in_force else {
-            return self.policy_choice(features, exploit.as_deref(), None);
-        };
-        let share = self.sops.sop_share();
-        let Route::Sop {
-            sop_id,
-            version,
-            plan,
-        } = self.sops.route_to(sop, &mut self.rng)
-        else {
-            return self.policy_choice(features, exploit.as_deref(), Some((&sop_indices, share)));
-        };
-        let policy = self
-            .policy
-            .propensities_of(features, &sop_indices, exploit.as_deref(), &mut self.rng)
-            .unwrap_or_default();
-        let arms = with_propensities(
-            plan,
-            routed_propensities(&policy, &vec![true; sop_indices.len()], share),
-        );
-        let mut choice = PlanChoice::new(arms, Some(sop_id.clone()), true);
-        choice.plan_id = sop_plan_id(&sop_id, version);
-        choice.sop_version = Some(version);
-        choice
-    }
-
-    /// The policy's own choice (a promoted ranker's plan in the exploit share); with an SOP in
-    /// force (`(its arm indices, its share of the traffic)`) its propensities are the router's
-    /// mixture's.
-    fn policy_choice(
-        &mut self,
-        features: &BTreeMap<String, String>,
-        exploit: Option<&[usize]>,
-        sop: Option<(&[usize], f64)>,
-    ) -> PlanChoice {
-        let choice = self.policy.choose_with(features, exploit, &mut self.rng);
-        self.ranked_choices += u64::from(choice.ranked);
-        let mut arms = choice.arm_choices();
-        if let Some((sop_indices, share)) = sop {
-            let policy: Vec<f64> = choice.plan.iter().map(|c| c.propensity).collect();
-            let on_sop: Vec<bool> = choice
-                .indices
-                .iter()
-                .zip(sop_indices)
-                .map(|(a, b)| a == b)
-                .collect();
-            arms = with_propensities(arms, routed_propensities(&policy, &on_sop, share));
+        self.choices += 1;
+        let oldest = self.choices.saturating_sub(IN_FLIGHT_CHOICES);
+        self.in_flight.retain(|(_, at, _)| *at > oldest);
+        let mut exploring = Vec::new();
+        for (_, _, arms) in &self.in_flight {
+            for &j in arms {
+                if exploring.len() <= j {
+                    exploring.resize(j + 1, false);
+                }
+                exploring[j] = true;
+            }
         }
-        PlanChoice::new(arms, None, choice.greedy)
+        let routing = Routing {
+            ranker: exploit.as_deref(),
+            sop: in_force
+                .as_ref()
+                .map(|(_, indices)| (indices.as_slice(), self.sops.sop_share())),
+            exploring: &exploring,
+        };
+        let choice = self.policy.choose_routed(features, routing, &mut self.rng);
+        self.ranked_choices += u64::from(choice.ranked);
+        if !choice.explored.is_empty() {
+            self.in_flight
+                .push((task.task_id.clone(), self.choices, choice.explored.clone()));
+        }
+        let arms = choice.arm_choices();
+        match in_force {
+            Some((sop, _)) if choice.sop => {
+                let mut plan = PlanChoice::new(arms, Some(sop.sop_id.clone()), true);
+                plan.plan_id = sop_plan_id(&sop.sop_id, sop.version);
+                plan.sop_version = Some(sop.version);
+                plan
+            }
+            _ => PlanChoice::new(arms, None, choice.greedy),
+        }
     }
 
     fn suggest(&self, features: &BTreeMap<String, String>) -> Vec<RankedStage> {
@@ -708,14 +708,6 @@ impl PolicyState {
             })
             .collect()
     }
-}
-
-/// `arms` with their propensities replaced by `propensities`, stage by stage.
-fn with_propensities(mut arms: Vec<ArmChoice>, propensities: Vec<f64>) -> Vec<ArmChoice> {
-    for (arm, p) in arms.iter_mut().zip(propensities) {
-        arm.propensity = p;
-    }
-    arms
 }
 
 /// The bandit observation of an experience: one entry per stage call, its outcome taken from the

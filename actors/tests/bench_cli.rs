@@ -91,13 +91,12 @@ fn learning_bench_prints_the_kpis_with_drift_recovery_and_writes_the_trace() {
         assert!(l["passed"].is_boolean() && l["reward"].is_f64(), "{l}");
         assert!(l["regret"].as_f64().unwrap() >= 0.0, "{l}");
         assert!(l["sop"].is_null() || l["sop"].is_string(), "{l}");
-        // Every first plan carries the probability it was chosen with; a plan that followed
-        // an SOP was the router's (at least its 90% share), not a certainty.
+        // Every first plan carries the probability it was chosen with: the whole mixture's,
+        // an SOP's plan included (the SOP takes 90% of the draws that land on the greedy
+        // plan, so its plan's probability is the policy's chance of a greedy draw times that,
+        // plus any exploration that lands on it; the unit tests check it against frequencies).
         let propensity = l["propensity"].as_f64().unwrap();
         assert!(propensity > 0.0 && propensity <= 1.0, "{l}");
-        if l["sop"].is_string() {
-            assert!(propensity >= 0.9 - 1e-9, "{l}");
-        }
     }
     // 650 tasks: the ranker was distilled three times (every 200 runs).
     assert_eq!(report["ranker"]["fits"], 3, "{report}");

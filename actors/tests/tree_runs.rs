@@ -481,3 +481,51 @@ async fn an_embedded_runtime_applies_its_stores_run_ttl_at_start() {
     assert!(rt.store().get_run("run-recent").unwrap().is_some());
     rt.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_in_flight_do_not_explore_the_same_arm_before_its_first_result_is_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env();
+    let rt = Runtime::start(options(dir.path())).await.unwrap();
+    let policy = rt.ctx().dir.policy.clone();
+    // Forty tasks chosen and none finished yet: a fresh policy explores freely, so without
+    // the in-flight rule the same untried arm would be drawn for several of them.
+    let mut explored: Vec<(String, String)> = Vec::new();
+    for i in 0..40 {
+        let task = Arc::new(workload::sim_task(&env, 11, i));
+        let features = task.features.clone();
+        let (greedy, _) = policy
+            .call(|reply| PolicyMsg::Greedy {
+                features: features.clone(),
+                reply,
+            })
+            .await
+            .unwrap();
+        let plan = policy
+            .call(|reply| PolicyMsg::Choose {
+                task: task.clone(),
+                base: None,
+                exclude: Vec::new(),
+                reply,
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        for (arm, g) in plan.arms.iter().zip(&greedy) {
+            let chosen = format!("{}/{}", arm.tool, arm.strategy);
+            if &chosen != g {
+                explored.push((arm.stage.clone(), chosen));
+            }
+        }
+    }
+    rt.shutdown().await;
+    assert!(explored.len() >= 3, "a fresh policy explores: {explored:?}");
+    let mut distinct = explored.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        explored.len(),
+        "an arm explored twice while in flight: {explored:?}"
+    );
+}

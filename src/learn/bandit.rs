@@ -289,6 +289,34 @@ pub struct ChosenArm {
     pub p_std: f64,
 }
 
+/// What shapes a choice besides the posterior: who takes its exploit share (the posterior
+/// draws that land on the greedy plan), and which explorations are already under way.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Routing<'a> {
+    /// A promoted ranker's plan (arm indices), in the greedy plan's place.
+    pub ranker: Option<&'a [usize]>,
+    /// A stable SOP's plan (arm indices) and the share of those draws it takes (the A/B
+    /// router's); the rest, the holdout, stay with the ranker's plan or the greedy one.
+    pub sop: Option<(&'a [usize], f64)>,
+    /// Per arm (flat index, stage after stage), whether a run exploring it is in flight. A draw
+    /// that would explore such an arm again keeps the greedy arm at that stage: with several
+    /// tasks in flight, the same untried arm would otherwise be tried in each of them before
+    /// its first result is back (a specialist tried off its niche several times over, and
+    /// judged by those failures). Empty = none.
+    pub exploring: &'a [bool],
+}
+
+/// Which way one draw of [`Policy::mixed_draw`] went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Drawn {
+    /// The policy's own plan (greedy or exploring).
+    Policy,
+    /// The ranker's plan, in the greedy plan's place.
+    Ranker,
+    /// The SOP's plan, in the greedy plan's place.
+    Sop,
+}
+
 /// A plan chosen by the policy.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Choice {
@@ -306,8 +334,16 @@ pub struct Choice {
     /// Whether a promoted ranker's plan took the greedy plan's place.
     #[serde(default)]
     pub ranked: bool,
+    /// Whether a stable SOP's plan took the greedy plan's place (the A/B router sent the task
+    /// to the SOP).
+    #[serde(default)]
+    pub sop: bool,
     /// Arm index per stage (into the policy's stage arms).
     pub indices: Vec<usize>,
+    /// The arms (flat index, stage after stage) where the plan departs from the greedy plan:
+    /// what this choice explores (see [`Routing::exploring`]).
+    #[serde(default)]
+    pub explored: Vec<usize>,
 }
 
 impl Choice {
@@ -933,19 +969,56 @@ impl Policy {
         exploit: Option<&[usize]>,
         rng: &mut fastrand::Rng,
     ) -> Choice {
+        let routing = Routing {
+            ranker: exploit,
+            ..Routing::default()
+        };
+        self.choose_routed(features, routing, rng)
+    }
+
+    /// [`Policy::choose`] with its exploit share (the draws that land on the greedy plan) given
+    /// to a promoted ranker's plan and a stable SOP's, and without exploring again what is being
+    /// explored already (see [`Routing`]). Exploration stays Thompson sampling's, so a cluster an
+    /// SOP covers keeps exploring at the policy's own rate (an SOP promoted before a specialist
+    /// was found does not starve the specialist of tries). The propensity is that of the whole
+    /// mixture, the router's coin included, estimated by resampling it.
+    pub fn choose_routed(
+        &self,
+        features: &BTreeMap<String, String>,
+        routing: Routing<'_>,
+        rng: &mut fastrand::Rng,
+    ) -> Choice {
         let eff = self.effective(features);
         let n_stages = self.stages.len();
         let means = eff.mean.clone();
         let (greedy, greedy_value) = self.greedy_in(&eff);
-        let exploit = self.valid_plan(exploit);
+        let routing = Routing {
+            ranker: self.valid_plan(routing.ranker),
+            sop: routing
+                .sop
+                .and_then(|(plan, s)| self.valid_plan(Some(plan)).map(|p| (p, s.clamp(0.0, 1.0)))),
+            exploring: routing.exploring,
+        };
         let mut p = vec![0.0; self.n_arms];
         let mut chosen = Vec::new();
-        let ranked = self.mixed_draw(&eff, &greedy, exploit, &mut p, rng, &mut chosen);
+        let drawn = self.mixed_draw(&eff, &greedy, routing, &mut p, rng, &mut chosen);
         // Propensity: the chosen draw plus `propensity_draws` more; per stage the frequency of
         // the chosen arm given that the earlier stages matched (the product is the plan's).
         let props = conditional_frequencies(&chosen, self.config.propensity_draws, 1, |out| {
-            self.mixed_draw(&eff, &greedy, exploit, &mut p, rng, out);
+            self.mixed_draw(&eff, &greedy, routing, &mut p, rng, out);
         });
+        let (ranked, sop) = (drawn == Drawn::Ranker, drawn == Drawn::Sop);
+        let explored = if drawn == Drawn::Policy {
+            chosen
+                .iter()
+                .zip(&greedy)
+                .enumerate()
+                .filter(|(_, (a, g))| a != g)
+                .map(|(s, (a, _))| self.offsets[s] + a)
+                .collect()
+        } else {
+            Vec::new()
+        };
         let mean_value = self.plan_value(&means, &eff, &chosen);
         let mut plan = Vec::with_capacity(n_stages);
         let mut plan_propensity = 1.0;
@@ -965,9 +1038,11 @@ impl Policy {
             plan,
             plan_propensity,
             mean_value,
-            greedy: ranked || chosen == greedy || mean_value >= greedy_value - 1e-12,
+            greedy: ranked || sop || chosen == greedy || mean_value >= greedy_value - 1e-12,
             ranked,
+            sop,
             indices: chosen,
+            explored,
         }
     }
 
@@ -987,31 +1062,45 @@ impl Policy {
     }
 
     /// One choice into `out`: the plan of a posterior draw (departing from the greedy plan in
-    /// one stage at most, see [`PolicyConfig::one_stage_exploration_from`]), or `exploit` in place
-    /// of the greedy plan (then `true`).
+    /// one stage at most, see [`PolicyConfig::one_stage_exploration_from`]); when it is the
+    /// greedy plan, the SOP's plan with the SOP's share, else the ranker's plan in its place.
     fn mixed_draw(
         &self,
         eff: &Eff,
         greedy: &[usize],
-        exploit: Option<&[usize]>,
+        routing: Routing<'_>,
         p: &mut [f64],
         rng: &mut fastrand::Rng,
         out: &mut Vec<usize>,
-    ) -> bool {
+    ) -> Drawn {
         eff.sample_all(rng, p);
         self.best_plan(p, eff, out);
         let from = self.config.one_stage_exploration_from;
         if from > 0 && self.stages.len() >= from {
             self.keep_one_departure(p, eff, greedy, out);
         }
-        match exploit {
-            Some(e) if out.as_slice() == greedy => {
-                out.clear();
-                out.extend_from_slice(e);
-                true
+        for (s, a) in out.iter_mut().enumerate() {
+            if *a != greedy[s]
+                && routing
+                    .exploring
+                    .get(self.offsets[s] + *a)
+                    .copied()
+                    .unwrap_or(false)
+            {
+                *a = greedy[s];
             }
-            _ => false,
         }
+        if out.as_slice() != greedy {
+            return Drawn::Policy;
+        }
+        let (plan, drawn) = match (routing.sop, routing.ranker) {
+            (Some((sop, s)), _) if rng.f64() < s => (sop, Drawn::Sop),
+            (_, Some(ranker)) => (ranker, Drawn::Ranker),
+            _ => return Drawn::Policy,
+        };
+        out.clear();
+        out.extend_from_slice(plan);
+        drawn
     }
 
     /// Reduces `plan` to the one departure from `greedy` worth most under the success draws
@@ -1041,29 +1130,6 @@ impl Policy {
         }
     }
 
-    /// The per-stage propensities [`Policy::choose_with`] would have had of choosing `plan` (arm
-    /// indices) for `features`, each conditional on the earlier stages (their product is the
-    /// plan's), estimated from `propensity_draws` choices: what a choice made by someone else (a
-    /// stable SOP) is weighed against. A stage the draws never reached has propensity 0; `None`
-    /// when `plan` does not have one known arm per stage.
-    pub fn propensities_of(
-        &self,
-        features: &BTreeMap<String, String>,
-        plan: &[usize],
-        exploit: Option<&[usize]>,
-        rng: &mut fastrand::Rng,
-    ) -> Option<Vec<f64>> {
-        let plan = self.valid_plan(Some(plan))?;
-        let eff = self.effective(features);
-        let (greedy, _) = self.greedy_in(&eff);
-        let exploit = self.valid_plan(exploit);
-        let mut p = vec![0.0; self.n_arms];
-        let draws = self.config.propensity_draws.max(1);
-        Some(conditional_frequencies(plan, draws, 0, |out| {
-            self.mixed_draw(&eff, &greedy, exploit, &mut p, rng, out);
-        }))
-    }
-
     /// The distribution of the policy's plan choice for `features`, estimated from `draws`
     /// posterior samples: `(arm index per stage, probability)`, most likely first.
     pub fn plan_distribution(
@@ -1079,7 +1145,7 @@ impl Policy {
         let mut plan = Vec::new();
         let mut counts: BTreeMap<Vec<usize>, usize> = BTreeMap::new();
         for _ in 0..draws {
-            self.mixed_draw(&eff, &greedy, None, &mut p, rng, &mut plan);
+            self.mixed_draw(&eff, &greedy, Routing::default(), &mut p, rng, &mut plan);
             *counts.entry(plan.clone()).or_default() += 1;
         }
         let mut out: Vec<(Vec<usize>, f64)> = counts
@@ -1587,36 +1653,101 @@ mod tests {
     }
 
     #[test]
-    fn propensities_of_a_plan_chosen_elsewhere_match_the_policys_own_frequencies() {
+    fn an_sop_takes_only_the_exploit_draws_and_the_propensities_are_the_mixtures() {
         let mut p = policy();
         let mut config = p.config().clone();
         config.propensity_draws = 400;
         p.set_config(config).expect("a valid configuration");
         let f = feats(&[("k", "v")]);
         learn_cheap_then_a(&mut p, &f, 6);
+        let greedy = p.greedy(&f).0;
+        assert_eq!(greedy, vec![0, 0]);
+        // An SOP whose plan is not the greedy one, with the router's default 90% share.
+        let sop = [1usize, 1];
+        let routing = Routing {
+            sop: Some((&sop, 0.9)),
+            ..Routing::default()
+        };
         let mut rng = fastrand::Rng::with_seed(11);
-        // Mostly the known plan [0, 0]; now and then the untried extract arm with it.
         let n = 600;
-        let mut counts: BTreeMap<Vec<usize>, usize> = BTreeMap::new();
+        let mut counts: BTreeMap<Vec<usize>, (usize, f64)> = BTreeMap::new();
+        let (mut to_sop, mut explored) = (0, 0);
         for _ in 0..n {
-            *counts.entry(p.choose(&f, &mut rng).indices).or_default() += 1;
+            let c = p.choose_routed(&f, routing, &mut rng);
+            if c.sop {
+                to_sop += 1;
+                assert_eq!(c.indices, sop);
+                assert!(c.explored.is_empty() && c.greedy);
+            }
+            if !c.explored.is_empty() {
+                // An exploration is never routed away to the SOP.
+                explored += 1;
+                assert!(!c.sop && !c.greedy, "{c:?}");
+                assert!(c.indices != greedy);
+            }
+            let e = counts.entry(c.indices.clone()).or_default();
+            e.0 += 1;
+            e.1 += c.plan_propensity;
         }
-        for plan in [vec![0usize, 0], vec![1, 0], vec![0, 1], vec![1, 1]] {
-            let props = p
-                .propensities_of(&f, &plan, None, &mut rng)
-                .expect("a known plan");
-            assert_eq!(props.len(), 2);
-            assert!(props.iter().all(|x| (0.0..=1.0).contains(x)), "{props:?}");
-            let product: f64 = props.iter().product();
-            let freq = counts.get(&plan).copied().unwrap_or(0) as f64 / n as f64;
+        assert!(explored > 10, "the policy still explores: {explored}");
+        // The SOP gets 90% of the draws that landed on the greedy plan; the holdout keeps the
+        // rest.
+        let holdout = counts.get(&greedy).map_or(0, |c| c.0);
+        let share = to_sop as f64 / (to_sop + holdout) as f64;
+        assert!((share - 0.9).abs() < 0.04, "{to_sop} vs {holdout}");
+        // Each logged propensity is the mixture's: on average it matches how often the plan was
+        // chosen.
+        for (plan, (k, sum)) in &counts {
+            let freq = *k as f64 / n as f64;
+            let logged = sum / *k as f64;
             assert!(
-                (product - freq).abs() < 0.05,
-                "{plan:?}: estimated {product} vs chosen {freq}"
+                (logged - freq).abs() < 0.05,
+                "{plan:?}: logged {logged} vs chosen {freq}"
             );
         }
-        // A plan without one known arm per stage has none.
-        assert!(p.propensities_of(&f, &[0], None, &mut rng).is_none());
-        assert!(p.propensities_of(&f, &[0, 9], None, &mut rng).is_none());
+    }
+
+    #[test]
+    fn an_arm_being_explored_in_flight_is_not_explored_again_until_its_result_is_back() {
+        let mut p = policy();
+        let f = feats(&[("k", "v")]);
+        // cheap and a known to work; premium and b untried.
+        for _ in 0..3 {
+            for (s, arm) in [
+                ("extract", Arm::new("cheap", "x")),
+                ("normalize", Arm::new("a", "s")),
+            ] {
+                p.update(&stage_obs(f.clone(), s, arm, true, 100.0, 0.001));
+            }
+        }
+        assert_eq!(p.greedy(&f).0, vec![0, 0]);
+        let mut rng = fastrand::Rng::with_seed(5);
+        // Unhindered, both departures (premium at extract: flat arm 1; b at normalize: flat
+        // arm 3) get explored.
+        let mut seen = BTreeMap::<usize, usize>::new();
+        for _ in 0..400 {
+            for j in p.choose(&f, &mut rng).explored {
+                *seen.entry(j).or_default() += 1;
+            }
+        }
+        assert!(seen.get(&1).is_some_and(|&k| k > 5), "{seen:?}");
+        assert!(seen.get(&3).is_some_and(|&k| k > 5), "{seen:?}");
+        // With premium's exploration in flight, it is not drawn again; b still is.
+        let exploring = [false, true, false, false];
+        let routing = Routing {
+            exploring: &exploring,
+            ..Routing::default()
+        };
+        let mut again = BTreeMap::<usize, usize>::new();
+        for _ in 0..400 {
+            let c = p.choose_routed(&f, routing, &mut rng);
+            assert_eq!(c.indices[0], 0, "{c:?}");
+            for j in c.explored {
+                *again.entry(j).or_default() += 1;
+            }
+        }
+        assert!(!again.contains_key(&1), "{again:?}");
+        assert!(again.get(&3).is_some_and(|&k| k > 5), "{again:?}");
     }
 
     #[test]

@@ -24,7 +24,8 @@ pub struct SopConfig {
     pub min_baseline_trials: u64,
     /// Significance level of the one-sided uplift test.
     pub alpha: f64,
-    /// Share of matching traffic the router keeps on the baseline.
+    /// Share of the matching traffic's exploit draws the router keeps on the baseline (the
+    /// policy's greedy plan): the A/B holdout.
     pub baseline_share: f64,
     /// Live runs of a stable SOP before a rollback test is made.
     pub rollback_min_trials: u64,
@@ -68,54 +69,6 @@ pub struct Tally {
     pub evidence: Vec<String>,
     /// Time of the latest critical incident (ms), if any.
     pub last_incident_ms: Option<u64>,
-}
-
-/// Where the router sends a task.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub enum Route {
-    /// Run the stable SOP's plan.
-    Sop {
-        /// The SOP.
-        sop_id: String,
-        /// Its version.
-        version: u32,
-        /// The plan.
-        plan: Vec<ArmChoice>,
-    },
-    /// Run the baseline (the policy), though an SOP matched (the A/B holdout).
-    Holdout {
-        /// The SOP held out.
-        sop_id: String,
-    },
-    /// No stable SOP matches: run the policy.
-    Baseline,
-}
-
-/// The per-stage propensities of a plan under the A/B router's mixture: with probability
-/// `sop_share` the SOP's plan, else the policy's choice, whose per-stage propensities of this plan
-/// (each conditional on the earlier stages) are `policy`. `on_sop[s]` says whether the plan's arm
-/// at stage `s` is the SOP's. Each result is conditional on the earlier stages too, so that their
-/// product is the plan's probability, `sop_share * [plan is the SOP's] + (1 - sop_share) *
-/// product(policy)`: what off-policy evaluation must weigh a run by, whichever way it was routed.
-pub fn routed_propensities(policy: &[f64], on_sop: &[bool], sop_share: f64) -> Vec<f64> {
-    let share = sop_share.clamp(0.0, 1.0);
-    let (mut by_policy, mut by_sop, mut prev) = (1.0, true, 1.0);
-    policy
-        .iter()
-        .enumerate()
-        .map(|(s, &c)| {
-            by_policy *= c.clamp(0.0, 1.0);
-            by_sop &= on_sop.get(s).copied().unwrap_or(false);
-            let mix = if by_sop { share } else { 0.0 } + (1.0 - share) * by_policy;
-            let conditional = if prev > 0.0 {
-                (mix / prev).clamp(0.0, 1.0)
-            } else {
-                0.0
-            };
-            prev = mix;
-            conditional
-        })
-        .collect()
 }
 
 /// What consolidation changed.
@@ -398,32 +351,9 @@ impl SopBook {
             .max_by_key(|s| (s.preconditions.len(), s.version))
     }
 
-    /// The A/B router: a matching stable SOP gets the traffic except a `baseline_share` holdout
-    /// (drawn from `rng`), which runs the policy.
-    pub fn route(&self, features: &BTreeMap<String, String>, rng: &mut fastrand::Rng) -> Route {
-        match self.matching_stable_sop(features) {
-            None => Route::Baseline,
-            Some(s) => self.route_to(s, rng),
-        }
-    }
-
-    /// The A/B router's draw for a stable SOP already matched: the SOP, or the holdout share.
-    pub fn route_to(&self, sop: &Sop, rng: &mut fastrand::Rng) -> Route {
-        if rng.f64() < self.config.baseline_share {
-            Route::Holdout {
-                sop_id: sop.sop_id.clone(),
-            }
-        } else {
-            Route::Sop {
-                sop_id: sop.sop_id.clone(),
-                version: sop.version,
-                plan: sop.plan.clone(),
-            }
-        }
-    }
-
-    /// The share of matching traffic a stable SOP gets from the router (the rest is the
-    /// baseline holdout).
+    /// The share of the matching traffic's exploit draws a stable SOP gets from the router (the
+    /// rest is the baseline holdout; explorations stay the policy's, see
+    /// [`crate::learn::bandit::Routing`]).
     pub fn sop_share(&self) -> f64 {
         1.0 - self.config.baseline_share.clamp(0.0, 1.0)
     }
@@ -536,44 +466,12 @@ mod tests {
     }
 
     #[test]
-    fn routed_propensities_multiply_to_the_mixtures_probability() {
-        let product = |v: &[f64]| v.iter().product::<f64>();
-        // The SOP's own plan: 0.9 from the router plus 0.1 of the policy's 0.5 * 0.4.
-        let sop = routed_propensities(&[0.5, 0.4], &[true, true], 0.9);
-        assert!((product(&sop) - (0.9 + 0.1 * 0.2)).abs() < 1e-12, "{sop:?}");
-        assert!(sop.iter().all(|p| *p > 0.0 && *p <= 1.0), "{sop:?}");
-        // A holdout plan that leaves the SOP at the second stage: only the policy's share.
-        let off = routed_propensities(&[0.5, 0.4], &[true, false], 0.9);
-        assert!((product(&off) - 0.1 * 0.2).abs() < 1e-12, "{off:?}");
-        // The first stage is still shared with the SOP: its propensity counts the router.
-        assert!((off[0] - (0.9 + 0.1 * 0.5)).abs() < 1e-12, "{off:?}");
-        // A plan the policy never draws is still the SOP's 0.9.
-        let never = routed_propensities(&[0.0, 0.0], &[true, true], 0.9);
-        assert!((product(&never) - 0.9).abs() < 1e-12, "{never:?}");
-        // No SOP share: the policy's own propensities.
-        assert_eq!(
-            routed_propensities(&[0.5, 0.4], &[true, true], 0.0),
-            vec![0.5, 0.4]
-        );
-    }
-
-    #[test]
-    fn router_holds_out_a_share_and_rolls_back_a_failing_sop() {
+    fn a_failing_sop_is_rolled_back_and_a_new_version_needs_fresh_evidence() {
         let mut book = SopBook::new(SopConfig::default());
         let f = feats("A");
         feed(&mut book, &f, "good", 30, 30);
         feed(&mut book, &f, "bad", 4, 15);
         assert_eq!(book.consolidate(0).len(), 1);
-        let mut rng = fastrand::Rng::with_seed(3);
-        let mut holdouts = 0;
-        for _ in 0..1000 {
-            match book.route(&f, &mut rng) {
-                Route::Holdout { .. } => holdouts += 1,
-                Route::Sop { .. } => {}
-                Route::Baseline => panic!("a stable SOP matches"),
-            }
-        }
-        assert!((60..=140).contains(&holdouts), "{holdouts}");
         let (id, v) = {
             let s = book.matching_stable_sop(&f).unwrap();
             (s.sop_id.clone(), s.version)
