@@ -655,15 +655,11 @@ impl PolicyState {
         self.choices += 1;
         let oldest = self.choices.saturating_sub(IN_FLIGHT_CHOICES);
         self.in_flight.retain(|(_, at, _)| *at > oldest);
-        let mut exploring = Vec::new();
-        for (_, _, arms) in &self.in_flight {
-            for &j in arms {
-                if exploring.len() <= j {
-                    exploring.resize(j + 1, false);
-                }
-                exploring[j] = true;
-            }
-        }
+        let exploring: Vec<usize> = self
+            .in_flight
+            .iter()
+            .flat_map(|(_, _, arms)| arms.iter().copied())
+            .collect();
         let routing = Routing {
             ranker: exploit.as_deref(),
             sop: in_force

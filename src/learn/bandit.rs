@@ -298,12 +298,12 @@ pub struct Routing<'a> {
     /// A stable SOP's plan (arm indices) and the share of those draws it takes (the A/B
     /// router's); the rest, the holdout, stay with the ranker's plan or the greedy one.
     pub sop: Option<(&'a [usize], f64)>,
-    /// Per arm (flat index, stage after stage), whether a run exploring it is in flight. A draw
-    /// that would explore such an arm again keeps the greedy arm at that stage: with several
-    /// tasks in flight, the same untried arm would otherwise be tried in each of them before
-    /// its first result is back (a specialist tried off its niche several times over, and
-    /// judged by those failures). Empty = none.
-    pub exploring: &'a [bool],
+    /// The arms (flat indices, stage after stage) that runs in flight are exploring. A draw that
+    /// would explore such an arm again keeps the greedy arm at that stage: with several tasks
+    /// in flight, the same untried arm would otherwise be tried in each of them before its
+    /// first result is back (a specialist tried off its niche several times over, and judged by
+    /// those failures). Empty = none.
+    pub exploring: &'a [usize],
 }
 
 /// Which way one draw of [`Policy::mixed_draw`] went.
@@ -1080,13 +1080,7 @@ impl Policy {
             self.keep_one_departure(p, eff, greedy, out);
         }
         for (s, a) in out.iter_mut().enumerate() {
-            if *a != greedy[s]
-                && routing
-                    .exploring
-                    .get(self.offsets[s] + *a)
-                    .copied()
-                    .unwrap_or(false)
-            {
+            if *a != greedy[s] && routing.exploring.contains(&(self.offsets[s] + *a)) {
                 *a = greedy[s];
             }
         }
@@ -1733,7 +1727,7 @@ mod tests {
         assert!(seen.get(&1).is_some_and(|&k| k > 5), "{seen:?}");
         assert!(seen.get(&3).is_some_and(|&k| k > 5), "{seen:?}");
         // With premium's exploration in flight, it is not drawn again; b still is.
-        let exploring = [false, true, false, false];
+        let exploring = [1usize];
         let routing = Routing {
             exploring: &exploring,
             ..Routing::default()
