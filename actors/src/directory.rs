@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use ractor::rpc::CallResult;
-use ractor::{ActorRef, Message, MessagingErr, RpcReplyPort};
+use ractor::{ActorId, ActorRef, Message, MessagingErr, RpcReplyPort};
 use tokio::sync::watch;
 
 /// The default time a call waits for its reply.
@@ -80,7 +80,7 @@ impl<M: Message> Slot<M> {
     /// Waits until the slot holds an actor other than `dead` (or any actor when `dead` is None).
     async fn successor(
         &self,
-        dead: Option<&ActorRef<M>>,
+        dead: Option<ActorId>,
         wait: Duration,
     ) -> Result<ActorRef<M>, CallError> {
         let mut rx = self.tx.subscribe();
@@ -89,7 +89,7 @@ impl<M: Message> Slot<M> {
                 {
                     let cur = rx.borrow_and_update();
                     if let Some(actor) = cur.as_ref() {
-                        let same = dead.is_some_and(|d| d.get_id() == actor.get_id());
+                        let same = dead == Some(actor.get_id());
                         if !same && actor.get_status() != ractor::ActorStatus::Stopped {
                             return Some(actor.clone());
                         }
@@ -114,14 +114,14 @@ impl<M: Message> Slot<M> {
     /// successor and sends it there.
     pub async fn cast(&self, msg: M) -> Result<(), CallError> {
         let mut msg = msg;
-        let mut dead: Option<ActorRef<M>> = None;
+        let mut dead: Option<ActorId> = None;
         for _ in 0..MAX_CALL_ATTEMPTS {
-            let actor = self.successor(dead.as_ref(), DEFAULT_RESTART_WAIT).await?;
+            let actor = self.successor(dead, DEFAULT_RESTART_WAIT).await?;
             match actor.cast(msg) {
                 Ok(()) => return Ok(()),
                 Err(MessagingErr::SendErr(back)) => {
                     msg = back;
-                    dead = Some(actor);
+                    dead = Some(actor.get_id());
                 }
                 Err(_) => {
                     return Err(CallError::Unavailable {
@@ -171,10 +171,11 @@ impl<M: Message> Slot<M> {
         R: Send + 'static,
         F: Fn(RpcReplyPort<R>) -> M,
     {
-        let mut dead: Option<ActorRef<M>> = None;
+        let mut dead: Option<ActorId> = None;
         for _ in 0..attempts {
-            let actor = self.successor(dead.as_ref(), DEFAULT_RESTART_WAIT).await?;
-            match actor.call(&build, Some(timeout)).await {
+            let actor = self.successor(dead, DEFAULT_RESTART_WAIT).await?;
+            let id = actor.get_id();
+            match call_letting_go(actor, &build, timeout).await {
                 Ok(CallResult::Success(reply)) => return Ok(reply),
                 Ok(CallResult::Timeout) => {
                     return Err(CallError::Timeout {
@@ -182,12 +183,43 @@ impl<M: Message> Slot<M> {
                         timeout_ms: timeout.as_millis() as u64,
                     });
                 }
-                Ok(CallResult::SenderError) | Err(_) => dead = Some(actor),
+                Ok(CallResult::SenderError) | Err(_) => dead = Some(id),
             }
         }
         Err(CallError::Exhausted {
             role: self.role,
             attempts: MAX_CALL_ATTEMPTS,
         })
+    }
+}
+
+/// Sends one request to `actor` and waits for its reply (or the timeout) without holding on to
+/// `actor` meanwhile.
+///
+/// A reply port must not be kept alive by its own caller. ractor 0.16 admits a message and
+/// enqueues it in two steps, so a message sent while its callee dies can land in a mailbox that
+/// was already drained; the message, and the reply port in it, then live as long as any
+/// `ActorRef` to the dead actor does. A caller that kept its `ActorRef` while waiting would wait
+/// out its whole timeout (an hour, for a task submission). Letting go of it means that once the
+/// slot has moved on to the successor the dead mailbox is freed, the port is dropped, and the
+/// caller re-sends; while a reply the dead callee handed off to other work still arrives.
+async fn call_letting_go<M, R, F>(
+    actor: ActorRef<M>,
+    build: F,
+    timeout: Duration,
+) -> Result<CallResult<R>, MessagingErr<M>>
+where
+    M: Message,
+    R: Send + 'static,
+    F: FnOnce(RpcReplyPort<R>) -> M,
+{
+    let (tx, rx) = ractor::concurrency::oneshot();
+    let port: RpcReplyPort<R> = (tx, timeout).into();
+    actor.cast(build(port))?;
+    drop(actor);
+    match tokio::time::timeout(timeout, rx).await {
+        Ok(Ok(reply)) => Ok(CallResult::Success(reply)),
+        Ok(Err(_)) => Ok(CallResult::SenderError),
+        Err(_) => Ok(CallResult::Timeout),
     }
 }

@@ -212,7 +212,7 @@ impl Actor for Orchestrator {
             .cloned()
             .collect();
         for run in unfinished {
-            if !state.ctx.live.claim(&run.run_id) {
+            if !state.claim_for_resume(&run.run_id) {
                 continue;
             }
             let task: Option<Task> = state.ctx.store.get(TASKS, &run.task_id)?;
@@ -252,7 +252,7 @@ impl Actor for Orchestrator {
                 patch,
                 reply,
             } => state.transition(run_id, from, next, patch, reply),
-            OrchestratorMsg::Finished { outcome, reply } => state.finished(myself, *outcome, reply),
+            OrchestratorMsg::Finished { outcome, reply } => state.finished(*outcome, reply),
             OrchestratorMsg::Settled { run_id } => state.settled(&run_id),
             OrchestratorMsg::Held { reply } => {
                 let _ = reply.send(state.runs.len());
@@ -328,7 +328,7 @@ impl OrchestratorState {
                 self.waiters.entry(run_id.clone()).or_default().push(reply);
                 // A run that is not finished and that no driver carries (its driver was lost)
                 // is resumed from its last checkpoint.
-                if self.ctx.live.claim(&run_id) {
+                if self.claim_for_resume(&run_id) {
                     if let Some(run) = self.runs.get(&run_id).cloned() {
                         crate::run::spawn_driver(self.ctx.clone(), run, task, true);
                     } else {
@@ -432,12 +432,7 @@ impl OrchestratorState {
         });
     }
 
-    fn finished(
-        &mut self,
-        myself: ActorRef<OrchestratorMsg>,
-        outcome: RunOutcome,
-        reply: RpcReplyPort<Result<(), String>>,
-    ) {
+    fn finished(&mut self, outcome: RunOutcome, reply: RpcReplyPort<Result<(), String>>) {
         let run_id = outcome.run_id.clone();
         // The driver's outcome is authoritative: this incarnation may know the run only from
         // the store, in an earlier state, or not at all yet.
@@ -471,6 +466,7 @@ impl OrchestratorState {
         let waiters = self.waiters.remove(&run_id).unwrap_or_default();
         let store = self.ctx.store.clone();
         let live = self.ctx.live.clone();
+        let orchestrator = self.ctx.dir.orchestrator.clone();
         // Once the end is on disk the run's tool calls are never repeated, so their idempotency
         // records go in the same commit (the table would otherwise grow with every run ever
         // made). Attempts count from 0; one more is covered for a run resumed mid-attempt.
@@ -497,11 +493,6 @@ impl OrchestratorState {
                 .map(|_| ())
                 .map_err(|e| format!("cannot persist the end of run {run_id}: {e}"));
             live.release(&run_id);
-            if answer.is_ok() {
-                let _ = myself.cast(OrchestratorMsg::Settled {
-                    run_id: run_id.clone(),
-                });
-            }
             let _ = reply.send(answer.clone());
             for w in waiters {
                 let _ = w.send(match &answer {
@@ -509,14 +500,54 @@ impl OrchestratorState {
                     Err(e) => Err(e.clone()),
                 });
             }
+            if answer.is_ok() {
+                // To the orchestrator running now, not necessarily the one that took the end:
+                // a successor that loaded the run before this write still holds it unfinished,
+                // and may hold callers waiting for it. One that publishes itself later may also
+                // have loaded the run before the write, but the claim is released by then: it
+                // finds the run ended when it claims it.
+                if let Some(current) = orchestrator.current() {
+                    let _ = current.cast(OrchestratorMsg::Settled { run_id });
+                }
+            }
         });
     }
 
-    /// A finished run's end is on disk: it leaves memory, and the store answers for it.
+    /// Claims a run this incarnation holds unfinished, for a driver to resume it. An earlier
+    /// incarnation may have ended it after this one loaded it; an end is written before its
+    /// claim is released, so a claim that finds the run ended on disk settles it instead
+    /// (its callers get the stored outcome) and returns false.
+    fn claim_for_resume(&mut self, run_id: &str) -> bool {
+        if !self.ctx.live.claim(run_id) {
+            return false;
+        }
+        match self.ctx.store.get_run(run_id) {
+            Ok(Some(stored)) if stored.state.is_terminal() => {
+                self.ctx.live.release(run_id);
+                self.settled(run_id);
+                false
+            }
+            _ => true,
+        }
+    }
+
+    /// A finished run's end is on disk: it leaves memory (this incarnation's copy may be one
+    /// loaded before the end was written), the store answers for it, and callers still
+    /// waiting here get the stored outcome.
     fn settled(&mut self, run_id: &str) {
-        if self.runs.get(run_id).is_some_and(|r| r.state.is_terminal()) {
-            self.runs.remove(run_id);
-            self.outcomes.remove(run_id);
+        self.runs.remove(run_id);
+        let held = self.outcomes.remove(run_id);
+        let Some(waiters) = self.waiters.remove(run_id) else {
+            return;
+        };
+        let answer = match held {
+            Some(outcome) => Ok(outcome),
+            None => read_outcome(&self.ctx.store, run_id).and_then(|o| {
+                o.ok_or_else(|| format!("run {run_id} ended but its outcome is not stored"))
+            }),
+        };
+        for w in waiters {
+            let _ = w.send(answer.clone());
         }
     }
 }
