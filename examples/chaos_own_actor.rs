@@ -89,20 +89,6 @@ pub struct Outcome {
     pub starts: u64,
 }
 
-/// Hides the backtraces of injected panics (they are on purpose); others still print.
-pub fn quiet_chaos_panics() {
-    let default = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let chaos = info
-            .payload()
-            .downcast_ref::<String>()
-            .is_some_and(|m| m.starts_with("chaos: injected"));
-        if !chaos {
-            default(info);
-        }
-    }));
-}
-
 /// Posts `n` transactions through the ledger under the chaos plan, with data in `data_dir`.
 pub async fn demo(
     data_dir: &Path,
@@ -187,7 +173,7 @@ pub async fn demo(
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    quiet_chaos_panics();
+    hindsight_actors::chaos::quiet_injected_panics();
     let dir = tempfile::tempdir()?;
     let n = 400;
     let report = demo(dir.path(), n).await?;

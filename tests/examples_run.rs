@@ -122,7 +122,7 @@ async fn custom_validator_sends_each_first_round_back_once_with_its_reflection()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_on_your_own_actor_is_restarted_and_the_workload_completes() {
-    chaos_own_actor::quiet_chaos_panics();
+    hindsight_actors::chaos::quiet_injected_panics();
     let dir = tempfile::tempdir().unwrap();
     let n = 300;
     let report = chaos_own_actor::demo(dir.path(), n).await.unwrap();

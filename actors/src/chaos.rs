@@ -309,6 +309,25 @@ fn splitmix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+/// Keeps the backtraces of injected panics (they are on purpose) out of the output; every other
+/// panic still reaches the hook that was installed before. Installed once per process, however
+/// often it is called.
+pub fn quiet_injected_panics() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let injected = info
+                .payload()
+                .downcast_ref::<String>()
+                .is_some_and(|m| m.starts_with("chaos: injected"));
+            if !injected {
+                default(info);
+            }
+        }));
+    });
+}
+
 /// The rng of one decision: a function of (plan seed, kind and name, index) only.
 pub fn decision_rng(seed: u64, name: &str, index: u64) -> fastrand::Rng {
     fastrand::Rng::with_seed(splitmix(seed ^ splitmix(name_hash(name) ^ splitmix(index))))

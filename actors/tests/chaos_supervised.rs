@@ -40,19 +40,6 @@ impl Actor for Doubler {
     }
 }
 
-fn quiet_chaos_panics() {
-    let default = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let chaos = info
-            .payload()
-            .downcast_ref::<String>()
-            .is_some_and(|m| m.starts_with("chaos: injected"));
-        if !chaos {
-            default(info);
-        }
-    }));
-}
-
 #[derive(Debug, PartialEq)]
 struct Outcome {
     sum: u64,
@@ -127,7 +114,7 @@ fn plan(text: &str) -> ChaosPlan {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_percent_panics_over_ten_thousand_messages_are_all_restarted() {
-    quiet_chaos_panics();
+    hindsight_actors::chaos::quiet_injected_panics();
     let n = 10_000;
     let report = workload(
         plan("seed = 11\n[[actors]]\nname = \"doubler\"\npanic_probability = 0.01\n"),
@@ -166,7 +153,7 @@ async fn one_percent_panics_over_ten_thousand_messages_are_all_restarted() {
 
 #[tokio::test]
 async fn panic_every_n_messages_gives_an_exact_restart_count_and_the_same_run_twice() {
-    quiet_chaos_panics();
+    hindsight_actors::chaos::quiet_injected_panics();
     let text = "seed = 3\n[[actors]]\nname = \"doubler\"\npanic_every = 100\n";
     let first = workload(plan(text), 1_000).await;
     // Messages 100, 200, ..., 1000 panic: 1,000 items + 10 retries = 1,010 messages.

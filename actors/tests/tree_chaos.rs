@@ -25,17 +25,7 @@ panic_probability = 0.01
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_tasks_under_actor_panics_and_tool_faults_each_end_exactly_once() {
-    // Injected panics are expected: keep their messages out of the test output.
-    let default_hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let chaos = info
-            .payload()
-            .downcast_ref::<String>()
-            .is_some_and(|m| m.starts_with("chaos:"));
-        if !chaos {
-            default_hook(info);
-        }
-    }));
+    hindsight_actors::chaos::quiet_injected_panics();
     let dir = tempfile::tempdir().unwrap();
     let path =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/envs/bank_statements.toml");
@@ -129,16 +119,7 @@ async fn a_thousand_tasks_under_actor_panics_and_tool_faults_each_end_exactly_on
 /// round in twelve stalled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callers_are_answered_while_the_orchestrator_keeps_dying() {
-    let default_hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let chaos = info
-            .payload()
-            .downcast_ref::<String>()
-            .is_some_and(|m| m.starts_with("chaos:"));
-        if !chaos {
-            default_hook(info);
-        }
-    }));
+    hindsight_actors::chaos::quiet_injected_panics();
     let path =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/envs/bank_statements.toml");
     let env = SimEnv::load(&path).unwrap();
