@@ -1236,10 +1236,10 @@ impl Backend for TreeBackend {
             .await;
         if let (Ok(s), Ok(r)) = (stats, ranker) {
             self.metrics.learning(&crate::metrics::LearningFigures {
-                learned: s.0,
-                infra_ignored: s.1,
-                infra_learned: s.2,
-                changes_detected: s.3,
+                learned: s.learned,
+                infra_ignored: s.infra_ignored,
+                infra_learned: s.infra_learned,
+                changes_detected: s.changes_detected,
                 ranker_fits: r.fits,
                 ranker_promotions: r.promotions,
                 ranker_in_force: r.in_force,

@@ -16,6 +16,7 @@ pub mod chaos_tools;
 pub mod demo;
 pub mod directory;
 pub mod executor;
+pub mod first_attempt;
 pub mod idempotency;
 pub mod journal;
 pub mod memory;

@@ -8,19 +8,19 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use hindsight::learn::bandit::{
-    Arm, Observation, Policy, PolicySnapshot, Routing, StageObservation, StageOutcome,
+    Arm, Observation, Policy, PolicySnapshot, Routing, StageObservation,
 };
 use hindsight::learn::distill::{DistillConfig, DistillOutcome, Distiller, Promotion};
 use hindsight::learn::ope::{Objective, log_for};
 use hindsight::learn::sop::{SopBook, SopConfig, SopEvent};
 use hindsight::store::{KvTable, Store};
-use hindsight::{ArmChoice, ExperienceTuple, FailureCategory, Sop, SopStatus, Task, now_ms};
+use hindsight::{ArmChoice, ExperienceTuple, Sop, SopStatus, Task, now_ms};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use crate::chaos_hook::ChaosHook;
 use crate::directory::Slot;
+use crate::first_attempt::{FirstAttempts, step_observations};
 
 /// The table of the policy's snapshot.
 pub const POLICY: KvTable = KvTable::new("policy");
@@ -72,6 +72,9 @@ pub fn parse_sop_plan_id(plan_id: &str) -> Option<(&str, u32)> {
 const SNAPSHOT_KEY: &str = "snapshot";
 /// The key of the distiller (the ranker in force and its schedule) in [`POLICY`].
 const RANKER_KEY: &str = "ranker";
+/// The key of the runs whose first attempt was learned ahead of their experience (written with
+/// every snapshot, in the same transaction).
+const FIRST_ATTEMPTS_KEY: &str = "first_attempts";
 
 /// The distiller as the policy actor last persisted it (`None` when it never has).
 pub fn stored_distiller(store: &Store) -> Result<Option<Distiller>, hindsight::store::StoreError> {
@@ -151,6 +154,18 @@ pub enum PolicyMsg {
         /// The experience.
         experience: Arc<ExperienceTuple>,
     },
+    /// Learn a run's first attempt as soon as it ends ([`crate::first_attempt`]): its settled
+    /// steps, which the run's logged experience will not teach again.
+    FirstAttempt {
+        /// The run.
+        run_id: String,
+        /// Its task (its explorations are no longer in flight).
+        task_id: String,
+        /// The task's features.
+        features: BTreeMap<String, String>,
+        /// `(index in the run's steps, observations)` of the settled steps.
+        steps: Vec<(u32, Vec<StageObservation>)>,
+    },
     /// Learn from an observation given directly (the API's `/policy/update`).
     Learn {
         /// The observation.
@@ -165,10 +180,11 @@ pub enum PolicyMsg {
         /// The ranking.
         reply: RpcReplyPort<Vec<RankedStage>>,
     },
-    /// Counters: stage observations learned, infrastructure failures ignored and learned from.
+    /// What has been learned: stage observations, infrastructure failures ignored and learned
+    /// from, changes detected.
     Stats {
-        /// `(learned, infra_ignored, infra_learned, changes_detected)`.
-        reply: RpcReplyPort<(u64, u64, u64, u64)>,
+        /// The counters.
+        reply: RpcReplyPort<LearningStats>,
     },
     /// The greedy plan (posterior means) for some features, and its estimated reward.
     Greedy {
@@ -192,6 +208,22 @@ pub enum PolicyMsg {
         /// Acknowledged once it is on disk.
         reply: RpcReplyPort<Result<(), String>>,
     },
+}
+
+/// The policy's learning counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LearningStats {
+    /// Stage observations learned from (persisted with the posteriors).
+    pub learned: u64,
+    /// Infrastructure failures seen and ignored.
+    pub infra_ignored: u64,
+    /// Infrastructure failures learned from (0 unless something is wrong).
+    pub infra_learned: u64,
+    /// Changes the drift detector fired on.
+    pub changes_detected: u64,
+    /// Of `learned`, those learned when their run's first attempt ended, ahead of the run's
+    /// experience, since this incarnation of the policy started.
+    pub learned_at_first_attempt: u64,
 }
 
 /// The persisted state: the bandit and which experiences it has learned.
@@ -252,6 +284,10 @@ pub struct PolicyState {
     in_flight: Vec<(String, u64, Vec<usize>)>,
     /// Plans chosen by the router since start.
     choices: u64,
+    /// Runs whose first attempt was learned before their experience.
+    first_attempts: FirstAttempts,
+    /// Stage observations learned from first attempts since start.
+    learned_at_first_attempt: u64,
 }
 
 /// Choices after which an exploration still in flight no longer holds its arms back.
@@ -274,7 +310,7 @@ impl Actor for PolicyActor {
                 None
             }
         };
-        let (policy, sops, watermark, applied) = match stored {
+        let (policy, sops, watermark, applied, first_attempts) = match stored {
             Some(p) if p.policy.stages == args.initial.stages() => {
                 // The evidence comes back; the configuration is the one in force now (a changed
                 // setting or reward takes effect at the next start, not at the next relearn).
@@ -282,9 +318,23 @@ impl Actor for PolicyActor {
                 policy.set_config(args.initial.config().clone())?;
                 let mut sops = SopBook::restore(p.sops);
                 sops.config = args.sop.clone();
-                (policy, sops, p.watermark, p.applied)
+                // Written with the snapshot: the first attempts it already holds.
+                let first_attempts = match args.store.get(POLICY, FIRST_ATTEMPTS_KEY) {
+                    Ok(f) => f.unwrap_or_default(),
+                    Err(e) => {
+                        tracing::error!(error = %e, "table `policy` key `first_attempts` cannot be read; the steps it names may be learned a second time");
+                        FirstAttempts::default()
+                    }
+                };
+                (policy, sops, p.watermark, p.applied, first_attempts)
             }
-            _ => (args.initial, SopBook::new(args.sop), 0, BTreeSet::new()),
+            _ => (
+                args.initial,
+                SopBook::new(args.sop),
+                0,
+                BTreeSet::new(),
+                FirstAttempts::default(),
+            ),
         };
         // A configuration out of range (from an embedder that skipped `Runtime::start`'s check)
         // turns distillation off rather than stop the policy.
@@ -335,6 +385,8 @@ impl Actor for PolicyActor {
             ranked_choices: 0,
             in_flight: Vec::new(),
             choices: 0,
+            first_attempts,
+            learned_at_first_attempt: 0,
         };
         // Replay what was logged after the snapshot.
         for (seq, exp) in state.store.experience_since(state.watermark)? {
@@ -381,6 +433,12 @@ impl Actor for PolicyActor {
                     tracing::warn!(error = %e, "the policy snapshot was not written; the log still holds everything");
                 }
             }
+            PolicyMsg::FirstAttempt {
+                run_id,
+                task_id,
+                features,
+                steps,
+            } => state.learn_first_attempt(&run_id, &task_id, features, steps),
             PolicyMsg::Learn { observation, reply } => {
                 let summary = state.policy.update(&observation);
                 let _ = reply.send(summary);
@@ -390,12 +448,13 @@ impl Actor for PolicyActor {
             }
             PolicyMsg::Stats { reply } => {
                 let p = &state.policy;
-                let _ = reply.send((
-                    p.learned(),
-                    p.infra_ignored(),
-                    p.infra_learned(),
-                    p.changes_detected(),
-                ));
+                let _ = reply.send(LearningStats {
+                    learned: p.learned(),
+                    infra_ignored: p.infra_ignored(),
+                    infra_learned: p.infra_learned(),
+                    changes_detected: p.changes_detected(),
+                    learned_at_first_attempt: state.learned_at_first_attempt,
+                });
             }
             PolicyMsg::Greedy { features, reply } => {
                 let (plan, value) = state.policy.greedy(&features);
@@ -451,8 +510,20 @@ impl PolicyState {
         if seq <= self.watermark || self.applied.contains(&seq) {
             return;
         }
-        let observation = observation_of(exp);
-        self.policy.update(&observation);
+        // What the run's first attempt taught was learned when it ended: only the rest now.
+        match self.first_attempts.take(&exp.run_id) {
+            Some(learned) => {
+                let rest = observation_of_steps(exp, |i| !learned.steps.contains(&i));
+                if learned.visited {
+                    self.policy.update_rest(&rest);
+                } else {
+                    self.policy.update(&rest);
+                }
+            }
+            None => {
+                self.policy.update(&observation_of(exp));
+            }
+        }
         self.in_flight.retain(|(task, ..)| task != &exp.task_id);
         let via_sop = parse_sop_plan_id(&exp.plan_id);
         let first_passed = exp.result.passed && exp.result.attempts == 1;
@@ -469,6 +540,32 @@ impl PolicyState {
         }
         self.mark_applied(seq);
         self.since_snapshot += 1;
+    }
+
+    /// Learns the settled steps of a run's first attempt that were not learned before.
+    fn learn_first_attempt(
+        &mut self,
+        run_id: &str,
+        task_id: &str,
+        features: BTreeMap<String, String>,
+        steps: Vec<(u32, Vec<StageObservation>)>,
+    ) {
+        // Its explorations' results are back.
+        self.in_flight.retain(|(task, ..)| task != task_id);
+        let (stages, visited) = self.first_attempts.admit(run_id, steps);
+        if stages.is_empty() {
+            return;
+        }
+        let observation = Observation { features, stages };
+        let summary = if visited {
+            self.policy.update_rest(&observation)
+        } else {
+            self.policy.update(&observation)
+        };
+        if summary.learned > 0 {
+            self.first_attempts.visited(run_id);
+        }
+        self.learned_at_first_attempt += u64::from(summary.learned);
     }
 
     /// Fits and evaluates a ranker when one is due: on the newest `window` experiences,
@@ -577,6 +674,11 @@ impl PolicyState {
             applied: self.applied.clone(),
         };
         ops.push(hindsight::store::WriteOp::put(POLICY, SNAPSHOT_KEY, &p)?);
+        ops.push(hindsight::store::WriteOp::put(
+            POLICY,
+            FIRST_ATTEMPTS_KEY,
+            &self.first_attempts,
+        )?);
         self.store.write_batch(ops).await?;
         self.since_snapshot = 0;
         self.distiller_dirty = false;
@@ -711,48 +813,18 @@ impl PolicyState {
 /// never validated says nothing about validity and is left out. Infrastructure faults retried
 /// inside a call are reported too (the policy counts and ignores them).
 pub fn observation_of(exp: &ExperienceTuple) -> Observation {
-    let mut stages = Vec::new();
-    for step in &exp.steps {
-        let (Some(stage), Some(strategy), Some(tool)) = (
-            step.metadata.get("stage").and_then(Value::as_str),
-            step.metadata.get("strategy").and_then(Value::as_str),
-            step.tool_called.as_deref(),
-        ) else {
-            continue;
-        };
-        let arm = Arm::new(tool, strategy);
-        let infra = step
-            .metadata
-            .get("infra_errors")
-            .and_then(Value::as_u64)
-            .unwrap_or(0);
-        for _ in 0..infra {
-            stages.push(StageObservation {
-                stage: stage.to_string(),
-                arm: arm.clone(),
-                outcome: StageOutcome::Failed(FailureCategory::Infrastructure),
-                latency_ms: 0.0,
-                cost: 0.0,
-            });
-        }
-        let outcome = match step.metadata.get("outcome").and_then(Value::as_str) {
-            Some("valid") => StageOutcome::Valid,
-            Some("invalid") => StageOutcome::Invalid,
-            Some("strategy") => StageOutcome::Failed(FailureCategory::Strategy),
-            Some("unknown") => StageOutcome::Failed(FailureCategory::Unknown),
-            Some("infrastructure") => StageOutcome::Failed(FailureCategory::Infrastructure),
-            _ => continue,
-        };
-        // The arm's own latency and cost, never the infrastructure retries inside the call.
-        let (latency_ms, cost) = step.own_latency_cost();
-        stages.push(StageObservation {
-            stage: stage.to_string(),
-            arm,
-            outcome,
-            latency_ms,
-            cost,
-        });
-    }
+    observation_of_steps(exp, |_| true)
+}
+
+/// [`observation_of`] over the steps whose index `keep` accepts.
+fn observation_of_steps(exp: &ExperienceTuple, keep: impl Fn(u32) -> bool) -> Observation {
+    let stages = exp
+        .steps
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| u32::try_from(*i).is_ok_and(&keep))
+        .flat_map(|(_, step)| step_observations(step))
+        .collect();
     Observation {
         features: exp.context_features.clone(),
         stages,

@@ -499,11 +499,15 @@ async fn run_round(
             None => {
                 transition(ctx, run_id, st, RunState::Validating, RunPatch::default()).await?;
                 match validate(ctx, &plan, st).await? {
-                    None => return Ok((RunState::Succeeded, None)),
+                    None => {
+                        learn_first_attempt(ctx, run_id, task, st).await;
+                        return Ok((RunState::Succeeded, None));
+                    }
                     Some(f) => f,
                 }
             }
         };
+        learn_first_attempt(ctx, run_id, task, st).await;
         transition(ctx, run_id, st, RunState::Recovering, RunPatch::default()).await?;
         let mut rng = fastrand::Rng::with_seed(
             crate::workflow::stable_hash(run_id)
@@ -621,6 +625,30 @@ async fn run_round(
         }
         checkpoint(ctx, run_id, st).await?;
     }
+}
+
+/// When the run's first attempt has just ended (passed, failed or rejected by its validator),
+/// sends its settled stage outcomes to the policy, which learns them now rather than when the
+/// run ends ([`crate::first_attempt`]). A policy that cannot be reached learns them from the
+/// logged experience instead.
+async fn learn_first_attempt(ctx: &TreeCtx, run_id: &str, task: &Task, st: &DriverState) {
+    if st.attempt != 0 {
+        return;
+    }
+    let steps = crate::first_attempt::settled_steps(&st.steps, 0);
+    if steps.is_empty() {
+        return;
+    }
+    let _ = ctx
+        .dir
+        .policy
+        .cast(PolicyMsg::FirstAttempt {
+            run_id: run_id.to_string(),
+            task_id: task.task_id.clone(),
+            features: task.features.clone(),
+            steps,
+        })
+        .await;
 }
 
 /// Repairs the plan after a failure: the failed arm is ruled out for this run and replaced by

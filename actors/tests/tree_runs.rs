@@ -42,7 +42,7 @@ async fn learned(rt: &Runtime) -> u64 {
         .call(|reply| PolicyMsg::Stats { reply })
         .await
         .unwrap()
-        .0
+        .learned
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -528,4 +528,93 @@ async fn tasks_in_flight_do_not_explore_the_same_arm_before_its_first_result_is_
         explored.len(),
         "an arm explored twice while in flight: {explored:?}"
     );
+}
+
+/// What a fresh policy learns from the whole log: every settled stage outcome, once.
+fn learnable(env: &SimEnv, log: &[hindsight::ExperienceTuple]) -> u64 {
+    use hindsight::learn::bandit::{Policy, PolicyConfig};
+    let mut p = Policy::new(
+        PolicyConfig::default(),
+        hindsight::learn::sim_run::stage_arms(env),
+    )
+    .unwrap();
+    for e in log {
+        p.update(&hindsight_actors::policy::observation_of(e));
+    }
+    p.learned()
+}
+
+fn experiences(rt: &Runtime) -> Vec<hindsight::ExperienceTuple> {
+    rt.store()
+        .experience_all()
+        .unwrap()
+        .into_iter()
+        .map(|(_, e)| e.unwrap())
+        .collect()
+}
+
+/// A run's first attempt is learned when it ends, ahead of the run's experience, and the
+/// experience then teaches only the rest: with eight tasks in flight, and across a restart that
+/// falls between the two (the record of what was learned early is persisted with the snapshot).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_attempt_is_learned_when_it_ends_and_never_again_from_the_log() {
+    use hindsight_actors::first_attempt::settled_steps;
+    let dir = tempfile::tempdir().unwrap();
+    let env = env();
+    let rt = Runtime::start(options(dir.path())).await.unwrap();
+    workload::run_tasks(&rt, &env, 11, 150, 8, |_| {})
+        .await
+        .unwrap();
+    let policy = rt.ctx().dir.policy.clone();
+    let stats = policy
+        .call(|reply| PolicyMsg::Stats { reply })
+        .await
+        .unwrap();
+    let log = experiences(&rt);
+    assert!(
+        stats.learned_at_first_attempt * 2 > stats.learned,
+        "most outcomes are learned at their first attempt: {stats:?}"
+    );
+    assert_eq!(stats.learned, learnable(&env, &log), "each outcome once");
+
+    // A run whose first attempt was learned, and whose experience is logged but not yet
+    // observed when the process stops.
+    let mut late = log
+        .iter()
+        .find(|e| e.result.attempts > 1 && !settled_steps(&e.steps, 0).is_empty())
+        .expect("a run that needed a second attempt")
+        .clone();
+    late.run_id = "run-late".into();
+    late.task_id = "late".into();
+    let early = settled_steps(&late.steps, 0);
+    policy
+        .cast(PolicyMsg::FirstAttempt {
+            run_id: late.run_id.clone(),
+            task_id: late.task_id.clone(),
+            features: late.context_features.clone(),
+            steps: early,
+        })
+        .await
+        .unwrap();
+    let after = policy
+        .call(|reply| PolicyMsg::Stats { reply })
+        .await
+        .unwrap();
+    assert!(
+        after.learned > stats.learned,
+        "the first attempt is learned"
+    );
+    rt.store()
+        .write_batch(vec![hindsight::store::WriteOp::experience(&late).unwrap()])
+        .await
+        .unwrap();
+    rt.shutdown().await;
+
+    // The new process replays the experience and learns only what the first attempt did not.
+    let rt = Runtime::start(options(dir.path())).await.unwrap();
+    let log = experiences(&rt);
+    assert_eq!(log.len(), 151);
+    let restarted = learned(&rt).await;
+    rt.shutdown().await;
+    assert_eq!(restarted, learnable(&env, &log), "each outcome once");
 }

@@ -1292,6 +1292,17 @@ impl Policy {
     /// Learns from an observation. Infrastructure failures never touch the posterior: they are
     /// counted and ignored. Unknown stages or arms are counted and ignored.
     pub fn update(&mut self, obs: &Observation) -> UpdateSummary {
+        self.update_with(obs, true)
+    }
+
+    /// Learns the rest of a task whose first part was learned already (by [`Policy::update`]):
+    /// the same as `update`, except that the task's clusters are not counted as visited again,
+    /// so discounting ages the evidence once per task however its outcomes arrive.
+    pub fn update_rest(&mut self, obs: &Observation) -> UpdateSummary {
+        self.update_with(obs, false)
+    }
+
+    fn update_with(&mut self, obs: &Observation, visit: bool) -> UpdateSummary {
         let mut summary = UpdateSummary::default();
         let mut items: Vec<(usize, f64, f64, f64, f64)> = Vec::with_capacity(obs.stages.len());
         for so in &obs.stages {
@@ -1365,7 +1376,9 @@ impl Policy {
                 visits: 0,
                 arms: vec![ArmStats::default(); n_arms],
             });
-            node.visits += 1;
+            if visit || node.visits == 0 {
+                node.visits += 1;
+            }
             let visits = node.visits;
             let model = self
                 .models
@@ -1599,6 +1612,59 @@ mod tests {
             ],
         )
         .unwrap()
+    }
+
+    /// A task learned in two parts (its first attempt when it ends, the rest from its logged
+    /// experience) visits its clusters once, as the same task learned whole does: discounting
+    /// ages the evidence once per task.
+    #[test]
+    fn a_task_learned_in_two_parts_is_one_visit() {
+        let f = feats(&[("doc", "pdf"), ("lang", "en")]);
+        let first = stage_obs(
+            f.clone(),
+            "extract",
+            Arm::new("cheap", "x"),
+            false,
+            900.0,
+            0.01,
+        );
+        let rest = stage_obs(
+            f.clone(),
+            "extract",
+            Arm::new("premium", "x"),
+            true,
+            2000.0,
+            0.05,
+        );
+        let whole = Observation {
+            features: f.clone(),
+            stages: first.stages.iter().chain(&rest.stages).cloned().collect(),
+        };
+        let counts = |p: &Policy| -> Vec<(String, u64, Vec<(f64, f64)>)> {
+            p.snapshot()
+                .nodes
+                .into_iter()
+                .map(|(k, v, arms)| {
+                    (
+                        k,
+                        v,
+                        arms.iter().map(|a| (a.successes, a.failures)).collect(),
+                    )
+                })
+                .collect()
+        };
+        let (mut at_once, mut in_parts, mut as_two_tasks) = (policy(), policy(), policy());
+        for _ in 0..5 {
+            at_once.update(&whole);
+            in_parts.update(&first);
+            in_parts.update_rest(&rest);
+            as_two_tasks.update(&first);
+            as_two_tasks.update(&rest);
+        }
+        assert_eq!(counts(&in_parts), counts(&at_once));
+        assert_eq!(in_parts.learned(), at_once.learned());
+        // Counted as two tasks, the visits double (and with them the discounting).
+        assert_ne!(counts(&as_two_tasks), counts(&at_once));
     }
 
     /// `rounds` of "cheap" succeeding at extract, "a" succeeding and "b" failing at normalize.
