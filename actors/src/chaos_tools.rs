@@ -1,5 +1,5 @@
 //! Fault injection into the tree: a [`ChaosHandle`] decides which actor messages panic (through
-//! each actor's [`ChaosHook`]) and which tool calls fail or slow down (through [`ChaosTool`], a
+//! each actor's [`ChaosHook`](crate::chaos_hook::ChaosHook)) and which tool calls fail or slow down (through [`ChaosTool`], a
 //! wrapper around every tool of the registry, so injected faults go through the same resilience
 //! and triage as real ones).
 

@@ -1,6 +1,7 @@
 //! The Policy actor: owns the contextual bandit (and the SOPs the planner may follow, and the
 //! ranker it distils from its log and puts in force only while off-policy evaluation allows),
-//! chooses a plan per task, and learns from every logged experience. Its state is event-sourced:
+//! chooses a plan per task, and learns from every logged experience (a run's first attempt as
+//! soon as it ends, [`crate::first_attempt`], the rest from the log). Its state is event-sourced:
 //! a snapshot persisted every few updates plus the experience log since the snapshot's watermark,
 //! replayed in `pre_start`, so a restart loses nothing and never learns an experience twice.
 

@@ -1,4 +1,4 @@
-//! Guardrails: PII redaction ([`pii`]), multi-pass text sanitising ([`sanitize`]),
+//! Guardrails: PII redaction ([`pii`]), multi-pass text sanitising ([`sanitize`](mod@sanitize)),
 //! prompt-injection scanning ([`injection`]) and task ingress checks with budget ceilings and
 //! permission scopes ([`ingress`]).
 

@@ -80,7 +80,7 @@ pub enum Strategy {
     },
     /// Hand the run to a human.
     Escalate {
-        /// Why; defaults to "Unhandled failure: <type> at step <i>".
+        /// Why; defaults to "Unhandled failure: `<type>` at step `<i>`".
         message: Option<String>,
     },
     /// Give up.
