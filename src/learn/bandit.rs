@@ -1640,7 +1640,9 @@ mod tests {
             features: f.clone(),
             stages: first.stages.iter().chain(&rest.stages).cloned().collect(),
         };
-        let counts = |p: &Policy| -> Vec<(String, u64, Vec<(f64, f64)>)> {
+        // Per node: key, visits, per-arm (successes, failures).
+        type Counts = Vec<(String, u64, Vec<(f64, f64)>)>;
+        let counts = |p: &Policy| -> Counts {
             p.snapshot()
                 .nodes
                 .into_iter()
