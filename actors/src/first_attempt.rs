@@ -73,8 +73,8 @@ pub fn step_observations(step: &Step) -> Vec<StageObservation> {
     out
 }
 
-/// The stage calls of attempt `attempt` (0-based over the run) whose outcome is settled: `(index in the run's steps,
-/// observations)`.
+/// The stage calls of attempt `attempt` (0-based over the run) whose outcome is settled:
+/// `(index in the run's steps, observations)`.
 pub fn settled_steps(steps: &[Step], attempt: u32) -> Vec<(u32, Vec<StageObservation>)> {
     steps
         .iter()
@@ -150,11 +150,6 @@ impl FirstAttempts {
     /// Forgets `run_id` (its experience is being learned) and returns what was learned of it.
     pub fn take(&mut self, run_id: &str) -> Option<LearnedRun> {
         self.runs.remove(run_id)
-    }
-
-    /// How many runs are remembered.
-    pub fn len(&self) -> usize {
-        self.runs.len()
     }
 
     /// Whether no run is remembered.

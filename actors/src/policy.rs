@@ -515,11 +515,7 @@ impl PolicyState {
         match self.first_attempts.take(&exp.run_id) {
             Some(learned) => {
                 let rest = observation_of_steps(exp, |i| !learned.steps.contains(&i));
-                if learned.visited {
-                    self.policy.update_rest(&rest);
-                } else {
-                    self.policy.update(&rest);
-                }
+                self.learn_part(&rest, learned.visited);
             }
             None => {
                 self.policy.update(&observation_of(exp));
@@ -543,6 +539,20 @@ impl PolicyState {
         self.since_snapshot += 1;
     }
 
+    /// Learns part of a task's outcomes: as the rest of the task when an earlier part already
+    /// counted its clusters as visited.
+    fn learn_part(
+        &mut self,
+        observation: &Observation,
+        visited: bool,
+    ) -> hindsight::learn::bandit::UpdateSummary {
+        if visited {
+            self.policy.update_rest(observation)
+        } else {
+            self.policy.update(observation)
+        }
+    }
+
     /// Learns the settled steps of a run's first attempt that were not learned before.
     fn learn_first_attempt(
         &mut self,
@@ -557,12 +567,7 @@ impl PolicyState {
         if stages.is_empty() {
             return;
         }
-        let observation = Observation { features, stages };
-        let summary = if visited {
-            self.policy.update_rest(&observation)
-        } else {
-            self.policy.update(&observation)
-        };
+        let summary = self.learn_part(&Observation { features, stages }, visited);
         if summary.learned > 0 {
             self.first_attempts.visited(run_id);
         }
