@@ -4,14 +4,20 @@
 //! infrastructure faults, and a downward drift of one arm for one feature value at task 500,
 //! 600 or 700. They stand in for the environments the learning bench will be run on unseen.
 //!
-//! `cargo run --release --example random_env -- DIR FIRST LAST` writes `DIR/gFIRST.toml` to
-//! `DIR/gLAST.toml`; then run `hindsight bench learning --env DIR/g1.toml --json` on each.
+//! `cargo run --release --example random_env -- DIR FIRST LAST [--wide]` writes `DIR/gFIRST.toml`
+//! to `DIR/gLAST.toml`; then run `hindsight bench learning --env DIR/g1.toml --json` on each.
+//! `--wide` draws six to ten arms per stage instead (the "many arms" of the issue, at its far end).
 
 use std::fmt::Write as _;
 use std::path::Path;
 
 /// The environment of `seed`, as TOML text (the same text for the same seed, on every build).
 pub fn generate(seed: u64) -> String {
+    generate_with(seed, &[3, 4, 5, 6])
+}
+
+/// [`generate`] with each stage's number of arms drawn from `arm_counts`.
+pub fn generate_with(seed: u64, arm_counts: &[u64]) -> String {
     let mut r = fastrand::Rng::with_seed(seed);
     let pick = |r: &mut fastrand::Rng, xs: &[u64]| xs[r.usize(..xs.len())];
     let round2 = |x: f64| (x * 100.0).round() / 100.0;
@@ -56,7 +62,7 @@ pub fn generate(seed: u64) -> String {
     let mut drifting: Option<(u64, u64)> = None;
     for s in 0..n_stages {
         let _ = writeln!(out, "\n[[stage]]\nname = \"s{s}\"");
-        let n_arms = pick(&mut r, &[3, 4, 5, 6]);
+        let n_arms = pick(&mut r, arm_counts);
         let best = r.u64(..n_arms);
         for a in 0..n_arms {
             let _ = writeln!(
@@ -114,14 +120,19 @@ pub fn generate(seed: u64) -> String {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: random_env DIR FIRST LAST";
+    let usage = "usage: random_env DIR FIRST LAST [--wide]";
     let dir = args.first().ok_or(usage)?;
     let first: u64 = args.get(1).ok_or(usage)?.parse()?;
     let last: u64 = args.get(2).ok_or(usage)?.parse()?;
+    let arm_counts: &[u64] = match args.get(3).map(String::as_str) {
+        None => &[3, 4, 5, 6],
+        Some("--wide") => &[6, 7, 8, 10],
+        Some(_) => return Err(usage.into()),
+    };
     std::fs::create_dir_all(dir)?;
     for seed in first..=last {
         let path = Path::new(dir).join(format!("g{seed}.toml"));
-        std::fs::write(&path, generate(seed))?;
+        std::fs::write(&path, generate_with(seed, arm_counts))?;
         println!("{}", path.display());
     }
     Ok(())

@@ -69,7 +69,7 @@ pub struct LearningArgs {
     #[arg(long, value_name = "FILE")]
     pub env: Option<PathBuf>,
     /// Tasks to run.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = super::parse_tasks)]
     pub tasks: u64,
     /// Seed of the tasks and of every choice.
     #[arg(long, default_value_t = 1)]

@@ -15,7 +15,7 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub env: Option<PathBuf>,
     /// Tasks to run (the next ones after what earlier demos on the same data ran).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = super::parse_tasks)]
     pub tasks: u64,
     /// Seed of the tasks and of every choice.
     #[arg(long, default_value_t = 7)]

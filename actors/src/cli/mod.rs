@@ -105,6 +105,16 @@ pub fn print_json<T: serde::Serialize + ?Sized>(value: &T) -> Result<(), Failure
     outln!("{text}")
 }
 
+/// Parses a `--tasks` count: a whole number of at least 1 (a run of no tasks has no figures).
+pub fn parse_tasks(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!(
+            "expected a whole number of tasks, at least 1; found `{s}`"
+        )),
+    }
+}
+
 /// `hindsight bench ...`.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
@@ -135,6 +145,15 @@ pub async fn run_bench(global: &Global, args: BenchArgs) -> Result<(), Failure> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_task_count_is_at_least_one() {
+        assert_eq!(parse_tasks("1000"), Ok(1000));
+        for bad in ["0", "-3", "ten", ""] {
+            let e = parse_tasks(bad).err().unwrap_or_default();
+            assert!(e.contains("at least 1"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn a_failure_is_one_sentence() {
