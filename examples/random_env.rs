@@ -11,9 +11,14 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+/// Arms per stage, drawn from these.
+pub const ARMS: &[u64] = &[3, 4, 5, 6];
+/// Arms per stage with `--wide`.
+pub const WIDE_ARMS: &[u64] = &[6, 7, 8, 10];
+
 /// The environment of `seed`, as TOML text (the same text for the same seed, on every build).
 pub fn generate(seed: u64) -> String {
-    generate_with(seed, &[3, 4, 5, 6])
+    generate_with(seed, ARMS)
 }
 
 /// [`generate`] with each stage's number of arms drawn from `arm_counts`.
@@ -125,8 +130,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let first: u64 = args.get(1).ok_or(usage)?.parse()?;
     let last: u64 = args.get(2).ok_or(usage)?.parse()?;
     let arm_counts: &[u64] = match args.get(3).map(String::as_str) {
-        None => &[3, 4, 5, 6],
-        Some("--wide") => &[6, 7, 8, 10],
+        None => ARMS,
+        Some("--wide") => WIDE_ARMS,
         Some(_) => return Err(usage.into()),
     };
     std::fs::create_dir_all(dir)?;
