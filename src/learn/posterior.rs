@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::learn::drift::PageHinkley;
+use crate::learn::drift::BernoulliGlr;
 
 /// A standard normal variate (Marsaglia's polar method).
 pub fn sample_normal(rng: &mut fastrand::Rng) -> f64 {
@@ -87,7 +87,7 @@ pub struct ArmStats {
     /// Changes detected on this arm in this node.
     pub changes: u32,
     /// The change detector on the success indicator.
-    pub detector: PageHinkley,
+    pub detector: BernoulliGlr,
     /// Fast moving average of the success indicator (what the arm does lately).
     pub recent: f64,
 }
@@ -134,13 +134,14 @@ impl ArmStats {
 
     /// Forgets the success evidence after a detected change: what is left is `keep` pseudo-
     /// observations at the recent success rate; latency and cost keep a fifth of their weight.
+    /// The change detector is left as it is (one that fired has already started again from the
+    /// change point it found).
     pub fn forget(&mut self, keep: f64) {
         let r = self.recent.clamp(0.0, 1.0);
         if self.successes + self.failures > keep {
             self.successes = keep * r;
             self.failures = keep * (1.0 - r);
         }
-        self.detector = PageHinkley::default();
         self.changes += 1;
         // Latency and cost may have moved with the change: keep only a little of them.
         let keep = 0.2;
