@@ -49,7 +49,7 @@ impl GlrChange {
 }
 
 /// Generalised likelihood-ratio test for a change in a Bernoulli stream (success or not), as in
-/// the GLR change detectors of piecewise-stationary bandits (Besson and Kaufmann, 2019).
+/// the GLR change detectors of piecewise-stationary bandits (Besson et al., 2019).
 ///
 /// It keeps the last [`GLR_WINDOW`] outcomes one by one and the counts of the older ones since
 /// the last reset; for every split of the stream with the newer part inside the window it
