@@ -133,6 +133,25 @@ impl BernoulliGlr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::learn::bandit::PolicyConfig;
+
+    /// Feeds one outcome with the policy's default threshold and minimums.
+    fn feed(glr: &mut BernoulliGlr, success: bool) -> Option<GlrChange> {
+        let c = PolicyConfig::default();
+        glr.observe(
+            success,
+            c.change_threshold,
+            c.change_min_obs,
+            c.change_min_before,
+        )
+    }
+
+    /// Feeds `n` outcomes at rate `p`, none of which may fire.
+    fn steady(glr: &mut BernoulliGlr, rng: &mut fastrand::Rng, p: f64, n: usize) {
+        for _ in 0..n {
+            assert!(feed(glr, rng.f64() < p).is_none(), "a false alarm at {p}");
+        }
+    }
 
     /// False alarms over `streams` stationary streams of `len` outcomes at rate `p`.
     fn false_alarms(p: f64, streams: usize, len: usize, seed: u64) -> usize {
@@ -141,7 +160,7 @@ mod tests {
         for _ in 0..streams {
             let mut glr = BernoulliGlr::default();
             for _ in 0..len {
-                if glr.observe(rng.f64() < p, 10.0, 8, 4).is_some() {
+                if feed(&mut glr, rng.f64() < p).is_some() {
                     alarms += 1;
                 }
             }
@@ -167,12 +186,10 @@ mod tests {
     fn fires_soon_after_a_drop_and_reports_both_sides() {
         let mut rng = fastrand::Rng::with_seed(7);
         let mut glr = BernoulliGlr::default();
-        for _ in 0..300 {
-            assert!(glr.observe(rng.f64() < 0.95, 10.0, 8, 4).is_none());
-        }
+        steady(&mut glr, &mut rng, 0.95, 300);
         let mut found = None;
         for i in 0..50 {
-            if let Some(change) = glr.observe(rng.f64() < 0.15, 10.0, 8, 4) {
+            if let Some(change) = feed(&mut glr, rng.f64() < 0.15) {
                 found = Some((i, change));
                 break;
             }
@@ -192,10 +209,8 @@ mod tests {
     fn fires_on_a_rise_too() {
         let mut rng = fastrand::Rng::with_seed(5);
         let mut glr = BernoulliGlr::default();
-        for _ in 0..200 {
-            assert!(glr.observe(rng.f64() < 0.3, 10.0, 8, 4).is_none());
-        }
-        let fired = (0..60).any(|_| glr.observe(rng.f64() < 0.95, 10.0, 8, 4).is_some());
+        steady(&mut glr, &mut rng, 0.3, 200);
+        let fired = (0..60).any(|_| feed(&mut glr, rng.f64() < 0.95).is_some());
         assert!(
             fired,
             "the rise from 0.3 to 0.95 was not detected in 60 outcomes"
@@ -207,7 +222,7 @@ mod tests {
         let mut glr = BernoulliGlr::default();
         for i in 0..200u32 {
             // Alternating outcomes: no change to find.
-            assert!(glr.observe(i % 2 == 0, 10.0, 8, 4).is_none());
+            assert!(feed(&mut glr, i % 2 == 0).is_none());
         }
         assert_eq!(glr.len, GLR_WINDOW);
         assert_eq!(glr.older_n + glr.len, 200);
@@ -216,12 +231,15 @@ mod tests {
 
     #[test]
     fn nothing_fires_before_the_minimum_observations() {
+        // Seven outcomes can never pass the default threshold, so this one is low: after four
+        // successes each failure scores above it (2.5 at the first, 4.8 at the third), and only
+        // the minimum of eight keeps them quiet.
         let mut glr = BernoulliGlr::default();
         for _ in 0..4 {
-            glr.observe(true, 10.0, 8, 4);
+            glr.observe(true, 1.0, 8, 4);
         }
         for _ in 0..3 {
-            assert!(glr.observe(false, 10.0, 8, 4).is_none());
+            assert!(glr.observe(false, 1.0, 8, 4).is_none());
         }
     }
 
@@ -235,7 +253,7 @@ mod tests {
             older_successes: u32::MAX,
         };
         for i in 0..100 {
-            let _ = glr.observe(i % 3 == 0, 10.0, 8, 4);
+            let _ = feed(&mut glr, i % 3 == 0);
         }
         assert!(glr.len <= GLR_WINDOW);
     }
