@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use hindsight::config::{Config, DurabilityConfig};
 use hindsight::learn::bandit::{Arm, Observation, StageObservation, StageOutcome};
-use hindsight::store::{Durability, Store, StoreOptions};
+use hindsight::store::{Durability, Store, StoreOptions, idempotency};
 use hindsight::tools::ToolRegistry;
 use hindsight::tools::mcp::McpServer;
 use hindsight::{ArmChoice, ErrorClass, FailureCategory, Lesson, Sop, Step, Task};
@@ -371,8 +371,8 @@ impl TreeBackend {
     /// Records an idempotency key's task, or refuses a key reused for another task.
     async fn claim_key(&self, tenant: &str, key: Option<&str>, task: &Task) -> BackendResult<()> {
         let Some(key) = key else { return Ok(()) };
-        let store_key = format!("api:{tenant}:{}", hex16(key));
-        let want = serde_json::json!({ "task_id": task.task_id });
+        let store_key = idempotency::task_claim_key(tenant, &hex16(key));
+        let want = idempotency::task_claim_value(&task.task_id);
         match self.store().get_idempotent(&store_key) {
             Ok(Some(seen)) if seen == want => Ok(()),
             Ok(Some(_)) => Err(BackendError::Conflict(

@@ -691,7 +691,7 @@ async fn repair(
 
 /// The idempotency key of one stage call of one attempt.
 pub(crate) fn idempotency_key(run_id: &str, attempt: u32, stage: &str) -> String {
-    format!("{run_id}/a{attempt}/{stage}")
+    hindsight::store::idempotency::call_key(run_id, attempt, stage)
 }
 
 /// Runs the plan's stages from `st.next_stage`, checkpointing after each step. Returns the

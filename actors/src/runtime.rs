@@ -163,6 +163,7 @@ pub fn compact(store: &Store) -> Result<CompactReport, StoreError> {
             diary = report.diary_removed,
             experience = report.experience_removed,
             runs = report.runs_removed,
+            idempotency = report.idempotency_removed,
             damaged_kept = report.damaged_kept,
             "store compacted"
         );

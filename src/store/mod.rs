@@ -38,11 +38,14 @@
 
 pub mod baseline;
 pub mod envelope;
+pub mod idempotency;
 mod json;
+mod shrink;
 mod stored;
 mod tables;
 mod writer;
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
@@ -58,6 +61,7 @@ use tokio::sync::oneshot;
 use crate::record::{Checkpoint, DiaryEntry, ExperienceTuple, Run};
 pub use envelope::EnvelopeError;
 use json::JsonTree;
+pub use shrink::{ShrinkReport, shrink};
 use stored::{StoredCheckpoint, StoredExperience};
 pub use tables::KvTable;
 use tables::{
@@ -298,6 +302,10 @@ pub struct CompactReport {
     /// Finished runs removed by the run TTL (with their checkpoints and records).
     #[serde(default)]
     pub runs_removed: u64,
+    /// Idempotency records removed with their runs: task claims of removed tasks, and call
+    /// results that a run's end did not already delete (written by builds before it did).
+    #[serde(default)]
+    pub idempotency_removed: u64,
     /// Damaged records kept because their age cannot be read.
     pub damaged_kept: u64,
 }
@@ -929,10 +937,10 @@ impl Store {
             }
             if let Some(ttl) = self.inner.options.run_ttl_ms {
                 let cutoff = now_ms.saturating_sub(ttl);
-                let (removed, damaged) =
-                    remove_old_runs(&txn, cutoff, run_records).map_err(|e| fail(&e))?;
-                report.runs_removed = removed;
-                report.damaged_kept += damaged;
+                let gone = remove_old_runs(&txn, cutoff, run_records).map_err(|e| fail(&e))?;
+                report.runs_removed = gone.runs;
+                report.idempotency_removed = gone.idempotency;
+                report.damaged_kept += gone.damaged;
             }
         }
         txn.commit().map_err(|e| fail(&e))?;
@@ -1050,16 +1058,25 @@ fn index_open_runs(txn: &redb::WriteTransaction) -> Result<(), redb::Error> {
     Ok(())
 }
 
-/// Removes every finished run last updated before `cutoff`, with its checkpoints and its
-/// records in `run_records`; returns how many runs went and how many damaged run records were
-/// kept.
+/// What [`remove_old_runs`] removed and kept.
+struct RunsRemoved {
+    runs: u64,
+    idempotency: u64,
+    damaged: u64,
+}
+
+/// Removes every finished run last updated before `cutoff`, with its checkpoints, its records
+/// in `run_records` and its idempotency records ([`idempotency`]'s scheme): a claim goes once no
+/// run of its task is left, a call result once its run is gone. Damaged run and idempotency
+/// records are kept and counted.
 fn remove_old_runs(
     txn: &redb::WriteTransaction,
     cutoff: u64,
     run_records: &[RunRecords],
-) -> Result<(u64, u64), redb::Error> {
+) -> Result<RunsRemoved, redb::Error> {
     let mut runs = txn.open_table(RUNS)?;
     let mut old: Vec<(String, String)> = Vec::new();
+    let mut kept_tasks: HashSet<String> = HashSet::new();
     let mut damaged = 0;
     for entry in runs.iter()? {
         let (k, v) = entry?;
@@ -1067,7 +1084,9 @@ fn remove_old_runs(
             Ok(run) if run.state.is_terminal() && run.updated_ms < cutoff => {
                 old.push((run.run_id, run.task_id));
             }
-            Ok(_) => {}
+            Ok(run) => {
+                kept_tasks.insert(run.task_id);
+            }
             Err(_) => damaged += 1,
         }
     }
@@ -1094,5 +1113,69 @@ fn remove_old_runs(
             t.remove(k)?;
         }
     }
-    Ok((old.len() as u64, damaged))
+    let gone_tasks: HashSet<&str> = old
+        .iter()
+        .map(|(_, t)| t.as_str())
+        .filter(|t| !kept_tasks.contains(*t))
+        .collect();
+    let (idempotency, damaged_idem) = remove_run_idempotency(txn, &runs, &old, &gone_tasks)?;
+    Ok(RunsRemoved {
+        runs: old.len() as u64,
+        idempotency,
+        damaged: damaged + damaged_idem,
+    })
+}
+
+/// Removes the idempotency records of the removed runs `old` (after they left `runs`): the call
+/// results under each run's `{run_id}/a` prefix whose longest candidate run is not a stored
+/// one, and the task claims of `gone_tasks`. Returns how many went and how many damaged claims
+/// were kept.
+fn remove_run_idempotency(
+    txn: &redb::WriteTransaction,
+    runs: &redb::Table<&str, &[u8]>,
+    old: &[(String, String)],
+    gone_tasks: &HashSet<&str>,
+) -> Result<(u64, u64), redb::Error> {
+    let mut idem = txn.open_table(IDEMPOTENCY)?;
+    let mut doomed: Vec<String> = Vec::new();
+    for (run_id, _) in old {
+        let from = format!("{run_id}/a");
+        let to = format!("{run_id}/b");
+        for entry in idem.range(from.as_str()..to.as_str())? {
+            let (k, _) = entry?;
+            let key = k.value();
+            let candidates = idempotency::call_key_runs(key);
+            // The key is this run's unless a longer candidate is a run still stored.
+            let mine = candidates.contains(&run_id.as_str());
+            let mut taken = false;
+            for c in candidates.iter().filter(|c| c.len() > run_id.len()) {
+                taken |= runs.get(*c)?.is_some();
+            }
+            if mine && !taken {
+                doomed.push(key.to_string());
+            }
+        }
+    }
+    let mut damaged = 0;
+    if !gone_tasks.is_empty() {
+        let claims = idempotency::TASK_CLAIM_PREFIX..idempotency::TASK_CLAIM_END;
+        for entry in idem.range(claims)? {
+            let (k, v) = entry?;
+            let value = decode::<JsonTree>("idempotency", k.value(), v.value())
+                .ok()
+                .and_then(|t| t.into_value().ok());
+            match value {
+                Some(value) => {
+                    if idempotency::claimed_task(&value).is_some_and(|t| gone_tasks.contains(t)) {
+                        doomed.push(k.value().to_string());
+                    }
+                }
+                None => damaged += 1,
+            }
+        }
+    }
+    for key in &doomed {
+        idem.remove(key.as_str())?;
+    }
+    Ok((doomed.len() as u64, damaged))
 }

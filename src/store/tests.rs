@@ -15,6 +15,11 @@ fn opts() -> StoreOptions {
     }
 }
 
+/// A store in `dir` with `options` (the test options with a few fields set).
+fn open_with(dir: &Path, options: StoreOptions) -> Store {
+    Store::open(dir, options).unwrap()
+}
+
 fn run(id: &str, state: RunState) -> Run {
     Run {
         run_id: id.into(),
@@ -234,14 +239,13 @@ async fn a_batch_commits_together_and_reports_sequence_numbers() {
 #[tokio::test]
 async fn only_the_last_k_checkpoints_are_kept_and_finish_keeps_the_final_one() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(
+    let store = open_with(
         dir.path(),
         StoreOptions {
             checkpoints_per_run: 3,
             ..opts()
         },
-    )
-    .unwrap();
+    );
     for i in 0..7 {
         store.put_checkpoint(&checkpoint("r1", i)).await.unwrap();
         store.put_checkpoint(&checkpoint("r10", i)).await.unwrap();
@@ -386,14 +390,13 @@ async fn the_run_ttl_removes_only_finished_runs_past_it_and_their_records() {
         },
     ];
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(
+    let store = open_with(
         dir.path(),
         StoreOptions {
             run_ttl_ms: Some(1000),
             ..opts()
         },
-    )
-    .unwrap();
+    );
     // (id, state, last update): old and done, old but unfinished, done but recent.
     for (id, state, updated) in [
         ("old", RunState::Succeeded, 100),
@@ -447,6 +450,95 @@ async fn the_run_ttl_removes_only_finished_runs_past_it_and_their_records() {
 }
 
 #[tokio::test]
+async fn the_run_ttl_takes_the_runs_idempotency_records_and_nothing_else() {
+    use super::idempotency::{call_key, task_claim_key, task_claim_value};
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_with(
+        dir.path(),
+        StoreOptions {
+            run_ttl_ms: Some(1000),
+            ..opts()
+        },
+    );
+    // `old` goes; `old/a1/x` (a run id that extends `old` like a call key) and `new` stay;
+    // `stuck` is old but unfinished. `twice` has two runs of one task, one of them recent.
+    let runs = [
+        ("old", "task-old", RunState::Succeeded, 100),
+        ("old/a1/x", "task-x", RunState::Succeeded, 1500),
+        ("new", "task-new", RunState::Failed, 1500),
+        ("stuck", "task-stuck", RunState::Recovering, 100),
+        ("twice-1", "task-twice", RunState::Failed, 100),
+        ("twice-2", "task-twice", RunState::Succeeded, 1500),
+    ];
+    for (id, task, state, updated) in runs {
+        let r = Run {
+            task_id: task.into(),
+            updated_ms: updated,
+            ..run(id, state)
+        };
+        store.put_run(&r).await.unwrap();
+        store
+            .put_idempotent(&call_key(id, 0, "s"), &json!(id))
+            .await
+            .unwrap();
+        let claim = task_claim_key("acme", &format!("key-{id}"));
+        store
+            .put_idempotent(&claim, &task_claim_value(task))
+            .await
+            .unwrap();
+    }
+    // A claim of another tenant that happens to hold an unrelated value, and a damaged claim.
+    store
+        .put_idempotent("api:other:k", &json!({"no": "task"}))
+        .await
+        .unwrap();
+    store
+        .put_idempotent("api:acme:bad", &json!(0))
+        .await
+        .unwrap();
+    store
+        .overwrite_raw("idempotency", "api:acme:bad", &[1, 0xFF])
+        .unwrap();
+
+    let report = store.compact_with(2000, &[]).unwrap();
+    assert_eq!(report.runs_removed, 2, "old and twice-1");
+    // old's call and claim, and twice-1's call; the task `twice` still has a run, so its
+    // claims stay.
+    assert_eq!(report.idempotency_removed, 3);
+    assert_eq!(report.damaged_kept, 1);
+    assert_eq!(
+        store.get_idempotent(&call_key("old", 0, "s")).unwrap(),
+        None
+    );
+    assert_eq!(
+        store.get_idempotent(&call_key("twice-1", 0, "s")).unwrap(),
+        None
+    );
+    assert_eq!(
+        store
+            .get_idempotent(&task_claim_key("acme", "key-old"))
+            .unwrap(),
+        None
+    );
+    for id in ["old/a1/x", "new", "stuck", "twice-2"] {
+        assert_eq!(
+            store.get_idempotent(&call_key(id, 0, "s")).unwrap(),
+            Some(json!(id)),
+            "{id}"
+        );
+    }
+    for id in ["old/a1/x", "new", "stuck", "twice-1", "twice-2"] {
+        let claim = task_claim_key("acme", &format!("key-{id}"));
+        assert!(store.get_idempotent(&claim).unwrap().is_some(), "{id}");
+    }
+    assert!(store.get_idempotent("api:other:k").unwrap().is_some());
+    assert!(
+        store.get_idempotent("api:acme:bad").is_err(),
+        "the damaged claim is kept"
+    );
+}
+
+#[tokio::test]
 async fn compaction_applies_the_ttls() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(
@@ -470,6 +562,7 @@ async fn compaction_applies_the_ttls() {
             diary_removed: 3,
             experience_removed: 1,
             runs_removed: 0,
+            idempotency_removed: 0,
             damaged_kept: 0
         }
     );
@@ -637,4 +730,42 @@ async fn requests_queued_during_a_commit_share_the_next_transaction() {
 fn the_store_is_clone_send_sync() {
     fn check<T: Clone + Send + Sync + 'static>() {}
     check::<Store>();
+}
+
+#[tokio::test]
+async fn shrink_gives_the_space_of_removed_records_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_with(
+        dir.path(),
+        StoreOptions {
+            diary_ttl_ms: Some(1),
+            ..opts()
+        },
+    );
+    for i in 0..400u64 {
+        store
+            .append_diary(note(i, &"x".repeat(4000)))
+            .await
+            .unwrap();
+    }
+    // An open store holds the file: shrinking it is refused, not done under the writer.
+    assert!(matches!(shrink(dir.path()), Err(StoreError::Open { .. })));
+    assert_eq!(store.compact(u64::MAX).unwrap().diary_removed, 400);
+    drop(store);
+    let report = shrink(dir.path()).unwrap();
+    assert!(
+        report.file_bytes_after * 2 < report.file_bytes_before,
+        "{report:?}"
+    );
+    // The store opens and writes as before.
+    let store = Store::open(dir.path(), opts()).unwrap();
+    store.append_diary(note(1, "after")).await.unwrap();
+    assert_eq!(store.diary_tail(10).unwrap().len(), 1);
+}
+
+#[test]
+fn shrink_names_a_missing_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = shrink(dir.path()).unwrap_err();
+    assert!(e.to_string().contains("hindsight.redb"), "{e}");
 }

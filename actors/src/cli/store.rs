@@ -30,7 +30,9 @@ enum StoreCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Remove diary and experience entries, and finished runs, older than their time-to-live.
+    /// Remove diary and experience entries, and finished runs, older than their time-to-live
+    /// (none without a TTL), then give the space they held back to the file system. The
+    /// daemon must be stopped: the file is compacted in place.
     Compact {
         /// Time-to-live of diary entries (`30d`, `12h`, `90m`, `45s`, `500ms`).
         #[arg(long, value_name = "DURATION", value_parser = parse_duration_ms)]
@@ -120,24 +122,28 @@ fn stats(global: &Global, json: bool) -> Result<(), Failure> {
 }
 
 fn compact(global: &Global, options: StoreOptions, json: bool) -> Result<(), Failure> {
-    if options.diary_ttl_ms.is_none()
-        && options.experience_ttl_ms.is_none()
-        && options.run_ttl_ms.is_none()
-    {
-        return Err(Failure::new(
-            "nothing to compact: give --diary-ttl, --experience-ttl and/or --run-ttl (e.g. --run-ttl 30d)",
-        ));
-    }
     let store = open_existing(&global.data, options)?;
     let report = hindsight_actors::runtime::compact(&store)?;
+    // The file is released when the last handle goes; only then can it shrink.
+    drop(store);
+    let shrunk = hindsight::store::shrink(&global.data)?;
     if json {
-        return print_json(&report);
+        return print_json(&CompactOutput {
+            removed: report,
+            file: shrunk,
+        });
     }
     outln!(
-        "removed {} diary entries, {} experience tuples and {} finished runs",
+        "removed {} diary entries, {} experience tuples and {} finished runs (with {} idempotency records)",
         report.diary_removed,
         report.experience_removed,
-        report.runs_removed
+        report.runs_removed,
+        report.idempotency_removed
+    )?;
+    outln!(
+        "file: {} -> {} bytes",
+        shrunk.file_bytes_before,
+        shrunk.file_bytes_after
     )?;
     if report.damaged_kept > 0 {
         eprintln!(
@@ -146,6 +152,15 @@ fn compact(global: &Global, options: StoreOptions, json: bool) -> Result<(), Fai
         );
     }
     Ok(())
+}
+
+/// `store compact --json`: what the TTLs removed, and the file's size before and after.
+#[derive(serde::Serialize)]
+struct CompactOutput {
+    #[serde(flatten)]
+    removed: hindsight::store::CompactReport,
+    #[serde(flatten)]
+    file: hindsight::store::ShrinkReport,
 }
 
 /// One acknowledged write, as the crash writer prints it (one line each):
