@@ -187,7 +187,7 @@ fn record_of(env: &SimEnv, index: u64, task: &Task, outcome: &RunOutcome) -> Tas
     } else {
         0.0
     };
-    let (_, oracle_reward) = env.oracle(index, &task.features);
+    let base = env.baselines(index, &task.features);
     TaskRecord {
         task: index,
         features: task.features.clone(),
@@ -196,8 +196,8 @@ fn record_of(env: &SimEnv, index: u64, task: &Task, outcome: &RunOutcome) -> Tas
         reward: outcome.reward,
         state: outcome.state.to_string(),
         expected_reward,
-        oracle_reward,
-        random_reward: env.random_baseline(index, &task.features),
+        oracle_reward: base.oracle,
+        random_reward: base.random,
         explored: outcome.explored,
         sop_id: outcome.sop_id.clone(),
         propensity: hindsight::plan_propensity(&outcome.arms),

@@ -549,8 +549,8 @@ pub fn run_learning_with(
         let choice = policy.choose_with(f, exploit.as_deref(), &mut rng);
         ranked.push(choice.ranked);
         let plan = choice.arms();
-        let (_, oracle) = seeded.oracle(index, f);
-        let random = seeded.random_baseline(index, f);
+        let base = seeded.baselines(index, f);
+        let (oracle, random) = (base.oracle, base.random);
         let chosen = seeded
             .expected_reward(index, f, &plan)
             .map_err(|e| runner.err(e.to_string()))?;

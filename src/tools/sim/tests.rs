@@ -259,6 +259,98 @@ fn bank_statements_oracle_and_random_for_two_combos() {
     assert_eq!(n.errors, vec![(ErrorClass::ToolNotFit, 1.0)]);
 }
 
+/// The one-pass baselines give, to the bit, what every plan built and scored one by one gives
+/// (`plans()` and `expected_reward`), on every shipped environment: `when`s, drift, ties and
+/// three to five stages.
+#[test]
+fn baselines_are_the_brute_force_ones_to_the_bit() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/config/envs");
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 6, "{files:?}");
+    for file in files {
+        let env = SimEnv::load(&file).unwrap().with_seed(3);
+        let plans = env.plans();
+        for index in [0, 599, 700, 999] {
+            let task = env.draw_task(3, index);
+            let f = &task.features;
+            let values: Vec<f64> = plans
+                .iter()
+                .map(|p| env.expected_reward(index, f, p).unwrap())
+                .collect();
+            let (mut best, mut best_i) = (f64::NEG_INFINITY, 0);
+            for (i, v) in values.iter().enumerate() {
+                if *v > best {
+                    (best, best_i) = (*v, i);
+                }
+            }
+            let b = env.baselines(index, f);
+            let at = format!("{} task {index}", file.display());
+            assert_eq!(b.oracle.to_bits(), best.to_bits(), "{at}");
+            assert_eq!(b.oracle_plan, plans[best_i], "{at}");
+            let mean = values.iter().sum::<f64>() / values.len() as f64;
+            assert_eq!(b.random.to_bits(), mean.to_bits(), "{at}");
+        }
+    }
+}
+
+/// Ten arms in each of six stages are a million plans: the baselines walk them without
+/// building one (the plan list alone would take about a gigabyte).
+#[test]
+fn a_million_plans_are_scored_without_building_them() {
+    let mut text = String::from(
+        "name = \"big\"\ngoal = \"g {f}\"\nsla_ms = 20000\n[features]\nf = { values = [\"x\", \"y\"] }\n",
+    );
+    for s in 0..6 {
+        text.push_str(&format!("[[stage]]\nname = \"s{s}\"\n"));
+        for a in 0..10 {
+            // Arm 7 is the best everywhere; in stage 2 arm 3 ties with it (the first wins).
+            let p = if a == 7 || (s == 2 && a == 3) {
+                0.99
+            } else {
+                0.5 + a as f64 / 100.0
+            };
+            text.push_str(&format!(
+                "[[stage.arm]]\ntool = \"t{a}\"\nstrategy = \"k\"\ncost = 0.001\nlatency_ms = 100\np_success = {p}\nerrors = {{ Timeout = 1 }}\n"
+            ));
+        }
+    }
+    let env = SimEnv::parse(&text, "big.toml").unwrap();
+    let f = feats(&[("f", "x")]);
+    let b = env.baselines(0, &f);
+    let want: Plan = (0..6)
+        .map(|s| {
+            (
+                if s == 2 { "t3" } else { "t7" }.to_string(),
+                "k".to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(b.oracle_plan, want);
+    assert_eq!(b.oracle, env.expected_reward(0, &f, &want).unwrap());
+    // The mean of a product of independent stages is the product of the stages' means, up to
+    // the latency and cost penalty, which is the same for every plan here.
+    let stage_mean = |s: usize| -> f64 {
+        (0..10)
+            .map(|a| {
+                if a == 7 || (s == 2 && a == 3) {
+                    0.99
+                } else {
+                    0.5 + a as f64 / 100.0
+                }
+            })
+            .sum::<f64>()
+            / 10.0
+    };
+    let gross = 1.0 - 0.2 * (600.0 / 20000.0) - 0.1 * (0.006 / 0.1);
+    let want_mean = (0..6).map(stage_mean).product::<f64>() * gross;
+    close(b.random, want_mean);
+}
+
 #[test]
 fn draw_task_follows_weights_and_is_seeded() {
     let env = bank();
