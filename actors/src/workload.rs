@@ -297,15 +297,11 @@ pub async fn run_tasks(
 /// The KPIs of a workload.
 pub fn summarize(env: &SimEnv, records: &[TaskRecord], actor_restarts: u64) -> Summary {
     let n = records.len().max(1) as f64;
-    let mean = |f: &dyn Fn(&TaskRecord) -> f64| records.iter().map(f).sum::<f64>() / n;
-    let cumulative_regret: f64 = records
-        .iter()
-        .map(|r| r.oracle_reward - r.expected_reward)
-        .sum();
-    let random_cumulative_regret: f64 = records
-        .iter()
-        .map(|r| r.oracle_reward - r.random_reward)
-        .sum();
+    // Sums start at +0.0: `Sum` for floats starts at -0.0, which no tasks would print as "-0".
+    let total = |f: &dyn Fn(&TaskRecord) -> f64| records.iter().map(f).fold(0.0, |a, x| a + x);
+    let mean = |f: &dyn Fn(&TaskRecord) -> f64| total(f) / n;
+    let cumulative_regret = total(&|r| r.oracle_reward - r.expected_reward);
+    let random_cumulative_regret = total(&|r| r.oracle_reward - r.random_reward);
     let windows = records
         .chunks(100)
         .map(|w| {
@@ -431,4 +427,30 @@ pub async fn learned(rt: &Runtime, env: &SimEnv, at: u64) -> Result<Vec<Learned>
         });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_tasks_give_plain_zeros_not_negative_ones() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../config/envs/bank_statements.toml"
+        );
+        let env = SimEnv::load(std::path::Path::new(path)).unwrap();
+        let s = summarize(&env, &[], 0);
+        for (name, v) in [
+            ("mean_reward", s.mean_reward),
+            ("oracle_mean_reward", s.oracle_mean_reward),
+            ("random_mean_reward", s.random_mean_reward),
+            ("cumulative_regret", s.cumulative_regret),
+            ("random_cumulative_regret", s.random_cumulative_regret),
+            ("regret_ratio", s.regret_ratio),
+        ] {
+            assert!(v == 0.0 && v.is_sign_positive(), "{name}: {v}");
+        }
+        assert!(serde_json::to_string(&s).is_ok_and(|j| !j.contains("-0.0")));
+    }
 }
