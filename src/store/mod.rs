@@ -412,6 +412,13 @@ fn read_err<E: std::fmt::Display>(table: &str) -> impl Fn(E) -> StoreError + '_ 
     }
 }
 
+/// An idempotency record's JSON value.
+fn decode_idempotent(key: &str, bytes: &[u8]) -> Result<serde_json::Value, StoreError> {
+    let tree: JsonTree = decode("idempotency", key, bytes)?;
+    tree.into_value()
+        .map_err(|r| corrupt("idempotency", key, r))
+}
+
 fn decode_checkpoint(run_id: &str, seq: u64, bytes: &[u8]) -> Result<Checkpoint, StoreError> {
     let key = checkpoint_key(run_id, seq);
     let stored: StoredCheckpoint = decode("checkpoints", &key, bytes)?;
@@ -790,12 +797,7 @@ impl Store {
             .open_table(IDEMPOTENCY)
             .map_err(read_err("idempotency"))?;
         match t.get(key).map_err(read_err("idempotency"))? {
-            Some(g) => {
-                let tree: JsonTree = decode("idempotency", key, g.value())?;
-                tree.into_value()
-                    .map(Some)
-                    .map_err(|r| corrupt("idempotency", key, r))
-            }
+            Some(g) => decode_idempotent(key, g.value()).map(Some),
             None => Ok(None),
         }
     }
@@ -1146,12 +1148,14 @@ fn remove_run_idempotency(
             let key = k.value();
             let candidates = idempotency::call_key_runs(key);
             // The key is this run's unless a longer candidate is a run still stored.
-            let mine = candidates.contains(&run_id.as_str());
             let mut taken = false;
             for c in candidates.iter().filter(|c| c.len() > run_id.len()) {
-                taken |= runs.get(*c)?.is_some();
+                if runs.get(*c)?.is_some() {
+                    taken = true;
+                    break;
+                }
             }
-            if mine && !taken {
+            if !taken && candidates.contains(&run_id.as_str()) {
                 doomed.push(key.to_string());
             }
         }
@@ -1161,16 +1165,13 @@ fn remove_run_idempotency(
         let claims = idempotency::TASK_CLAIM_PREFIX..idempotency::TASK_CLAIM_END;
         for entry in idem.range(claims)? {
             let (k, v) = entry?;
-            let value = decode::<JsonTree>("idempotency", k.value(), v.value())
-                .ok()
-                .and_then(|t| t.into_value().ok());
-            match value {
-                Some(value) => {
+            match decode_idempotent(k.value(), v.value()) {
+                Ok(value) => {
                     if idempotency::claimed_task(&value).is_some_and(|t| gone_tasks.contains(t)) {
                         doomed.push(k.value().to_string());
                     }
                 }
-                None => damaged += 1,
+                Err(_) => damaged += 1,
             }
         }
     }

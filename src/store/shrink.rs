@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{FILE_NAME, StoreError};
 
-/// Most compaction passes of one [`shrink`] (redb moves what it can per pass).
+/// Most compaction calls of one [`shrink`]: a call stops before all it could move (a bench store
+/// of 200 runs: 4.2 MB to 2.76 MB after one call, 2.63 MB after calls until one moves nothing).
 const MAX_PASSES: usize = 8;
 
 /// What [`shrink`] did to the database file.

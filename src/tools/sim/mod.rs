@@ -278,7 +278,7 @@ impl SimEnv {
         fill(&mut prefix, &at, 0);
         let (mut best, mut best_at) = (f64::NEG_INFINITY, at.clone());
         let (mut sum, mut count) = (0.0, 0u64);
-        loop {
+        'plans: loop {
             let (p, l, c) = prefix[k];
             let value = (p * reward.gross(l, c)).clamp(0.0, 1.0);
             if value > best {
@@ -291,16 +291,7 @@ impl SimEnv {
             let mut d = k;
             loop {
                 if d == 0 {
-                    let oracle_plan = best_at
-                        .iter()
-                        .zip(stages)
-                        .map(|(&j, s)| (s.arms[j].tool.clone(), s.arms[j].strategy.clone()))
-                        .collect();
-                    return Baselines {
-                        oracle_plan,
-                        oracle: best,
-                        random: sum / count as f64,
-                    };
+                    break 'plans;
                 }
                 d -= 1;
                 at[d] += 1;
@@ -310,6 +301,16 @@ impl SimEnv {
                 at[d] = 0;
             }
             fill(&mut prefix, &at, d);
+        }
+        let oracle_plan = best_at
+            .iter()
+            .zip(stages)
+            .map(|(&j, s)| (s.arms[j].tool.clone(), s.arms[j].strategy.clone()))
+            .collect();
+        Baselines {
+            oracle_plan,
+            oracle: best,
+            random: sum / count as f64,
         }
     }
 
