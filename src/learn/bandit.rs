@@ -527,6 +527,9 @@ const MAX_RARITY_FACTOR: f64 = 1e6;
 /// Per lattice node, the factor its prior counts when sampling: `(visits of its busiest parent
 /// / its own visits)^rarity`, at least 1 (the global node and cells as busy as their parents).
 fn rarity_factors(lattice: &Lattice, found: &[Option<&Node>], rarity: f64) -> Vec<f64> {
+    if rarity <= 0.0 {
+        return vec![1.0; lattice.nodes.len()];
+    }
     let visits = |i: usize| {
         found
             .get(i)
@@ -540,7 +543,7 @@ fn rarity_factors(lattice: &Lattice, found: &[Option<&Node>], rarity: f64) -> Ve
         .enumerate()
         .map(|(i, ln)| {
             let parent = ln.parents.iter().map(|&p| visits(p)).fold(0.0, f64::max);
-            if rarity > 0.0 && parent > 0.0 {
+            if parent > 0.0 {
                 (parent / visits(i).max(1.0))
                     .powf(rarity)
                     .clamp(1.0, MAX_RARITY_FACTOR)
@@ -862,11 +865,9 @@ impl Policy {
                 let (mean, strength, data) = cells[i];
                 // Sharpening weighs the data, not the prior: a cell with no data stays as broad
                 // as its rarity allows.
-                let strength = if rarity_k[i] > 1.0 {
-                    (strength - data).max(0.0) * rarity_k[i] + sharpen * data
-                } else {
-                    strength + (sharpen - 1.0) * data
-                };
+                // The prior's extra weight is 0 for a factor of 1 (the same bits as without).
+                let prior = (strength - data).max(0.0);
+                let strength = strength + (sharpen - 1.0) * data + prior * (rarity_k[i] - 1.0);
                 let (a, b) = (mean * strength, (1.0 - mean) * strength);
                 let var = mean * (1.0 - mean) / (a + b + 1.0);
                 total_w += w;
@@ -1654,6 +1655,20 @@ mod tests {
     }
 
     /// One outcome of `arm` at a "search" stage (1 s, cost 0.005).
+    /// The share of 4,000 choices (seeded) for `features` that are `plan`.
+    fn draw_share(
+        p: &Policy,
+        features: &BTreeMap<String, String>,
+        plan: &[usize],
+        seed: u64,
+    ) -> f64 {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        p.plan_distribution(features, 4000, &mut rng)
+            .into_iter()
+            .find(|(chosen, _)| chosen.as_slice() == plan)
+            .map_or(0.0, |(_, share)| share)
+    }
+
     fn search_obs(p: &mut Policy, features: &BTreeMap<String, String>, arm: Arm, ok: bool) {
         p.update(&stage_obs(
             features.clone(),
@@ -2015,12 +2030,7 @@ mod tests {
         let share = |config: PolicyConfig| {
             let mut p = Policy::new(config, stages.clone()).unwrap();
             teach(&mut p);
-            let mut rng = fastrand::Rng::with_seed(9);
-            p.plan_distribution(&science, 4000, &mut rng)
-                .into_iter()
-                .find(|(plan, _)| plan == &vec![1])
-                .map(|(_, share)| share)
-                .unwrap_or(0.0)
+            draw_share(&p, &science, &[1], 9)
         };
         let now = share(PolicyConfig::default());
         let old = share(PolicyConfig {
@@ -2346,13 +2356,7 @@ mod tests {
         let poor_share = |config: PolicyConfig| {
             let mut p = Policy::new(config, stages.clone()).unwrap();
             teach(&mut p);
-            let mut rng = fastrand::Rng::with_seed(3);
-            let share = p
-                .plan_distribution(&rare, 4000, &mut rng)
-                .into_iter()
-                .find(|(plan, _)| plan == &vec![1])
-                .map_or(0.0, |(_, share)| share);
-            (share, p.greedy(&rare))
+            (draw_share(&p, &rare, &[1], 3), p.greedy(&rare))
         };
         let (with, greedy_with) = poor_share(PolicyConfig {
             rarity_sharpen: 4.0,
