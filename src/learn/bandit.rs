@@ -165,7 +165,8 @@ pub struct PolicyConfig {
     /// weight (0, the default: at once; opt-in): below, each try counts
     /// `1 + (sharpen - 1) * tries / sharpen_ramp` times, so that two failures in five tries do
     /// not weigh like eight in twenty and write off an arm that was only unlucky early. At 25
-    /// it took the tree's bank statements runs above 0.2 from about 4 in 100 to about 1, but
+    /// (with the floor at 100) it took the tree's bank statements runs above 0.2 from about 4
+    /// in 100 to about 1, but
     /// cost the many-arm environments (see the README), and with it the serve test's 200 runs
     /// of one cluster promoted no SOP (without it they do).
     pub sharpen_ramp: f64,
