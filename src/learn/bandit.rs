@@ -1731,6 +1731,41 @@ mod tests {
         ));
     }
 
+    /// Teaches `arm` (strategy "x") `successes` and `failures` in `features`, the successes
+    /// spread evenly (a run of failures would be a change).
+    fn search_spread(
+        p: &mut Policy,
+        features: &BTreeMap<String, String>,
+        arm: &str,
+        successes: usize,
+        failures: usize,
+    ) {
+        let n = successes + failures;
+        for i in 0..n {
+            let ok = (i + 1) * successes / n > i * successes / n;
+            search_obs(p, features, Arm::new(arm, "x"), ok);
+        }
+    }
+
+    /// A policy over "good" and "poor" (strategy "x") that saw `rounds` tasks of each in a
+    /// busy cell (good succeeding 90% of the time, poor 50%), then one success of good in a
+    /// rare cell; with the rare cell's features.
+    fn rare_cell_policy(config: PolicyConfig, rounds: usize) -> (Policy, BTreeMap<String, String>) {
+        let stages = vec![StageArms {
+            stage: "search".into(),
+            arms: vec![Arm::new("good", "x"), Arm::new("poor", "x")],
+        }];
+        let busy = feats(&[("kind", "common")]);
+        let rare = feats(&[("kind", "rare")]);
+        let mut p = Policy::new(config, stages).unwrap();
+        for i in 0..rounds {
+            search_obs(&mut p, &busy, Arm::new("good", "x"), i % 10 != 0);
+            search_obs(&mut p, &busy, Arm::new("poor", "x"), i % 2 == 0);
+        }
+        search_obs(&mut p, &rare, Arm::new("good", "x"), true);
+        (p, rare)
+    }
+
     /// Stage 1: "cheap" (p 0.9, fast, cheap) vs "premium" (p 0.99, slow, expensive);
     /// stage 2: "a" (p 0.95) vs "b" (p 0.6).
     fn policy() -> Policy {
@@ -2112,12 +2147,7 @@ mod tests {
             for (arm, successes, failures) in
                 [("leader", 60, 2), ("known", 40, 10), ("unsure", 3, 2)]
             {
-                let n = successes + failures;
-                for i in 0..n {
-                    // Successes spread evenly (a run of failures would be a change).
-                    let ok = (i + 1) * successes / n > i * successes / n;
-                    search_obs(p, &niche, Arm::new(arm, "x"), ok);
-                }
+                search_spread(p, &niche, arm, successes, failures);
             }
         };
         let share = |config: PolicyConfig| {
@@ -2391,22 +2421,8 @@ mod tests {
     /// greedy plan) are the same.
     #[test]
     fn a_rare_cell_explores_less_than_a_busy_one_and_keeps_its_means() {
-        let stages = vec![StageArms {
-            stage: "search".into(),
-            arms: vec![Arm::new("good", "x"), Arm::new("poor", "x")],
-        }];
-        let busy = feats(&[("kind", "common")]);
-        let rare = feats(&[("kind", "rare")]);
-        let teach = |p: &mut Policy| {
-            for i in 0..200 {
-                search_obs(p, &busy, Arm::new("good", "x"), i % 10 != 0);
-                search_obs(p, &busy, Arm::new("poor", "x"), i % 2 == 0);
-            }
-            search_obs(p, &rare, Arm::new("good", "x"), true);
-        };
         let poor_share = |config: PolicyConfig| {
-            let mut p = Policy::new(config, stages.clone()).unwrap();
-            teach(&mut p);
+            let (p, rare) = rare_cell_policy(config, 200);
             (draw_share(&p, &rare, &[1], 3), p.greedy(&rare))
         };
         let (with, greedy_with) = poor_share(PolicyConfig::default());
@@ -2424,26 +2440,12 @@ mod tests {
     /// after 200 tasks (400 visits) it explores less.
     #[test]
     fn rarity_waits_until_the_parent_has_seen_enough() {
-        let stages = vec![StageArms {
-            stage: "search".into(),
-            arms: vec![Arm::new("good", "x"), Arm::new("poor", "x")],
-        }];
-        let busy = feats(&[("kind", "common")]);
-        let rare = feats(&[("kind", "rare")]);
         let poor_share = |rounds: usize, rarity: f64| {
-            let mut p = Policy::new(
-                PolicyConfig {
-                    rarity_sharpen: rarity,
-                    ..PolicyConfig::default()
-                },
-                stages.clone(),
-            )
-            .unwrap();
-            for i in 0..rounds {
-                search_obs(&mut p, &busy, Arm::new("good", "x"), i % 10 != 0);
-                search_obs(&mut p, &busy, Arm::new("poor", "x"), i % 2 == 0);
-            }
-            search_obs(&mut p, &rare, Arm::new("good", "x"), true);
+            let config = PolicyConfig {
+                rarity_sharpen: rarity,
+                ..PolicyConfig::default()
+            };
+            let (p, rare) = rare_cell_policy(config, rounds);
             draw_share(&p, &rare, &[1], 3)
         };
         let (early, early_without) = (poor_share(80, 4.0), poor_share(80, 0.0));
@@ -2475,11 +2477,7 @@ mod tests {
             )
             .unwrap();
             for (arm, successes, failures) in [("known", 40, 10), ("unsure", 3, 2)] {
-                let n = successes + failures;
-                for i in 0..n {
-                    let ok = (i + 1) * successes / n > i * successes / n;
-                    search_obs(&mut p, &niche, Arm::new(arm, "x"), ok);
-                }
+                search_spread(&mut p, &niche, arm, successes, failures);
             }
             draw_share(&p, &niche, &[1], 5)
         };
