@@ -296,6 +296,71 @@ pub async fn learning(
     ))
 }
 
+/// The bar on the learning bench: a run's regret ratio at most this.
+pub const REGRET_BAR: f64 = 0.2;
+
+/// Several runs of `hindsight bench learning` on one environment (`--runs N`): each seed's
+/// figures and their spread. At more than one task in flight the tree does not repeat a seed
+/// exactly (the order in which results arrive depends on timing), so a single run is a draw from
+/// a distribution; the mean and the share of runs above [`REGRET_BAR`] are the figures to read.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LearningRuns {
+    /// The environment's name.
+    pub env: String,
+    /// Tasks per run.
+    pub tasks: u64,
+    /// Seeds run, in order (the first is `--seed`).
+    pub seeds: Vec<u64>,
+    /// Mean regret ratio over the runs.
+    pub mean_regret_ratio: f64,
+    /// Lowest regret ratio of a run.
+    pub min_regret_ratio: f64,
+    /// Highest regret ratio of a run.
+    pub max_regret_ratio: f64,
+    /// Runs whose regret ratio is above [`REGRET_BAR`].
+    pub runs_above_bar: usize,
+    /// Mean success rate over the runs.
+    pub mean_success_rate: f64,
+    /// Mean regret ratio of the drifted tasks after the recovery allowance, over the runs that
+    /// reached a drift (`null` when none did).
+    pub mean_drift_regret_ratio_after_recovery: Option<f64>,
+    /// Infrastructure failures learned from, summed over the runs (must be 0).
+    pub infra_failures_learned_from: u64,
+    /// Each run's figures, in seed order.
+    pub per_run: Vec<LearningBench>,
+}
+
+impl LearningRuns {
+    /// Aggregates the runs of `seeds` (one [`LearningBench`] per seed, same order); `None` when
+    /// there is none.
+    pub fn new(tasks: u64, seeds: Vec<u64>, per_run: Vec<LearningBench>) -> Option<LearningRuns> {
+        let first = per_run.first()?;
+        let n = per_run.len() as f64;
+        let ratios: Vec<f64> = per_run.iter().map(|b| b.summary.regret_ratio).collect();
+        let drifts: Vec<f64> = per_run
+            .iter()
+            .filter_map(|b| b.drift.as_ref().map(|d| d.regret_ratio_after_recovery))
+            .collect();
+        Some(LearningRuns {
+            env: first.summary.env.clone(),
+            tasks,
+            seeds,
+            mean_regret_ratio: ratios.iter().sum::<f64>() / n,
+            min_regret_ratio: ratios.iter().copied().fold(f64::INFINITY, f64::min),
+            max_regret_ratio: ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            runs_above_bar: ratios.iter().filter(|&&r| r > REGRET_BAR).count(),
+            mean_success_rate: per_run.iter().map(|b| b.summary.success_rate).sum::<f64>() / n,
+            mean_drift_regret_ratio_after_recovery: (!drifts.is_empty())
+                .then(|| drifts.iter().sum::<f64>() / drifts.len() as f64),
+            infra_failures_learned_from: per_run
+                .iter()
+                .map(|b| b.infra_failures_learned_from)
+                .sum(),
+            per_run,
+        })
+    }
+}
+
 /// Share of tasks whose first plan used an arm that failed (strategy error or invalid output)
 /// on the previous task of the same cluster: the error repeated instead of being learned from.
 pub fn repeat_error_rate(records: &[TaskRecord]) -> f64 {

@@ -108,6 +108,72 @@ fn learning_bench_prints_the_kpis_with_drift_recovery_and_writes_the_trace() {
 }
 
 #[test]
+fn learning_bench_runs_several_seeds_and_gives_their_spread() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env_file("flaky_ocr.toml");
+    let args = |extra: &[&str]| {
+        let mut a = vec![
+            "bench",
+            "learning",
+            "--env",
+            env.to_str().unwrap(),
+            "--tasks",
+            "120",
+            "--seed",
+            "4",
+            "--runs",
+            "3",
+        ];
+        a.extend_from_slice(extra);
+        a.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let json = args(&["--json"]);
+    let json: Vec<&str> = json.iter().map(String::as_str).collect();
+    let out = hindsight(dir.path(), &json);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let all: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(all["seeds"], serde_json::json!([4, 5, 6]), "{all}");
+    assert_eq!(all["tasks"], 120);
+    let runs = all["per_run"].as_array().unwrap();
+    assert_eq!(runs.len(), 3);
+    let ratios: Vec<f64> = runs
+        .iter()
+        .map(|r| {
+            assert_eq!(r["tasks"], 120, "{r}");
+            r["regret_ratio"].as_f64().unwrap()
+        })
+        .collect();
+    let mean = ratios.iter().sum::<f64>() / 3.0;
+    assert!((all["mean_regret_ratio"].as_f64().unwrap() - mean).abs() < 1e-12);
+    let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    assert_eq!(all["min_regret_ratio"].as_f64().unwrap(), min);
+    assert_eq!(all["max_regret_ratio"].as_f64().unwrap(), max);
+    let above = ratios.iter().filter(|&&r| r > 0.2).count() as u64;
+    assert_eq!(all["runs_above_bar"], above, "{all}");
+    assert_eq!(all["infra_failures_learned_from"], 0);
+    // flaky OCR does not drift: no run has drift figures to average.
+    assert!(
+        all["mean_drift_regret_ratio_after_recovery"].is_null(),
+        "{all}"
+    );
+
+    // A trace or a kept store describes one run: refused, in one sentence.
+    let trace = dir.path().join("t.jsonl");
+    let refused = args(&["--trace", trace.to_str().unwrap()]);
+    let refused: Vec<&str> = refused.iter().map(String::as_str).collect();
+    let out = hindsight(dir.path(), &refused);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--trace and --keep describe one run"), "{err}");
+    assert!(!trace.exists());
+}
+
+#[test]
 fn learning_bench_names_a_missing_environment_file() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("nope.toml");

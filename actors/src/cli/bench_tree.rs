@@ -3,6 +3,7 @@
 use std::io::Write as _;
 use std::path::PathBuf;
 
+use hindsight::tools::sim::SimEnv;
 use hindsight_actors::bench;
 use hindsight_actors::demo::load_env;
 
@@ -62,7 +63,7 @@ pub async fn runtime(_global: &Global, args: RuntimeArgs) -> Result<(), Failure>
     )
 }
 
-/// `hindsight bench learning --env FILE [--tasks N] [--seed S] [--trace FILE] [--json]`.
+/// `hindsight bench learning --env FILE [--tasks N] [--seed S] [--runs R] [--trace FILE] [--json]`.
 #[derive(Debug, clap::Args)]
 pub struct LearningArgs {
     /// The simulated environment (default: bank statements).
@@ -74,6 +75,11 @@ pub struct LearningArgs {
     /// Seed of the tasks and of every choice.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Runs, on the seeds from `--seed` up, each on a fresh tree: every run's regret ratio and
+    /// their mean, range and count above 0.2 (at more than one task in flight a seed does not
+    /// repeat exactly, so one run is a single draw).
+    #[arg(long, default_value_t = 1, value_parser = super::parse_runs)]
+    pub runs: u64,
     /// Write one JSON line per task here.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
@@ -108,6 +114,9 @@ struct TraceLine<'a> {
 /// Runs `hindsight bench learning`.
 pub async fn learning(_global: &Global, args: LearningArgs) -> Result<(), Failure> {
     let env = load_env(args.env.as_deref()).map_err(|e| Failure::new(e.to_string()))?;
+    if args.runs > 1 {
+        return learning_runs(&env, &args).await;
+    }
     let (b, records) = bench::learning(
         &env,
         args.tasks,
@@ -183,4 +192,52 @@ pub async fn learning(_global: &Global, args: LearningArgs) -> Result<(), Failur
         )?;
     }
     Ok(())
+}
+
+/// `hindsight bench learning --runs R` with R > 1: the runs one after another, then their spread.
+async fn learning_runs(env: &SimEnv, args: &LearningArgs) -> Result<(), Failure> {
+    if args.trace.is_some() || args.keep.is_some() {
+        return Err(Failure::new(
+            "--trace and --keep describe one run: give them without --runs (or with --runs 1)",
+        ));
+    }
+    let seeds: Vec<u64> = (0..args.runs).map(|i| args.seed.wrapping_add(i)).collect();
+    let mut per_run = Vec::with_capacity(seeds.len());
+    for &seed in &seeds {
+        let (b, _) = bench::learning(env, args.tasks, seed, args.concurrency.max(1), None)
+            .await
+            .map_err(|e| Failure::new(format!("run with seed {seed}: {e}")))?;
+        if !args.json {
+            outln!(
+                "seed {seed}: regret ratio {:.3}, success {:.1}%{}",
+                b.summary.regret_ratio,
+                100.0 * b.summary.success_rate,
+                b.drift
+                    .as_ref()
+                    .map(|d| format!(
+                        ", drifted tasks after recovery {:.3}",
+                        d.regret_ratio_after_recovery
+                    ))
+                    .unwrap_or_default()
+            )?;
+        }
+        per_run.push(b);
+    }
+    let all = bench::LearningRuns::new(args.tasks, seeds, per_run)
+        .ok_or_else(|| Failure::new("no run was made"))?;
+    if args.json {
+        return print_json(&all);
+    }
+    outln!(
+        "{} runs of {} tasks of `{}`: regret ratio mean {:.3} ({:.3}-{:.3}), {} above {}; infra failures learned from {}",
+        all.seeds.len(),
+        all.tasks,
+        all.env,
+        all.mean_regret_ratio,
+        all.min_regret_ratio,
+        all.max_regret_ratio,
+        all.runs_above_bar,
+        bench::REGRET_BAR,
+        all.infra_failures_learned_from
+    )
 }

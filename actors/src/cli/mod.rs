@@ -107,10 +107,20 @@ pub fn print_json<T: serde::Serialize + ?Sized>(value: &T) -> Result<(), Failure
 
 /// Parses a `--tasks` count: a whole number of at least 1 (a run of no tasks has no figures).
 pub fn parse_tasks(s: &str) -> Result<u64, String> {
+    parse_count(s, "tasks")
+}
+
+/// Parses a `--runs` count: a whole number of at least 1.
+pub fn parse_runs(s: &str) -> Result<u64, String> {
+    parse_count(s, "runs")
+}
+
+/// A whole number of `what`, at least 1.
+fn parse_count(s: &str, what: &str) -> Result<u64, String> {
     match s.trim().parse::<u64>() {
         Ok(n) if n >= 1 => Ok(n),
         _ => Err(format!(
-            "expected a whole number of tasks, at least 1; found `{s}`"
+            "expected a whole number of {what}, at least 1; found `{s}`"
         )),
     }
 }
@@ -153,6 +163,9 @@ mod tests {
             let e = parse_tasks(bad).err().unwrap_or_default();
             assert!(e.contains("at least 1"), "{bad}: {e}");
         }
+        assert_eq!(parse_runs("24"), Ok(24));
+        let e = parse_runs("0").err().unwrap_or_default();
+        assert!(e.contains("number of runs, at least 1"), "{e}");
     }
 
     #[test]
