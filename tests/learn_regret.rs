@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use hindsight::learn::PolicyConfig;
-use hindsight::learn::sim_run::{LearningReport, run_learning};
+use hindsight::learn::sim_run::{LearningReport, SimRunConfig, run_learning, run_learning_with};
 use hindsight::tools::sim::SimEnv;
 
 fn env(name: &str) -> SimEnv {
@@ -135,5 +135,42 @@ fn a_quota_cut_that_fails_with_rate_limits_is_learned_from() {
             "seed {seed}: the drifted clusters stay on the rate-limited arm: {d:?}"
         );
         assert!(r.regret_ratio <= 0.2, "seed {seed}: {}", r.regret_ratio);
+    }
+}
+
+/// The regret splits into what the policy's greedy plans would have cost (its beliefs) and
+/// what departing from them cost; the trace's per-task figures add up to the report's, and the
+/// beliefs improve: the greedy plans' regret falls from the first window to the last.
+#[test]
+fn the_regret_splits_into_the_greedy_plans_and_the_departures() {
+    let cfg = SimRunConfig {
+        trace: true,
+        ..SimRunConfig::default()
+    };
+    for name in ["bank_statements.toml", "support_triage.toml"] {
+        let (r, _) = run_learning_with(&env(name), PolicyConfig::default(), &cfg, 1000, 1).unwrap();
+        assert!(
+            (r.greedy_regret + r.exploration_regret - r.cumulative_regret).abs() < 1e-9,
+            "{name}: {} + {} != {}",
+            r.greedy_regret,
+            r.exploration_regret,
+            r.cumulative_regret
+        );
+        let traced: f64 = r.trace.iter().map(|t| t.greedy_regret).sum();
+        assert!((traced - r.greedy_regret).abs() < 1e-9, "{name}");
+        assert!(r.trace.iter().all(|t| t.greedy_regret >= 0.0), "{name}");
+        let window = |from: u64| -> f64 {
+            r.trace
+                .iter()
+                .filter(|t| (from..from + 100).contains(&t.task))
+                .map(|t| t.greedy_regret)
+                .sum()
+        };
+        let (first, last) = (window(0), window(900));
+        eprintln!(
+            "{name}: greedy regret {:.1}, departures {:.1}; first window {first:.2}, last {last:.2}",
+            r.greedy_regret, r.exploration_regret
+        );
+        assert!(first > 3.0 * last, "{name}: first {first}, last {last}");
     }
 }

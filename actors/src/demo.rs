@@ -160,6 +160,11 @@ pub fn render_table(s: &Summary) -> String {
         s.random_mean_reward,
         s.regret_ratio
     );
+    let _ = writeln!(
+        out,
+        "regret {:.1}: {:.1} of the policy's greedy plans (what it did not know yet), {:.1} of departing from them (exploration, SOPs, ranker)",
+        s.cumulative_regret, s.greedy_regret, s.exploration_regret
+    );
     let _ = writeln!(out);
     let _ = writeln!(
         out,

@@ -111,6 +111,11 @@ pub struct PlanChoice {
     /// The SOP's version, when the plan follows an SOP.
     #[serde(default)]
     pub sop_version: Option<u32>,
+    /// The policy's greedy plan for the task when it chose (empty for a plan it did not
+    /// choose): what its beliefs alone would have planned, against which the bench splits the
+    /// regret into ignorance and exploration.
+    #[serde(default)]
+    pub greedy_arms: Vec<Arm>,
 }
 
 impl PlanChoice {
@@ -127,6 +132,7 @@ impl PlanChoice {
             arms,
             greedy,
             sop_version: None,
+            greedy_arms: Vec::new(),
         }
     }
 }
@@ -782,7 +788,7 @@ impl PolicyState {
                 .push((task.task_id.clone(), self.choices, choice.explored.clone()));
         }
         let arms = choice.arm_choices();
-        match in_force {
+        let mut plan = match in_force {
             Some((sop, _)) if choice.sop => {
                 let mut plan = PlanChoice::new(arms, Some(sop.sop_id.clone()), true);
                 plan.plan_id = sop_plan_id(&sop.sop_id, sop.version);
@@ -790,7 +796,12 @@ impl PolicyState {
                 plan
             }
             _ => PlanChoice::new(arms, None, choice.greedy),
-        }
+        };
+        plan.greedy_arms = self
+            .policy
+            .plan_arms(&choice.greedy_plan)
+            .unwrap_or_default();
+        plan
     }
 
     fn suggest(&self, features: &BTreeMap<String, String>) -> Vec<RankedStage> {

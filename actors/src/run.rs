@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 
+use hindsight::learn::bandit::Arm;
 use hindsight::store::{KvTable, Store, WriteOp};
 
 /// Runs whose experience is logged.
@@ -137,6 +138,10 @@ pub struct RunOutcome {
     /// Citations of the memory items retrieved for the run.
     #[serde(default)]
     pub citations: Vec<String>,
+    /// The policy's greedy plan when it chose the first plan (empty when the plan was given):
+    /// what its beliefs alone would have planned.
+    #[serde(default)]
+    pub greedy_arms: Vec<Arm>,
 }
 
 impl RunOutcome {
@@ -164,6 +169,7 @@ impl RunOutcome {
             resumed: false,
             explored: false,
             citations: Vec::new(),
+            greedy_arms: Vec::new(),
         }
     }
 }
@@ -183,6 +189,9 @@ struct DriverState {
     first_arms: Vec<ArmChoice>,
     /// Whether the first plan explored.
     explored: bool,
+    /// The policy's greedy plan when it chose the first plan.
+    #[serde(default)]
+    first_greedy: Vec<Arm>,
     /// The first plan's id (`sop:<id>@<version>` when it followed an SOP).
     first_plan_id: String,
     /// The next stage to run in this attempt.
@@ -463,6 +472,7 @@ async fn run_round(
                     if st.first_arms.is_empty() {
                         st.first_arms = plan.arms.clone();
                         st.explored = !plan.greedy;
+                        st.first_greedy = plan.greedy_arms.clone();
                         st.first_plan_id = plan.plan_id.clone();
                     }
                     st.plan = Some(plan);
@@ -955,6 +965,7 @@ async fn finish(
         resumed,
         explored: st.explored,
         citations: st.citations.clone(),
+        greedy_arms: st.first_greedy.clone(),
     };
     let experience = ExperienceTuple {
         run_id: run_id.to_string(),

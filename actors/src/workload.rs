@@ -41,6 +41,10 @@ pub struct TaskRecord {
     pub random_reward: f64,
     /// Whether the first plan was an exploration (not the policy's greedy choice).
     pub explored: bool,
+    /// Expected reward of the policy's greedy plan when it chose (`None` when the run does not
+    /// say, as runs of older builds do not).
+    #[serde(default)]
+    pub greedy_expected_reward: Option<f64>,
     /// The SOP followed, if any.
     pub sop_id: Option<String>,
     /// The probability the router and the policy had of choosing the first plan (what
@@ -63,6 +67,13 @@ impl TaskRecord {
     /// The oracle's expected reward minus the first plan's (FORMAT.md's regret of the task).
     pub fn regret(&self) -> f64 {
         (self.oracle_reward - self.expected_reward).max(0.0)
+    }
+
+    /// The oracle's expected reward minus that of the policy's greedy plan when it chose: the
+    /// regret of its beliefs (the first plan's regret when the greedy plan is not known).
+    pub fn greedy_regret(&self) -> f64 {
+        let greedy = self.greedy_expected_reward.unwrap_or(self.expected_reward);
+        (self.oracle_reward - greedy).max(0.0)
     }
 
     /// The oracle's expected reward minus the random baseline's.
@@ -115,6 +126,14 @@ pub struct Summary {
     pub random_cumulative_regret: f64,
     /// `cumulative_regret / random_cumulative_regret` (0 = oracle, 1 = random).
     pub regret_ratio: f64,
+    /// Sum over tasks of the oracle minus the policy's greedy plan when it chose: the part of
+    /// the regret that its beliefs would have had (what it did not know yet).
+    #[serde(default)]
+    pub greedy_regret: f64,
+    /// `cumulative_regret - greedy_regret`: what departing from its beliefs cost (exploration,
+    /// and SOP or ranker plans in the greedy plan's place; negative when they did better).
+    #[serde(default)]
+    pub exploration_regret: f64,
     /// Windows of 100 tasks.
     pub windows: Vec<Window>,
     /// Recoveries by failure type.
@@ -187,6 +206,14 @@ fn record_of(env: &SimEnv, index: u64, task: &Task, outcome: &RunOutcome) -> Tas
     } else {
         0.0
     };
+    let greedy: Vec<(String, String)> = outcome
+        .greedy_arms
+        .iter()
+        .map(|a| (a.tool.clone(), a.strategy.clone()))
+        .collect();
+    let greedy_expected_reward = (greedy.len() == env.stages().len())
+        .then(|| env.expected_reward(index, &task.features, &greedy).ok())
+        .flatten();
     let base = env.baselines(index, &task.features);
     TaskRecord {
         task: index,
@@ -199,6 +226,7 @@ fn record_of(env: &SimEnv, index: u64, task: &Task, outcome: &RunOutcome) -> Tas
         oracle_reward: base.oracle,
         random_reward: base.random,
         explored: outcome.explored,
+        greedy_expected_reward,
         sop_id: outcome.sop_id.clone(),
         propensity: hindsight::plan_propensity(&outcome.arms),
         recoveries: outcome
@@ -302,6 +330,7 @@ pub fn summarize(env: &SimEnv, records: &[TaskRecord], actor_restarts: u64) -> S
     let mean = |f: &dyn Fn(&TaskRecord) -> f64| total(f) / n;
     let cumulative_regret = total(&|r| r.oracle_reward - r.expected_reward);
     let random_cumulative_regret = total(&|r| r.oracle_reward - r.random_reward);
+    let greedy_regret = total(&|r| r.greedy_regret());
     let windows = records
         .chunks(100)
         .map(|w| {
@@ -347,6 +376,8 @@ pub fn summarize(env: &SimEnv, records: &[TaskRecord], actor_restarts: u64) -> S
         } else {
             0.0
         },
+        greedy_regret,
+        exploration_regret: cumulative_regret - greedy_regret,
         windows,
         recoveries,
         reflect_retries: records.iter().map(|r| u64::from(r.reflect_retries)).sum(),

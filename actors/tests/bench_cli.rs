@@ -105,6 +105,39 @@ fn learning_bench_prints_the_kpis_with_drift_recovery_and_writes_the_trace() {
     let sum: f64 = lines.iter().map(|l| l["regret"].as_f64().unwrap()).sum();
     let cumulative = report["cumulative_regret"].as_f64().unwrap();
     assert!((sum - cumulative).abs() < 1e-6, "{sum} vs {cumulative}");
+    // It splits into the regret of the policy's greedy plans (what it believed when it chose)
+    // and of the departures from them; the trace's greedy regret sums to the report's, and the
+    // beliefs improve: the first 100 tasks' greedy plans cost far more than those before the
+    // drift at 500.
+    let greedy = report["greedy_regret"].as_f64().unwrap();
+    let departures = report["exploration_regret"].as_f64().unwrap();
+    assert!(
+        (greedy + departures - cumulative).abs() < 1e-6,
+        "{greedy} + {departures} vs {cumulative}"
+    );
+    let greedy_of = |range: std::ops::Range<usize>| -> f64 {
+        lines[range]
+            .iter()
+            .map(|l| l["greedy_regret"].as_f64().unwrap())
+            .sum()
+    };
+    assert!((greedy_of(0..650) - greedy).abs() < 1e-6, "{greedy}");
+    // The greedy plan travels with the run: where the first plan explored, its regret differs.
+    let differ = lines
+        .iter()
+        .filter(|l| {
+            (l["greedy_regret"].as_f64().unwrap() - l["regret"].as_f64().unwrap()).abs() > 1e-9
+        })
+        .count();
+    assert!(
+        differ > 10,
+        "{differ} tasks where the greedy plan was not the plan run"
+    );
+    let (first, settled) = (greedy_of(0..100), greedy_of(400..500));
+    assert!(
+        first > 2.0 * settled,
+        "first {first}, tasks 400-499 {settled}"
+    );
 }
 
 #[test]

@@ -376,6 +376,10 @@ pub struct Choice {
     /// what this choice explores (see [`Routing::exploring`]).
     #[serde(default)]
     pub explored: Vec<usize>,
+    /// The policy's greedy plan for the task (arm index per stage, posterior means), whatever
+    /// was chosen: what its beliefs alone would have planned.
+    #[serde(default)]
+    pub greedy_plan: Vec<usize>,
 }
 
 impl Choice {
@@ -1154,6 +1158,7 @@ impl Policy {
             sop,
             indices: chosen,
             explored,
+            greedy_plan: greedy,
         }
     }
 

@@ -200,6 +200,8 @@ pub struct TaskTrace {
     pub reward: f64,
     /// Regret of the first attempt's plan.
     pub regret: f64,
+    /// Regret the policy's greedy plan would have had.
+    pub greedy_regret: f64,
 }
 
 /// What a learning simulation measured (FORMAT.md's KPIs).
@@ -225,6 +227,12 @@ pub struct LearningReport {
     pub random_cumulative_regret: f64,
     /// `cumulative_regret / random_cumulative_regret`.
     pub regret_ratio: f64,
+    /// Sum over tasks of oracle minus the expected reward of the policy's greedy plan when it
+    /// chose: the regret of what the policy believed (its ignorance).
+    pub greedy_regret: f64,
+    /// `cumulative_regret - greedy_regret`: what departing from its beliefs cost (exploration,
+    /// and a promoted ranker's plan in place of the greedy one; negative when they did better).
+    pub exploration_regret: f64,
     /// Share of the last 100 choices that were not the greedy plan.
     pub exploration_rate_last_100: f64,
     /// Infrastructure failures the policy learned from (must be 0).
@@ -488,6 +496,26 @@ impl Acc {
     }
 }
 
+/// The regret of the policy's greedy plan `greedy` (arm indices) for task `index`: the oracle's
+/// expected reward `oracle` minus the plan's.
+fn greedy_regret(
+    env: &SimEnv,
+    policy: &Policy,
+    index: u64,
+    features: &BTreeMap<String, String>,
+    greedy: &[usize],
+    oracle: f64,
+) -> Result<f64, String> {
+    let arms = policy
+        .plan_arms(greedy)
+        .ok_or_else(|| format!("the greedy plan {greedy:?} is not a plan of the policy"))?;
+    let plan: Vec<(String, String)> = arms.into_iter().map(|a| (a.tool, a.strategy)).collect();
+    let value = env
+        .expected_reward(index, features, &plan)
+        .map_err(|e| e.to_string())?;
+    Ok((oracle - value).max(0.0))
+}
+
 /// Runs `tasks` tasks of `env` (drawn with `seed`) through a fresh policy with `policy_config`
 /// (its reward is replaced by the environment's) and measures the KPIs.
 pub fn run_learning(
@@ -536,6 +564,7 @@ pub fn run_learning_with(
     let mut random_sum = 0.0;
     let mut trace = Vec::new();
     let mut infra_seen = 0u64;
+    let mut greedy_sum = 0.0;
     // The distiller fits from its own stream, so that the choices do not depend on its fits.
     let mut fit_rng = fastrand::Rng::with_seed(seed ^ 0xd157_111e);
     let mut distiller = Distiller::new(cfg.distill.clone());
@@ -556,6 +585,9 @@ pub fn run_learning_with(
             .map_err(|e| runner.err(e.to_string()))?;
         let regret = (oracle - chosen).max(0.0);
         let random_regret = (oracle - random).max(0.0);
+        let greedy_regret = greedy_regret(&seeded, &policy, index, f, &choice.greedy_plan, oracle)
+            .map_err(|e| runner.err(e))?;
+        greedy_sum += greedy_regret;
         oracle_sum += oracle;
         random_sum += random;
         let ex = runner.run_task(&policy, index, f, &choice.indices, &mut rng)?;
@@ -600,6 +632,7 @@ pub fn run_learning_with(
                 passed: ex.passed,
                 reward,
                 regret,
+                greedy_regret,
             });
         }
         if window.n == cfg.window.max(1) || index + 1 == tasks {
@@ -630,6 +663,8 @@ pub fn run_learning_with(
         cumulative_regret: total.regret,
         random_cumulative_regret: total.random_regret,
         regret_ratio: total.ratio(),
+        greedy_regret: greedy_sum,
+        exploration_regret: total.regret - greedy_sum,
         exploration_rate_last_100,
         infra_failures_learned_from: policy.infra_learned(),
         infra_failures_seen: infra_seen,

@@ -105,6 +105,8 @@ struct TraceLine<'a> {
     reward: f64,
     /// Oracle's expected reward minus the first plan's (FORMAT.md).
     regret: f64,
+    /// Oracle's expected reward minus that of the policy's greedy plan when it chose.
+    greedy_regret: f64,
     /// The SOP the first plan followed, if any.
     sop: Option<&'a str>,
     /// The probability the first plan had of being chosen (the router's and the policy's).
@@ -142,6 +144,7 @@ pub async fn learning(_global: &Global, args: LearningArgs) -> Result<(), Failur
                 passed: r.passed,
                 reward: r.reward,
                 regret: r.regret(),
+                greedy_regret: r.greedy_regret(),
                 sop: r.sop_id.as_deref(),
                 propensity: r.propensity,
             })
@@ -180,6 +183,11 @@ pub async fn learning(_global: &Global, args: LearningArgs) -> Result<(), Failur
         s.regret_ratio,
         b.sops_promoted,
         b.infra_failures_learned_from
+    )?;
+    outln!(
+        "of the regret, {:.1} is the policy's greedy plans (what it did not know yet) and {:.1} departing from them (exploration, SOP and ranker plans)",
+        s.greedy_regret,
+        s.exploration_regret
     )?;
     if let Some(d) = &b.drift {
         outln!(
