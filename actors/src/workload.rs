@@ -195,25 +195,24 @@ pub fn sim_task(env: &SimEnv, seed: u64, index: u64) -> Task {
 }
 
 fn record_of(env: &SimEnv, index: u64, task: &Task, outcome: &RunOutcome) -> TaskRecord {
+    // A plan's expected reward, when it has one arm per stage the environment knows.
+    let value = |plan: &[(String, String)]| {
+        (plan.len() == env.stages().len())
+            .then(|| env.expected_reward(index, &task.features, plan).ok())
+            .flatten()
+    };
     let plan: Vec<(String, String)> = outcome
         .arms
         .iter()
         .map(|a| (a.tool.clone(), a.strategy.clone()))
         .collect();
-    let expected_reward = if plan.len() == env.stages().len() {
-        env.expected_reward(index, &task.features, &plan)
-            .unwrap_or(0.0)
-    } else {
-        0.0
-    };
     let greedy: Vec<(String, String)> = outcome
         .greedy_arms
         .iter()
         .map(|a| (a.tool.clone(), a.strategy.clone()))
         .collect();
-    let greedy_expected_reward = (greedy.len() == env.stages().len())
-        .then(|| env.expected_reward(index, &task.features, &greedy).ok())
-        .flatten();
+    let expected_reward = value(&plan).unwrap_or(0.0);
+    let greedy_expected_reward = value(&greedy);
     let base = env.baselines(index, &task.features);
     TaskRecord {
         task: index,
