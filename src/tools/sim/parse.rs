@@ -433,8 +433,14 @@ pub fn parse_spec(text: &str, file: &str) -> Result<SimSpec, SimError> {
         rest = &after[close + 1..];
     }
 
+    // `[infra]` is optional, and so is its `errors`: an arm's `p_infra` (FORMAT.md allows it
+    // without an `[infra]` table) or a `p_fault` without classes draws from the classes of
+    // FORMAT.md's example, so that such a file runs instead of being refused.
     let infra = match root.get("infra") {
-        None => Infra::default(),
+        None => Infra {
+            p_fault: 0.0,
+            errors: default_infra_errors(),
+        },
         Some(v) => {
             let t = cx.table(v, "infra")?;
             cx.only_keys(t, "infra", &["p_fault", "errors"])?;
@@ -443,10 +449,7 @@ pub fn parse_spec(text: &str, file: &str) -> Result<SimSpec, SimError> {
                 .unwrap_or(0.0);
             let errors = match t.get("errors") {
                 Some(e) => cx.errors(e, "infra.errors", true)?,
-                None if p_fault > 0.0 => {
-                    return Err(cx.err("infra.errors", "required when infra.p_fault > 0"));
-                }
-                None => Vec::new(),
+                None => default_infra_errors(),
             };
             Infra { p_fault, errors }
         }
@@ -604,34 +607,6 @@ pub fn parse_spec(text: &str, file: &str) -> Result<SimSpec, SimError> {
         });
     }
 
-    // An arm that can draw an infrastructure fault needs classes to draw from.
-    if infra.errors.is_empty() {
-        let arm_infra = stages.iter().enumerate().find_map(|(si, s)| {
-            s.arms.iter().enumerate().find_map(|(ai, a)| {
-                let any = a.numbers.p_infra.unwrap_or(0.0) > 0.0
-                    || a.when
-                        .iter()
-                        .any(|w| w.overrides.p_infra.unwrap_or(0.0) > 0.0);
-                any.then(|| format!("stage[{si}].arm[{ai}].p_infra"))
-            })
-        });
-        if let Some(key) = arm_infra {
-            return Err(cx.err(
-                &key,
-                "p_infra > 0 needs [infra].errors to draw the fault's class from",
-            ));
-        }
-        if let Some(di) = drift
-            .iter()
-            .position(|d| d.overrides.p_infra.unwrap_or(0.0) > 0.0)
-        {
-            return Err(cx.err(
-                &format!("drift[{di}].p_infra"),
-                "p_infra > 0 needs [infra].errors to draw the fault's class from",
-            ));
-        }
-    }
-
     Ok(SimSpec {
         name,
         goal,
@@ -641,4 +616,13 @@ pub fn parse_spec(text: &str, file: &str) -> Result<SimSpec, SimError> {
         infra,
         drift,
     })
+}
+
+/// The infrastructure fault classes drawn from when a file names none: FORMAT.md's example,
+/// `{ TransientNetwork = 2, RateLimit = 1 }`.
+fn default_infra_errors() -> Vec<(ErrorClass, f64)> {
+    vec![
+        (ErrorClass::TransientNetwork, 2.0),
+        (ErrorClass::RateLimit, 1.0),
+    ]
 }

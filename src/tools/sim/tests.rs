@@ -494,6 +494,53 @@ async fn tool_rejects_bad_strategy_stage_and_params() {
     );
 }
 
+/// FORMAT.md makes `[infra]` optional and lets an arm set `p_infra`: a file with the one and
+/// without the other runs, its arm's faults drawn from the classes of FORMAT.md's example (as
+/// are those of an `[infra]` with a `p_fault` and no `errors`), rather than being refused.
+#[tokio::test]
+async fn an_arms_infrastructure_faults_need_no_infra_table() {
+    let (start, end) = (
+        TINY.find("[infra]").unwrap(),
+        TINY.find("[[drift]]").unwrap(),
+    );
+    let no_table = format!(
+        "{}{}",
+        &TINY[..start].replace("p_valid = 0.8\n", "p_valid = 0.8\np_infra = 0.5\n"),
+        &TINY[end..]
+    );
+    let no_classes = TINY.replace("errors = { TransientNetwork = 1 }\n", "");
+    for (text, p_fault) in [(no_table, 0.5), (no_classes, 0.1)] {
+        let env = SimEnv::parse(&text, "infra.toml")
+            .unwrap_or_else(|e| panic!("{e}\n{text}"))
+            .with_seed(7);
+        let tools = env.tools();
+        let a = feats(&[("kind", "a")]);
+        let args = serde_json::json!({"strategy": "fast"});
+        let mut classes = BTreeMap::new();
+        let n = 2000u32;
+        for i in 0..n {
+            if let Err(e) = tools[0]
+                .call(args.clone(), &ctx("s1", u64::from(i), 0, 0, &a))
+                .await
+                && e.category == FailureCategory::Infrastructure
+            {
+                *classes.entry(format!("{:?}", e.class)).or_insert(0u32) += 1;
+            }
+        }
+        let faults: u32 = classes.values().sum();
+        assert!(
+            (f64::from(faults) / f64::from(n) - p_fault).abs() < 0.04,
+            "{faults} faults in {n} calls, expected about {p_fault}: {classes:?}"
+        );
+        let keys: Vec<&String> = classes.keys().collect();
+        assert_eq!(keys, ["RateLimit", "TransientNetwork"], "{classes:?}");
+        assert!(
+            classes["TransientNetwork"] > classes["RateLimit"],
+            "{classes:?}"
+        );
+    }
+}
+
 #[test]
 fn validate_names_stage_and_reason() {
     let env = tiny();
