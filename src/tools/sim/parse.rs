@@ -205,13 +205,16 @@ impl Ctx<'_> {
                     "expected the name of a feature declared in [features]",
                 )
             })?;
-            let value = value.as_str().ok_or_else(|| {
+            let value = feature_value(value).ok_or_else(|| {
                 self.err(
                     &key,
-                    format!("expected a string, found {}", value.type_str()),
+                    format!(
+                        "expected a string, number or boolean, found {}",
+                        value.type_str()
+                    ),
                 )
             })?;
-            if !feature.values.iter().any(|x| x == value) {
+            if !feature.values.iter().any(|x| *x == value) {
                 return Err(self.err(
                     &key,
                     format!(
@@ -220,7 +223,7 @@ impl Ctx<'_> {
                     ),
                 ));
             }
-            out.insert(name.clone(), value.to_string());
+            out.insert(name.clone(), value);
         }
         Ok(out)
     }
@@ -363,19 +366,28 @@ pub fn parse_spec(text: &str, file: &str) -> Result<SimSpec, SimError> {
                 .iter()
                 .enumerate()
                 .map(|(i, v)| {
-                    v.as_str()
-                        .map(str::to_string)
-                        .ok_or_else(|| cx.err(&format!("{values_path}[{i}]"), "expected a string"))
+                    feature_value(v).ok_or_else(|| {
+                        cx.err(
+                            &format!("{values_path}[{i}]"),
+                            "expected a string, number or boolean",
+                        )
+                    })
                 })
                 .collect::<Result<_, _>>()?,
-            Some(_) => return Err(cx.err(&values_path, "expected a non-empty array of strings")),
+            Some(_) => return Err(cx.err(&values_path, "expected a non-empty array of values")),
             None => {
                 return Err(cx.err(
                     &values_path,
-                    "required; expected a non-empty array of strings",
+                    "required; expected a non-empty array of values (strings, numbers or booleans)",
                 ));
             }
         };
+        if let Some(i) = (1..values.len()).find(|&i| values[..i].contains(&values[i])) {
+            return Err(cx.err(
+                &format!("{values_path}[{i}]"),
+                format!("duplicate value `{}`", values[i]),
+            ));
+        }
         let weights_path = join(&prefix, "weights");
         let weights: Vec<f64> = match t.get("weights") {
             None => vec![1.0; values.len()],
@@ -625,4 +637,17 @@ fn default_infra_errors() -> Vec<(ErrorClass, f64)> {
         (ErrorClass::TransientNetwork, 2.0),
         (ErrorClass::RateLimit, 1.0),
     ]
+}
+
+/// A feature's value as the tasks carry it: a string as written, a number or a boolean as TOML
+/// writes it (`10`, `1.5`, `true`), so that `values = [10, 50]` and `match = { size = 10 }`
+/// agree; `None` for anything else.
+fn feature_value(v: &Toml) -> Option<String> {
+    match v {
+        Toml::String(s) => Some(s.clone()),
+        Toml::Integer(i) => Some(i.to_string()),
+        Toml::Float(f) if f.is_finite() => Some(f.to_string()),
+        Toml::Boolean(b) => Some(b.to_string()),
+        _ => None,
+    }
 }

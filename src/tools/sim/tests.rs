@@ -541,6 +541,59 @@ async fn an_arms_infrastructure_faults_need_no_infra_table() {
     }
 }
 
+/// A feature's values may be numbers or booleans as well as strings: tasks carry them as TOML
+/// writes them, and `match` compares them the same way; a value given twice is refused.
+#[test]
+fn feature_values_may_be_numbers_or_booleans() {
+    let text = TINY
+        .replace(
+            "kind = { values = [\"a\", \"b\"], weights = [1, 3] }",
+            "kind = { values = [\"a\", \"b\"], weights = [1, 3] }\nsize = { values = [10, 2.5] }\nurgent = { values = [true, false] }",
+        )
+        .replace(
+            "match = { kind = \"b\" }\np_success = 0.5",
+            "match = { size = 10, urgent = true }\np_success = 0.5",
+        )
+        .replace("goal = \"Do {kind}\"", "goal = \"Do {kind} of {size} MB\"");
+    let env = SimEnv::parse(&text, "typed.toml").unwrap_or_else(|e| panic!("{e}"));
+    let task = env.draw_task(1, 0);
+    let size = task.features["size"].clone();
+    assert!(["10", "2.5"].contains(&size.as_str()), "{size}");
+    assert!(
+        task.goal.ends_with(&format!("of {size} MB")),
+        "{}",
+        task.goal
+    );
+    let p = |size: &str, urgent: &str| {
+        env.expected_reward(
+            0,
+            &feats(&[("kind", "a"), ("size", size), ("urgent", urgent)]),
+            &plan(&[("t1", "fast"), ("t3", "x")]),
+        )
+        .unwrap()
+    };
+    assert!(
+        p("10", "true") < p("10", "false"),
+        "the `when` applies to size 10, urgent"
+    );
+    assert_eq!(p("2.5", "true"), p("10", "false"));
+    rejects(
+        &text.replace(
+            "match = { size = 10, urgent = true }",
+            "match = { size = 11 }",
+        ),
+        "stage[0].arm[0].when[0].match.size",
+    );
+    rejects(
+        &text.replace("values = [10, 2.5]", "values = [10, \"10\"]"),
+        "features.size.values[1]",
+    );
+    rejects(
+        &text.replace("values = [10, 2.5]", "values = [[10], 2.5]"),
+        "features.size.values[0]",
+    );
+}
+
 #[test]
 fn validate_names_stage_and_reason() {
     let env = tiny();
