@@ -214,7 +214,7 @@ impl Ctx<'_> {
                     ),
                 )
             })?;
-            if !feature.values.iter().any(|x| *x == value) {
+            if !feature.values.contains(&value) {
                 return Err(self.err(
                     &key,
                     format!(
