@@ -6,7 +6,8 @@
 //!
 //! `cargo run --release --example random_env -- DIR FIRST LAST [--wide]` writes `DIR/gFIRST.toml`
 //! to `DIR/gLAST.toml`; then run `hindsight bench learning --env DIR/g1.toml --json` on each.
-//! `--wide` draws six to ten arms per stage instead (the "many arms" of the issue, at its far end).
+//! `--wide` draws six to ten arms per stage instead (the "many arms" of the issue, at its far end);
+//! `--arms 15,20` draws each stage's number of arms from the list given.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -125,14 +126,25 @@ pub fn generate_with(seed: u64, arm_counts: &[u64]) -> String {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: random_env DIR FIRST LAST [--wide]";
+    let usage = "usage: random_env DIR FIRST LAST [--wide | --arms N,M,...]";
     let dir = args.first().ok_or(usage)?;
     let first: u64 = args.get(1).ok_or(usage)?.parse()?;
     let last: u64 = args.get(2).ok_or(usage)?.parse()?;
-    let arm_counts: &[u64] = match args.get(3).map(String::as_str) {
-        None => ARMS,
-        Some("--wide") => WIDE_ARMS,
-        Some(_) => return Err(usage.into()),
+    let listed: Vec<u64>;
+    let arm_counts: &[u64] = match (args.get(3).map(String::as_str), args.get(4)) {
+        (None, _) => ARMS,
+        (Some("--wide"), None) => WIDE_ARMS,
+        (Some("--arms"), Some(list)) => {
+            listed = list
+                .split(',')
+                .map(|n| match n.trim().parse::<u64>() {
+                    Ok(k) if k >= 2 => Ok(k),
+                    _ => Err(format!("--arms: `{n}` is not a number of arms (2 or more)")),
+                })
+                .collect::<Result<_, _>>()?;
+            &listed
+        }
+        _ => return Err(usage.into()),
     };
     std::fs::create_dir_all(dir)?;
     for seed in first..=last {
