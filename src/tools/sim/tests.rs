@@ -594,6 +594,37 @@ fn feature_values_may_be_numbers_or_booleans() {
     );
 }
 
+/// An arm's own failure is the arm's fault whatever its class: a `RateLimit` or
+/// `TransientNetwork` among its `errors` is part of `1 - p_success`, which the oracle counts
+/// against it, so it must reach the policy as `Strategy`, not be dropped as infrastructure.
+#[tokio::test]
+async fn an_arms_own_transient_classes_are_its_own_fault() {
+    let text = TINY
+        .replace(
+            "errors = { Timeout = 1 }",
+            "errors = { RateLimit = 1, TransientNetwork = 1 }",
+        )
+        .replace("p_fault = 0.1", "p_fault = 0.0");
+    let env = SimEnv::parse(&text, "own.toml").unwrap().with_seed(3);
+    let tools = env.tools();
+    let a = feats(&[("kind", "a")]);
+    let args = serde_json::json!({"strategy": "fast"});
+    let mut own = BTreeMap::new();
+    for i in 0..1000u64 {
+        if let Err(e) = tools[0].call(args.clone(), &ctx("s1", i, 0, 0, &a)).await {
+            assert_eq!(e.category, FailureCategory::Strategy, "{e:?}");
+            *own.entry(format!("{:?}", e.class)).or_insert(0u32) += 1;
+        }
+    }
+    let keys: Vec<&String> = own.keys().collect();
+    assert_eq!(keys, ["RateLimit", "TransientNetwork"], "{own:?}");
+    let n: u32 = own.values().sum();
+    assert!(
+        (f64::from(n) / 1000.0 - 0.1).abs() < 0.03,
+        "{n} own failures"
+    );
+}
+
 #[test]
 fn validate_names_stage_and_reason() {
     let env = tiny();
