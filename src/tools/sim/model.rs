@@ -143,12 +143,27 @@ pub struct Stage {
 }
 
 /// The environment's own faults.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Infra {
     /// Fault probability per call.
     pub p_fault: f64,
     /// Fault classes with relative weights.
     pub errors: Vec<(ErrorClass, f64)>,
+}
+
+impl Default for Infra {
+    /// No `[infra]` table: no environment-wide faults, and the classes of FORMAT.md's example,
+    /// `{ TransientNetwork = 2, RateLimit = 1 }`, for an arm's `p_infra` to draw from (also
+    /// those of an `[infra]` that names none).
+    fn default() -> Self {
+        Infra {
+            p_fault: 0.0,
+            errors: vec![
+                (ErrorClass::TransientNetwork, 2.0),
+                (ErrorClass::RateLimit, 1.0),
+            ],
+        }
+    }
 }
 
 /// A change of an arm's numbers from some task on.

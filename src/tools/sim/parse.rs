@@ -446,13 +446,10 @@ pub fn parse_spec(text: &str, file: &str) -> Result<SimSpec, SimError> {
     }
 
     // `[infra]` is optional, and so is its `errors`: an arm's `p_infra` (FORMAT.md allows it
-    // without an `[infra]` table) or a `p_fault` without classes draws from the classes of
-    // FORMAT.md's example, so that such a file runs instead of being refused.
+    // without an `[infra]` table) or a `p_fault` without classes draws from the default classes
+    // (`Infra::default`), so that such a file runs instead of being refused.
     let infra = match root.get("infra") {
-        None => Infra {
-            p_fault: 0.0,
-            errors: default_infra_errors(),
-        },
+        None => Infra::default(),
         Some(v) => {
             let t = cx.table(v, "infra")?;
             cx.only_keys(t, "infra", &["p_fault", "errors"])?;
@@ -461,7 +458,7 @@ pub fn parse_spec(text: &str, file: &str) -> Result<SimSpec, SimError> {
                 .unwrap_or(0.0);
             let errors = match t.get("errors") {
                 Some(e) => cx.errors(e, "infra.errors", true)?,
-                None => default_infra_errors(),
+                None => Infra::default().errors,
             };
             Infra { p_fault, errors }
         }
@@ -628,15 +625,6 @@ pub fn parse_spec(text: &str, file: &str) -> Result<SimSpec, SimError> {
         infra,
         drift,
     })
-}
-
-/// The infrastructure fault classes drawn from when a file names none: FORMAT.md's example,
-/// `{ TransientNetwork = 2, RateLimit = 1 }`.
-fn default_infra_errors() -> Vec<(ErrorClass, f64)> {
-    vec![
-        (ErrorClass::TransientNetwork, 2.0),
-        (ErrorClass::RateLimit, 1.0),
-    ]
 }
 
 /// A feature's value as the tasks carry it: a string as written, a number or a boolean as TOML

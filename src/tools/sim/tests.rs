@@ -494,6 +494,24 @@ async fn tool_rejects_bad_strategy_stage_and_params() {
     );
 }
 
+/// The failures of `n` calls of stage `s1`'s arm `t1`/`fast` for a task of kind `a`, tasks
+/// 0 to `n - 1`, first attempt.
+async fn fast_failures(env: &SimEnv, n: u32) -> Vec<crate::tools::tool::ToolError> {
+    let tools = env.tools();
+    let a = feats(&[("kind", "a")]);
+    let args = serde_json::json!({"strategy": "fast"});
+    let mut out = Vec::new();
+    for i in 0..n {
+        if let Err(e) = tools[0]
+            .call(args.clone(), &ctx("s1", u64::from(i), 0, 0, &a))
+            .await
+        {
+            out.push(e);
+        }
+    }
+    out
+}
+
 /// FORMAT.md makes `[infra]` optional and lets an arm set `p_infra`: a file with the one and
 /// without the other runs, its arm's faults drawn from the classes of FORMAT.md's example (as
 /// are those of an `[infra]` with a `p_fault` and no `errors`), rather than being refused.
@@ -513,17 +531,10 @@ async fn an_arms_infrastructure_faults_need_no_infra_table() {
         let env = SimEnv::parse(&text, "infra.toml")
             .unwrap_or_else(|e| panic!("{e}\n{text}"))
             .with_seed(7);
-        let tools = env.tools();
-        let a = feats(&[("kind", "a")]);
-        let args = serde_json::json!({"strategy": "fast"});
-        let mut classes = BTreeMap::new();
         let n = 2000u32;
-        for i in 0..n {
-            if let Err(e) = tools[0]
-                .call(args.clone(), &ctx("s1", u64::from(i), 0, 0, &a))
-                .await
-                && e.category == FailureCategory::Infrastructure
-            {
+        let mut classes = BTreeMap::new();
+        for e in fast_failures(&env, n).await {
+            if e.category == FailureCategory::Infrastructure {
                 *classes.entry(format!("{:?}", e.class)).or_insert(0u32) += 1;
             }
         }
@@ -606,15 +617,10 @@ async fn an_arms_own_transient_classes_are_its_own_fault() {
         )
         .replace("p_fault = 0.1", "p_fault = 0.0");
     let env = SimEnv::parse(&text, "own.toml").unwrap().with_seed(3);
-    let tools = env.tools();
-    let a = feats(&[("kind", "a")]);
-    let args = serde_json::json!({"strategy": "fast"});
     let mut own = BTreeMap::new();
-    for i in 0..1000u64 {
-        if let Err(e) = tools[0].call(args.clone(), &ctx("s1", i, 0, 0, &a)).await {
-            assert_eq!(e.category, FailureCategory::Strategy, "{e:?}");
-            *own.entry(format!("{:?}", e.class)).or_insert(0u32) += 1;
-        }
+    for e in fast_failures(&env, 1000).await {
+        assert_eq!(e.category, FailureCategory::Strategy, "{e:?}");
+        *own.entry(format!("{:?}", e.class)).or_insert(0u32) += 1;
     }
     let keys: Vec<&String> = own.keys().collect();
     assert_eq!(keys, ["RateLimit", "TransientNetwork"], "{own:?}");
