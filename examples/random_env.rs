@@ -7,7 +7,9 @@
 //! `cargo run --release --example random_env -- DIR FIRST LAST [--wide]` writes `DIR/gFIRST.toml`
 //! to `DIR/gLAST.toml`; then run `hindsight bench learning --env DIR/g1.toml --json` on each.
 //! `--wide` draws six to ten arms per stage instead (the "many arms" of the issue, at its far end);
-//! `--arms 15,20` draws each stage's number of arms from the list given.
+//! `--arms 15,20` draws each stage's number of arms from the list given; `--up` makes the drift
+//! upward (the drifting arm becomes nearly perfect for its feature value: an arm long written off
+//! may become the best).
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -24,6 +26,13 @@ pub fn generate(seed: u64) -> String {
 
 /// [`generate`] with each stage's number of arms drawn from `arm_counts`.
 pub fn generate_with(seed: u64, arm_counts: &[u64]) -> String {
+    generate_drift(seed, arm_counts, false)
+}
+
+/// [`generate_with`], with an upward drift when `up`: the drifting arm becomes nearly perfect
+/// (`p_success` and `p_valid` 0.99) for its feature value instead of breaking, so that an arm
+/// long written off may become the best.
+pub fn generate_drift(seed: u64, arm_counts: &[u64], up: bool) -> String {
     let mut r = fastrand::Rng::with_seed(seed);
     let pick = |r: &mut fastrand::Rng, xs: &[u64]| xs[r.usize(..xs.len())];
     let round2 = |x: f64| (x * 100.0).round() / 100.0;
@@ -115,18 +124,25 @@ pub fn generate_with(seed: u64, arm_counts: &[u64]) -> String {
     );
     let (s, a) = drifting.unwrap_or((0, 0));
     let m = random_match(&mut r);
+    let after = pick(&mut r, &[500, 600, 700]);
+    let down = round2(0.05 + 0.25 * r.f64());
     let _ = writeln!(
         out,
-        "\n[[drift]]\nafter_task = {}\nstage = \"s{s}\"\ntool = \"t{s}_{a}\"\nstrategy = \"st{a}\"\nmatch = {{ {m} }}\np_success = {}",
-        pick(&mut r, &[500, 600, 700]),
-        round2(0.05 + 0.25 * r.f64())
+        "\n[[drift]]\nafter_task = {after}\nstage = \"s{s}\"\ntool = \"t{s}_{a}\"\nstrategy = \"st{a}\"\nmatch = {{ {m} }}"
     );
+    if up {
+        let _ = writeln!(out, "p_success = 0.99\np_valid = 0.99");
+    } else {
+        let _ = writeln!(out, "p_success = {down}");
+    }
     out
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: random_env DIR FIRST LAST [--wide | --arms N,M,...]";
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let up = args.iter().any(|a| a == "--up");
+    args.retain(|a| a != "--up");
+    let usage = "usage: random_env DIR FIRST LAST [--wide | --arms N,M,...] [--up]";
     let dir = args.first().ok_or(usage)?;
     let first: u64 = args.get(1).ok_or(usage)?.parse()?;
     let last: u64 = args.get(2).ok_or(usage)?.parse()?;
@@ -149,7 +165,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::create_dir_all(dir)?;
     for seed in first..=last {
         let path = Path::new(dir).join(format!("g{seed}.toml"));
-        std::fs::write(&path, generate_with(seed, arm_counts))?;
+        std::fs::write(&path, generate_drift(seed, arm_counts, up))?;
         println!("{}", path.display());
     }
     Ok(())

@@ -402,6 +402,9 @@ async fn drive(
     }
     loop {
         let (state, reason) = run_round(ctx, &run_id, &task, &mut st).await?;
+        if state != RunState::Succeeded {
+            settle_unvalidated(ctx, &mut st).await?;
+        }
         let report = RunReport {
             run_id: run_id.clone(),
             round: st.round,
@@ -923,6 +926,53 @@ async fn validate(
         category: FailureCategory::Strategy,
         retry_after_ms: None,
     }))
+}
+
+/// Validates the outputs of a round that ended before its validation (escalated or failed at a
+/// later stage) and marks their steps `valid` or `invalid`, for the learners only: the round's
+/// end and its events stay as they are. Without it a call that succeeded in a run that later
+/// failed says nothing about its arm, and the arms tried in troubled runs (fallbacks, mostly)
+/// are learned from only half as often as they are called.
+async fn settle_unvalidated(ctx: &TreeCtx, st: &mut DriverState) -> Result<(), DriveError> {
+    let pending: Vec<(String, Value)> = st
+        .outputs
+        .iter()
+        .filter(|(stage, _)| {
+            st.output_step
+                .get(*stage)
+                .and_then(|&i| st.steps.get(i))
+                .is_some_and(|step| {
+                    step.metadata.get("outcome").and_then(Value::as_str) == Some("success")
+                })
+        })
+        .map(|(stage, v)| (stage.clone(), v.clone()))
+        .collect();
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let verdicts = ctx
+        .dir
+        .validator
+        .call(|reply| ValidatorMsg::Validate {
+            outputs: pending.clone(),
+            reply,
+        })
+        .await?;
+    for (stage, verdict) in verdicts {
+        if let Some(step) = st
+            .output_step
+            .get(&stage)
+            .and_then(|&i| st.steps.get_mut(i))
+        {
+            let mark = if verdict.is_ok() { "valid" } else { "invalid" };
+            step.metadata.insert("outcome".into(), Value::from(mark));
+            if let Err(reason) = verdict {
+                step.error = Some(reason);
+                step.error_class = Some(ErrorClass::SchemaMismatch);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Ends the run: the experience is logged durably, the learners are fed, a diary note written.

@@ -618,3 +618,90 @@ async fn a_first_attempt_is_learned_when_it_ends_and_never_again_from_the_log() 
     rt.shutdown().await;
     assert_eq!(restarted, learnable(&env, &log), "each outcome once");
 }
+
+/// Two stages: `early` always gives a valid output, `late` never succeeds, so every run fails
+/// (or escalates) before its validation.
+const LATE_FAILURE_ENV: &str = r#"
+name = "late-failure"
+goal = "task {kind}"
+sla_ms = 20000
+
+[features]
+kind = { values = ["a", "b"] }
+
+[[stage]]
+name = "early"
+
+[[stage.arm]]
+tool = "early_one"
+strategy = "x"
+cost = 0.001
+latency_ms = 100
+p_success = 1.0
+errors = { Timeout = 1 }
+
+[[stage.arm]]
+tool = "early_two"
+strategy = "x"
+cost = 0.001
+latency_ms = 100
+p_success = 1.0
+p_valid = 0.0
+errors = { Timeout = 1 }
+
+[[stage]]
+name = "late"
+
+[[stage.arm]]
+tool = "late_one"
+strategy = "x"
+cost = 0.001
+latency_ms = 100
+p_success = 0.0
+errors = { DeterministicFailure = 1 }
+
+[[stage.arm]]
+tool = "late_two"
+strategy = "x"
+cost = 0.001
+latency_ms = 100
+p_success = 0.0
+errors = { DeterministicFailure = 1 }
+"#;
+
+/// A run that ends before its validation still has the outputs it made validated for the
+/// learners: every successful call of the early stage is logged as valid or invalid (as the
+/// arm's output truly is), none is left unsettled, and the policy learns them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outputs_of_a_run_that_failed_later_are_validated_for_the_learners() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = SimEnv::parse(LATE_FAILURE_ENV, "late-failure.toml").unwrap();
+    let rt = Runtime::start(options_on(dir.path(), env.clone(), 3))
+        .await
+        .unwrap();
+    workload::run_tasks(&rt, &env, 3, 20, 2, |_| {})
+        .await
+        .unwrap();
+    let log = experiences(&rt);
+    let learned = learned(&rt).await;
+    rt.shutdown().await;
+    assert_eq!(log.len(), 20);
+    let (mut valid, mut invalid) = (0, 0);
+    for exp in &log {
+        assert!(!exp.result.passed, "{} passed", exp.run_id);
+        for step in &exp.steps {
+            if step.metadata.get("stage").and_then(|v| v.as_str()) != Some("early") {
+                continue;
+            }
+            let outcome = step.metadata.get("outcome").and_then(|v| v.as_str());
+            match (step.tool_called.as_deref(), outcome) {
+                (Some("early_one"), Some("valid")) => valid += 1,
+                (Some("early_two"), Some("invalid")) => invalid += 1,
+                other => panic!("{}: an early step left as {other:?}", exp.run_id),
+            }
+        }
+    }
+    assert!(valid + invalid >= 20, "{valid} valid, {invalid} invalid");
+    // Every settled early call and every failed late call was learned.
+    assert!(learned >= valid + invalid, "learned {learned}");
+}

@@ -91,6 +91,12 @@ pub struct PolicyConfig {
     /// changed at some point in its latest observations" over "it did not" (a generalised
     /// likelihood-ratio test; its false-alarm rate is about the same whatever the rate).
     pub change_threshold: f64,
+    /// The change detector's threshold for a change upward (an arm doing better than its
+    /// evidence says). An arm written off is seen mostly in fallbacks, a few times per hundred
+    /// tasks, so an upward change has to be found on fewer observations; a false alarm costs
+    /// little (the arm is tried a few more times on first attempts), unlike a false alarm
+    /// downward, which writes off a good arm.
+    pub change_threshold_up: f64,
     /// Observations (since the last change) before the change detector may fire.
     pub change_min_obs: u32,
     /// Observations the detector needs before a change point to put one there.
@@ -101,6 +107,10 @@ pub struct PolicyConfig {
     /// Pseudo-observations kept (at the recent success rate) when a change is detected; the
     /// node's finer clusters forget the arm the same way.
     pub change_keep: f64,
+    /// Pseudo-observations kept when an upward change is detected (see
+    /// [`PolicyConfig::change_threshold_up`]): more than after a fall, so that an arm found
+    /// better on a few observations is tried a few times more, not taken on trust.
+    pub change_keep_up: f64,
     /// Rate of the fast moving average of success that the kept evidence is centred on.
     pub recent_rate: f64,
     /// Weight of a failure whose category is `Unknown` (infrastructure ones weigh 0, always).
@@ -186,10 +196,12 @@ impl Default for PolicyConfig {
             model_discount: 0.995,
             latency_discount: 0.95,
             change_threshold: 10.0,
+            change_threshold_up: 7.0,
             change_min_obs: 8,
             change_min_before: 4,
             change_levels: 3,
             change_keep: 2.0,
+            change_keep_up: 6.0,
             recent_rate: 0.3,
             unknown_weight: 0.5,
             propensity_draws: 32,
@@ -686,6 +698,9 @@ fn check_config(c: &PolicyConfig) -> Result<(), PolicyError> {
     }
     if !(c.change_threshold > 0.0 && c.change_threshold.is_finite()) {
         return bad("change_threshold", "must be a finite number > 0");
+    }
+    if !(c.change_threshold_up > 0.0 && c.change_threshold_up.is_finite()) {
+        return bad("change_threshold_up", "must be a finite number > 0");
     }
     if c.propensity_draws == 0 {
         return bad("propensity_draws", "must be >= 1");
@@ -1528,6 +1543,7 @@ impl Policy {
                     && let Some(change) = a.detector.observe(
                         x > 0.0,
                         c.change_threshold,
+                        c.change_threshold_up,
                         c.change_min_obs,
                         c.change_min_before,
                     )
@@ -1538,7 +1554,11 @@ impl Policy {
                         before: change.before,
                         after: change.after(),
                     });
-                    a.forget(c.change_keep);
+                    a.forget(if change.after() > change.before {
+                        c.change_keep_up
+                    } else {
+                        c.change_keep
+                    });
                     summary.changes_detected += 1;
                 }
                 if x > 0.0 {
@@ -1573,7 +1593,11 @@ impl Policy {
         } else {
             parent_key.split('|').collect()
         };
-        let keep = self.config.change_keep;
+        let keep = if change.after > change.before {
+            self.config.change_keep_up
+        } else {
+            self.config.change_keep
+        };
         for (h, node) in self.nodes.iter_mut() {
             if *h == hash || node.key == crate::learn::cluster::GLOBAL_KEY {
                 continue;
@@ -2176,6 +2200,63 @@ mod tests {
             "now {now}, sharpened {sharpened}"
         );
         assert!(now >= 3.0 * sharpened, "now {now}, sharpened {sharpened}");
+    }
+
+    /// First choices of arm 1 ("later") among the last 50 of `tasks` tasks, one stage of three
+    /// arms in one cluster: "leader" succeeds 80% of the time, "later" 30% until task 400 and 98%
+    /// from then on, "middle" 50%. A failed call is followed by fallbacks (as the tree does), and
+    /// every call is learned.
+    fn upward_drift_share(config: PolicyConfig, tasks: usize) -> usize {
+        let stages = vec![StageArms {
+            stage: "search".into(),
+            arms: vec![
+                Arm::new("leader", "x"),
+                Arm::new("later", "x"),
+                Arm::new("middle", "x"),
+            ],
+        }];
+        let mut p = Policy::new(config, stages).unwrap();
+        let f = feats(&[("topic", "news")]);
+        let mut rng = fastrand::Rng::with_seed(21);
+        let mut later_first = 0;
+        for t in 0..tasks {
+            let truth = [0.8, if t < 400 { 0.3 } else { 0.98 }, 0.5];
+            let first = p.choose(&f, &mut rng).indices[0];
+            if t + 50 >= tasks && first == 1 {
+                later_first += 1;
+            }
+            let mut tried = vec![first];
+            loop {
+                let arm = tried[tried.len() - 1];
+                let ok = rng.f64() < truth[arm];
+                let played = p.stages()[0].arms[arm].clone();
+                search_obs(&mut p, &f, played, ok);
+                match p.fallback(&f, 0, &tried, &mut rng) {
+                    Some(next) if !ok => tried.push(next),
+                    _ => break,
+                }
+            }
+        }
+        later_first
+    }
+
+    #[test]
+    fn an_arm_long_written_off_is_taken_up_when_it_becomes_the_best() {
+        // 50 to 100 tasks after the change, the arm that became the best has most first
+        // attempts (31 of 50); with a change detector as strict upward as downward, few (9).
+        let now = upward_drift_share(PolicyConfig::default(), 500);
+        let symmetric = upward_drift_share(
+            PolicyConfig {
+                change_threshold_up: 10.0,
+                change_keep_up: 2.0,
+                ..PolicyConfig::default()
+            },
+            500,
+        );
+        assert!(
+            now >= 26 && now > 2 * symmetric,
+            "now {now} of 50, symmetric {symmetric}"
+        );
     }
 
     #[test]
