@@ -889,18 +889,7 @@ async fn validate(
         .await?;
     let mut first_invalid: Option<(String, String)> = None;
     for (stage, verdict) in verdicts {
-        let mark = if verdict.is_ok() { "valid" } else { "invalid" };
-        if let Some(step) = st
-            .output_step
-            .get(&stage)
-            .and_then(|&i| st.steps.get_mut(i))
-        {
-            step.metadata.insert("outcome".into(), Value::from(mark));
-            if let Err(reason) = &verdict {
-                step.error = Some(reason.clone());
-                step.error_class = Some(ErrorClass::SchemaMismatch);
-            }
-        }
+        mark_validated(st, &stage, &verdict);
         if let (Err(reason), None) = (verdict, &first_invalid) {
             first_invalid = Some((stage, reason));
         }
@@ -959,20 +948,23 @@ async fn settle_unvalidated(ctx: &TreeCtx, st: &mut DriverState) -> Result<(), D
         })
         .await?;
     for (stage, verdict) in verdicts {
-        if let Some(step) = st
-            .output_step
-            .get(&stage)
-            .and_then(|&i| st.steps.get_mut(i))
-        {
-            let mark = if verdict.is_ok() { "valid" } else { "invalid" };
-            step.metadata.insert("outcome".into(), Value::from(mark));
-            if let Err(reason) = verdict {
-                step.error = Some(reason);
-                step.error_class = Some(ErrorClass::SchemaMismatch);
-            }
-        }
+        mark_validated(st, &stage, &verdict);
     }
     Ok(())
+}
+
+/// Marks the step that produced `stage`'s output `valid` or `invalid` (what the learners read),
+/// with the validator's reason as its error.
+fn mark_validated(st: &mut DriverState, stage: &str, verdict: &Result<(), String>) {
+    let Some(step) = st.output_step.get(stage).and_then(|&i| st.steps.get_mut(i)) else {
+        return;
+    };
+    let mark = if verdict.is_ok() { "valid" } else { "invalid" };
+    step.metadata.insert("outcome".into(), Value::from(mark));
+    if let Err(reason) = verdict {
+        step.error = Some(reason.clone());
+        step.error_class = Some(ErrorClass::SchemaMismatch);
+    }
 }
 
 /// Ends the run: the experience is logged durably, the learners are fed, a diary note written.
