@@ -879,17 +879,9 @@ async fn validate(
                 .map(|v| (a.stage.clone(), v.clone()))
         })
         .collect();
-    let verdicts = ctx
-        .dir
-        .validator
-        .call(|reply| ValidatorMsg::Validate {
-            outputs: outputs.clone(),
-            reply,
-        })
-        .await?;
+    let verdicts = validate_and_mark(ctx, st, outputs).await?;
     let mut first_invalid: Option<(String, String)> = None;
     for (stage, verdict) in verdicts {
-        mark_validated(st, &stage, &verdict);
         if let (Err(reason), None) = (verdict, &first_invalid) {
             first_invalid = Some((stage, reason));
         }
@@ -939,32 +931,38 @@ async fn settle_unvalidated(ctx: &TreeCtx, st: &mut DriverState) -> Result<(), D
     if pending.is_empty() {
         return Ok(());
     }
+    validate_and_mark(ctx, st, pending).await?;
+    Ok(())
+}
+
+/// Has the validator judge `outputs` (stage, output) and marks each producing step `valid` or
+/// `invalid` (what the learners read), with the validator's reason as its error; returns the
+/// verdicts.
+async fn validate_and_mark(
+    ctx: &TreeCtx,
+    st: &mut DriverState,
+    outputs: Vec<(String, Value)>,
+) -> Result<Vec<(String, Result<(), String>)>, DriveError> {
     let verdicts = ctx
         .dir
         .validator
         .call(|reply| ValidatorMsg::Validate {
-            outputs: pending.clone(),
+            outputs: outputs.clone(),
             reply,
         })
         .await?;
-    for (stage, verdict) in verdicts {
-        mark_validated(st, &stage, &verdict);
+    for (stage, verdict) in &verdicts {
+        let Some(step) = st.output_step.get(stage).and_then(|&i| st.steps.get_mut(i)) else {
+            continue;
+        };
+        let mark = if verdict.is_ok() { "valid" } else { "invalid" };
+        step.metadata.insert("outcome".into(), Value::from(mark));
+        if let Err(reason) = verdict {
+            step.error = Some(reason.clone());
+            step.error_class = Some(ErrorClass::SchemaMismatch);
+        }
     }
-    Ok(())
-}
-
-/// Marks the step that produced `stage`'s output `valid` or `invalid` (what the learners read),
-/// with the validator's reason as its error.
-fn mark_validated(st: &mut DriverState, stage: &str, verdict: &Result<(), String>) {
-    let Some(step) = st.output_step.get(stage).and_then(|&i| st.steps.get_mut(i)) else {
-        return;
-    };
-    let mark = if verdict.is_ok() { "valid" } else { "invalid" };
-    step.metadata.insert("outcome".into(), Value::from(mark));
-    if let Err(reason) = verdict {
-        step.error = Some(reason.clone());
-        step.error_class = Some(ErrorClass::SchemaMismatch);
-    }
+    Ok(verdicts)
 }
 
 /// Ends the run: the experience is logged durably, the learners are fed, a diary note written.
