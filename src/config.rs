@@ -201,6 +201,11 @@ pub struct PolicyConfig {
     /// A ranker in force plans a task only while the policy expects at most this much less
     /// reward from the ranker's plan than from its own greedy plan.
     pub distill_defer_margin: f64,
+    /// Structure prior of the pooling hierarchy: nats of log evidence a level fixing one feature
+    /// starts behind the global level (0 = none; see the README's Benchmarks).
+    pub level_penalty_first: f64,
+    /// Nats each further feature a level fixes adds to [`PolicyConfig::level_penalty_first`].
+    pub level_penalty_more: f64,
 }
 
 impl Default for PolicyConfig {
@@ -213,6 +218,8 @@ impl Default for PolicyConfig {
             distill_every: 200,
             distill_margin: 0.0,
             distill_defer_margin: crate::learn::distill::DistillConfig::default().defer_margin,
+            level_penalty_first: crate::learn::bandit::PolicyConfig::default().level_penalty_first,
+            level_penalty_more: crate::learn::bandit::PolicyConfig::default().level_penalty_more,
         }
     }
 }
@@ -619,6 +626,17 @@ impl Config {
                 ),
             );
         }
+        for (key, v) in [
+            (
+                "policy.level_penalty_first",
+                self.policy.level_penalty_first,
+            ),
+            ("policy.level_penalty_more", self.policy.level_penalty_more),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return bad(key, format!("must be 0 or more, found {v}"));
+            }
+        }
         if !(self.policy.prior_strength.is_finite() && self.policy.prior_strength > 0.0) {
             return bad(
                 "policy.prior_strength",
@@ -908,6 +926,15 @@ mod tests {
             e,
             "config/hindsight.toml: key `store.durability`: expected `immediate` or `none`, found `fast`"
         );
+    }
+
+    #[test]
+    fn a_negative_structure_prior_names_its_key() {
+        let e = Config::parse("[policy]\nlevel_penalty_more = -1.0\n", "h.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("policy.level_penalty_more"), "{e}");
+        assert!(e.contains("must be 0 or more, found -1"), "{e}");
     }
 
     #[test]

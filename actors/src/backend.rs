@@ -228,6 +228,8 @@ pub async fn runtime_options(
     opts.policy.discount = config.policy.discount;
     opts.policy.pool_strength = config.policy.prior_strength;
     opts.policy.propensity_draws = config.policy.propensity_samples.max(1) as usize;
+    opts.policy.level_penalty_first = config.policy.level_penalty_first;
+    opts.policy.level_penalty_more = config.policy.level_penalty_more;
     opts.distill.every = config.policy.distill_every;
     opts.distill.margin = config.policy.distill_margin;
     opts.distill.defer_margin = config.policy.distill_defer_margin;
@@ -1256,6 +1258,21 @@ impl Backend for TreeBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_policy_section_reaches_the_bandit() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "data_dir = {:?}\n[policy]\nprior_strength = 3.0\nlevel_penalty_first = 0.5\nlevel_penalty_more = 1.0\n",
+            dir.path()
+        );
+        let config = Config::parse(&text, "test.toml").unwrap();
+        let (opts, servers) = runtime_options(&config).await.unwrap();
+        assert!(servers.is_empty());
+        assert_eq!(opts.policy.pool_strength, 3.0);
+        assert_eq!(opts.policy.level_penalty_first, 0.5);
+        assert_eq!(opts.policy.level_penalty_more, 1.0);
+    }
 
     #[tokio::test]
     async fn the_daemon_applies_the_run_ttl_at_start() {
