@@ -210,6 +210,7 @@ pub struct PolicyConfig {
 
 impl Default for PolicyConfig {
     fn default() -> Self {
+        let bandit = crate::learn::bandit::PolicyConfig::default();
         PolicyConfig {
             seed: 42,
             propensity_samples: 200,
@@ -218,8 +219,8 @@ impl Default for PolicyConfig {
             distill_every: 200,
             distill_margin: 0.0,
             distill_defer_margin: crate::learn::distill::DistillConfig::default().defer_margin,
-            level_penalty_first: crate::learn::bandit::PolicyConfig::default().level_penalty_first,
-            level_penalty_more: crate::learn::bandit::PolicyConfig::default().level_penalty_more,
+            level_penalty_first: bandit.level_penalty_first,
+            level_penalty_more: bandit.level_penalty_more,
         }
     }
 }

@@ -209,6 +209,25 @@ pub struct PolicyConfig {
     pub level_penalty_more: f64,
 }
 
+impl PolicyConfig {
+    /// Pseudo-observations an arm keeps after a detected change: [`PolicyConfig::change_keep_up`]
+    /// after a rise, [`PolicyConfig::change_keep`] after a fall.
+    fn change_keep_for(&self, before: f64, after: f64) -> f64 {
+        if after > before {
+            self.change_keep_up
+        } else {
+            self.change_keep
+        }
+    }
+
+    /// The structure prior's handicap of a level fixing `fixed` features (see
+    /// [`PolicyConfig::level_penalty_first`]).
+    fn level_penalty(&self, fixed: u32) -> f64 {
+        self.level_penalty_first * f64::from(fixed.min(1))
+            + self.level_penalty_more * f64::from(fixed.saturating_sub(1))
+    }
+}
+
 impl Default for PolicyConfig {
     fn default() -> Self {
         PolicyConfig {
@@ -641,12 +660,11 @@ struct Cell {
 }
 
 /// Fills `out` with each level's predictive log evidence for arm `j` (0 for a level or arm
-/// with none yet), less the structure prior's handicap `penalty` (the first feature's, each
-/// further one's) for the features it fixes.
+/// with none yet), less the structure prior's handicap for the features it fixes.
 fn level_evidence(
+    config: &PolicyConfig,
     lattice: &Lattice,
     models: &[Option<&ModelEvidence>],
-    penalty: (f64, f64),
     j: usize,
     out: &mut [f64],
 ) {
@@ -655,8 +673,7 @@ fn level_evidence(
             .and_then(|m| m.log_evidence.get(j))
             .copied()
             .unwrap_or(0.0)
-            - penalty.0 * f64::from(ln.mask.count_ones().min(1))
-            - penalty.1 * f64::from(ln.mask.count_ones().saturating_sub(1));
+            - config.level_penalty(ln.mask.count_ones());
     }
 }
 
@@ -974,13 +991,7 @@ impl Policy {
         for j in 0..self.n_arms {
             // Success: Bayesian model averaging over the levels of the hierarchy (which
             // features matter for this arm), weighted by each level's predictive evidence.
-            level_evidence(
-                &lattice,
-                &models,
-                (c.level_penalty_first, c.level_penalty_more),
-                j,
-                &mut logw,
-            );
+            level_evidence(c, &lattice, &models, j, &mut logw);
             let top = logw.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let mut total_w = 0.0;
             let base = eff.comps.len();
@@ -1554,13 +1565,7 @@ impl Policy {
             items
                 .iter()
                 .map(|&(j, ..)| {
-                    level_evidence(
-                        &lattice,
-                        &models,
-                        (c.level_penalty_first, c.level_penalty_more),
-                        j,
-                        &mut logw,
-                    );
+                    level_evidence(&c, &lattice, &models, j, &mut logw);
                     // Every level's cells pool from their parents here, whatever
                     // `pool_from_global` says for sampling: a level is judged on which features
                     // matter for the arm, not handicapped for starting from a flat prior (which
@@ -1625,11 +1630,7 @@ impl Policy {
                         before: change.before,
                         after: change.after(),
                     });
-                    a.forget(if change.after() > change.before {
-                        c.change_keep_up
-                    } else {
-                        c.change_keep
-                    });
+                    a.forget(c.change_keep_for(change.before, change.after()));
                     summary.changes_detected += 1;
                 }
                 if x > 0.0 {
@@ -1664,11 +1665,7 @@ impl Policy {
         } else {
             parent_key.split('|').collect()
         };
-        let keep = if change.after > change.before {
-            self.config.change_keep_up
-        } else {
-            self.config.change_keep
-        };
+        let keep = self.config.change_keep_for(change.before, change.after);
         for (h, node) in self.nodes.iter_mut() {
             if *h == hash || node.key == crate::learn::cluster::GLOBAL_KEY {
                 continue;
@@ -1851,12 +1848,22 @@ mod tests {
     /// busy cell (good succeeding 90% of the time, poor 50%), then one success of good in a
     /// rare cell; with the rare cell's features.
     fn rare_cell_policy(config: PolicyConfig, rounds: usize) -> (Policy, BTreeMap<String, String>) {
+        let busy = feats(&[("kind", "common")]);
+        let rare = feats(&[("kind", "rare")]);
+        rare_cell_policy_in(config, rounds, busy, rare)
+    }
+
+    /// [`rare_cell_policy`] with the busy and the rare cell's features given.
+    fn rare_cell_policy_in(
+        config: PolicyConfig,
+        rounds: usize,
+        busy: BTreeMap<String, String>,
+        rare: BTreeMap<String, String>,
+    ) -> (Policy, BTreeMap<String, String>) {
         let stages = vec![StageArms {
             stage: "search".into(),
             arms: vec![Arm::new("good", "x"), Arm::new("poor", "x")],
         }];
-        let busy = feats(&[("kind", "common")]);
-        let rare = feats(&[("kind", "rare")]);
         let mut p = Policy::new(config, stages).unwrap();
         for i in 0..rounds {
             search_obs(&mut p, &busy, Arm::new("good", "x"), i % 10 != 0);
@@ -2654,18 +2661,9 @@ mod tests {
                 rarity_min_parent_fine: fine,
                 ..PolicyConfig::default()
             };
-            let stages = vec![StageArms {
-                stage: "search".into(),
-                arms: vec![Arm::new("good", "x"), Arm::new("poor", "x")],
-            }];
             let busy = feats(&[("kind", "common"), ("lang", "en")]);
             let rare = feats(&[("kind", "common"), ("lang", "fr")]);
-            let mut p = Policy::new(config, stages).unwrap();
-            for i in 0..30 {
-                search_obs(&mut p, &busy, Arm::new("good", "x"), i % 10 != 0);
-                search_obs(&mut p, &busy, Arm::new("poor", "x"), i % 2 == 0);
-            }
-            search_obs(&mut p, &rare, Arm::new("good", "x"), true);
+            let (p, rare) = rare_cell_policy_in(config, 30, busy, rare);
             draw_share(&p, &rare, &[1], 3)
         };
         let (held, free) = (poor_share(20.0), poor_share(200.0));
