@@ -73,27 +73,33 @@ impl TriageSetup {
     /// A setup from a policy file's text; errors name the file and the key.
     pub fn parse(text: &str, file: &str) -> Result<TriageSetup, PolicyError> {
         let pf = PolicyFile::parse(text, file)?;
+        TriageSetup::from_file(pf)
+    }
+
+    /// A setup from a parsed policy file; its `[limits] tool_manifest`, if any, is the manifest.
+    fn from_file(pf: PolicyFile) -> Result<TriageSetup, PolicyError> {
         Ok(TriageSetup {
             classifier: pf.rules_classifier()?,
+            manifest: pf.limits.tool_manifest.clone().unwrap_or_default(),
             policy: pf.policy,
-            manifest: String::new(),
         })
     }
 
     /// A setup from a policy file.
     pub fn load(path: &Path) -> Result<TriageSetup, PolicyError> {
-        let pf = PolicyFile::load(path)?;
-        Ok(TriageSetup {
-            classifier: pf.rules_classifier()?,
-            policy: pf.policy,
-            manifest: String::new(),
-        })
+        TriageSetup::from_file(PolicyFile::load(path)?)
     }
 
     /// The tool manifest injected on `retry_with_tool_manifest`.
     pub fn with_manifest(mut self, manifest: String) -> TriageSetup {
         self.manifest = manifest;
         self
+    }
+
+    /// Whether a tool manifest is set. Without one, `retry_with_tool_manifest` retries the
+    /// same arm (there is nothing to inject), which is why the tree sets its workflow's.
+    pub fn has_manifest(&self) -> bool {
+        !self.manifest.is_empty()
     }
 
     /// Classifies a failed attempt. The trajectory classifier decides (loops, plan incomplete,
@@ -204,5 +210,16 @@ mod tests {
     #[test]
     fn the_embedded_tree_policy_parses() {
         TriageSetup::parse(TREE_POLICY, "tree_policy.toml").unwrap();
+    }
+
+    #[test]
+    fn a_policy_files_own_manifest_is_kept_and_the_embedded_one_has_none() {
+        // The tree gives a setup without a manifest its workflow's (see `tree::build`).
+        assert!(!TriageSetup::default().has_manifest());
+        let own = format!("{TREE_POLICY}\n").replace(
+            "[limits]\n",
+            "[limits]\ntool_manifest = \"search: web_search\"\n",
+        );
+        assert!(TriageSetup::parse(&own, "own.toml").unwrap().has_manifest());
     }
 }

@@ -127,12 +127,24 @@ fn hook(faults: &Option<FaultDecider>, actor: &'static str) -> Option<ChaosHook>
 /// `Supervisor::spawn(None, tree.options, tree.children)` (what [`crate::Runtime`] does) or nest
 /// them with `Supervisor::child_spec`.
 pub fn build(spec: TreeSpec) -> Tree {
+    let mut config = spec.config.clone();
+    // A wrong tool is recovered from by retrying with the manifest of the tools that fit (the
+    // failed arm ruled out); the workflow's own, unless the setup brought one.
+    if !config.triage.has_manifest() {
+        config.triage = Arc::new(
+            config
+                .triage
+                .as_ref()
+                .clone()
+                .with_manifest(spec.workflow.manifest()),
+        );
+    }
     let ctx = Arc::new(TreeCtx {
         store: spec.store.clone(),
         dir: Directory::default(),
         live: LiveRuns::default(),
         workflow: spec.workflow.clone(),
-        config: spec.config.clone(),
+        config,
     });
     let faults = spec.faults;
     let store = spec.store;

@@ -126,6 +126,23 @@ impl Workflow {
         &self.stages
     }
 
+    /// The tool manifest a `retry_with_tool_manifest` recovery injects: per stage, the tools
+    /// and strategies it may use, one line each ("stage search: web_search/top3, ...").
+    pub fn manifest(&self) -> String {
+        self.stages
+            .iter()
+            .map(|s| {
+                let arms: Vec<String> = s
+                    .arms
+                    .iter()
+                    .map(|a| format!("{}/{}", a.tool, a.strategy))
+                    .collect();
+                format!("stage {}: {}", s.name, arms.join(", "))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     /// The simulated environment behind the workflow, if it is one.
     pub fn sim(&self) -> Option<&SimEnv> {
         self.sim.as_ref()

@@ -50,14 +50,14 @@ fn evaluate_reads_the_policy_the_tree_persisted() {
         .collect();
     assert_eq!(names, ["live", "greedy", "ranker"], "{eval}");
     // The live policy logged the holdout itself: it has support on every row. It has learned
-    // since it logged them, so its weights are uneven and its effective sample is a third to a
-    // half of the holdout (33, 29 and 23 of 60 in three builds whose choices differ); a policy
-    // with no support there has a handful (the ranker here: 3, 7 and 2).
+    // since it logged them, so its weights are uneven and its effective sample is a quarter to
+    // a half of the holdout (33, 29, 23 and 17 of 60 in four builds whose choices differ); a
+    // policy with no support there has a handful (the ranker in the first three: 3, 7 and 2).
     let holdout = eval["holdout_rows"].as_f64().unwrap();
     let live_ess = eval["policies"][0]["snips"]["effective_n"]
         .as_f64()
         .unwrap();
-    assert!(holdout >= 50.0 && live_ess > 0.3 * holdout, "{eval}");
+    assert!(holdout >= 50.0 && live_ess > 0.2 * holdout, "{eval}");
     assert!(eval["promotion"].is_object(), "{eval}");
     assert!(eval["note"].is_null(), "{eval}");
 

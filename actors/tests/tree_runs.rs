@@ -553,6 +553,66 @@ fn experiences(rt: &Runtime) -> Vec<hindsight::ExperienceTuple> {
         .collect()
 }
 
+/// A wrong tool (the tool does not fit the task, or found nothing) is recovered from by another
+/// arm of its stage, never by calling the same one again: the tree hands the failure policy's
+/// `retry_with_tool_manifest` its workflow's manifest, and a retry with the manifest rules the
+/// failed arm out. (Without a manifest the policy's retry had nothing to inject and the run
+/// called the same wrong tool again.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_tool_is_replaced_not_called_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = SimEnv::load(&env_path("web_research.toml")).unwrap();
+    let mut opts = options_on(dir.path(), env.clone(), 3);
+    // One round per run: a ReflectRetry round starts from a fresh plan.
+    opts.reflect_retry.max_retries = 0;
+    let rt = Runtime::start(opts).await.unwrap();
+    workload::run_tasks(&rt, &env, 3, 150, 4, |_| {})
+        .await
+        .unwrap();
+    let log = experiences(&rt);
+    rt.shutdown().await;
+    let (mut replaced, mut again) = (0, Vec::new());
+    for exp in &log {
+        let calls: Vec<&hindsight::Step> = exp
+            .steps
+            .iter()
+            .filter(|s| s.tool_called.is_some())
+            .collect();
+        for pair in calls.windows(2) {
+            let (failed, next) = (pair[0], pair[1]);
+            let meta = |s: &hindsight::Step, k: &str| {
+                s.metadata
+                    .get(k)
+                    .and_then(|v| v.as_str())
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            let wrong_tool = matches!(
+                failed.error_class,
+                Some(hindsight::ErrorClass::ToolNotFit | hindsight::ErrorClass::NotFound)
+            );
+            if !wrong_tool
+                || meta(failed, "outcome") != "strategy"
+                || meta(failed, "stage") != meta(next, "stage")
+            {
+                continue;
+            }
+            if failed.tool_called == next.tool_called
+                && meta(failed, "strategy") == meta(next, "strategy")
+            {
+                again.push(exp.run_id.clone());
+            } else {
+                replaced += 1;
+            }
+        }
+    }
+    assert!(replaced >= 10, "only {replaced} wrong tools replaced");
+    assert!(
+        again.is_empty(),
+        "the same wrong tool called again in {again:?}"
+    );
+}
+
 /// A run's first attempt is learned when it ends, ahead of the run's experience, and the
 /// experience then teaches only the rest: with eight tasks in flight, and across a restart that
 /// falls between the two (the record of what was learned early is persisted with the snapshot).
