@@ -80,7 +80,7 @@ impl TriageSetup {
     fn from_file(pf: PolicyFile) -> Result<TriageSetup, PolicyError> {
         Ok(TriageSetup {
             classifier: pf.rules_classifier()?,
-            manifest: pf.limits.tool_manifest.clone().unwrap_or_default(),
+            manifest: pf.limits.tool_manifest.unwrap_or_default(),
             policy: pf.policy,
         })
     }

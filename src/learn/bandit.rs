@@ -1589,7 +1589,9 @@ impl Policy {
             items
                 .iter()
                 .map(|&(j, ..)| {
-                    level_evidence(&c, true, &lattice, &models, j, &mut logw);
+                    // Only the parents' relative weights are read here, and a cell's parents
+                    // share a level: the structure prior would cancel, so it is left out.
+                    level_evidence(&c, false, &lattice, &models, j, &mut logw);
                     // Every level's cells pool from their parents here, whatever
                     // `pool_from_global` says for sampling: a level is judged on which features
                     // matter for the arm, not handicapped for starting from a flat prior (which
@@ -1841,6 +1843,30 @@ mod tests {
             .map_or(0.0, |(_, share)| share)
     }
 
+    /// The share of 4,000 fallbacks (seeded) for `features`, after arm 0 of stage 0 failed, that
+    /// are `arm`.
+    fn fallback_share(
+        p: &Policy,
+        features: &BTreeMap<String, String>,
+        arm: usize,
+        seed: u64,
+    ) -> f64 {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let draws = 4000;
+        let hits = (0..draws)
+            .filter(|_| p.fallback(features, 0, &[0], &mut rng) == Some(arm))
+            .count();
+        hits as f64 / draws as f64
+    }
+
+    /// One "search" stage whose arms are `tools`, each with strategy "x".
+    fn search_stage(tools: &[&str]) -> Vec<StageArms> {
+        vec![StageArms {
+            stage: "search".into(),
+            arms: tools.iter().map(|t| Arm::new(*t, "x")).collect(),
+        }]
+    }
+
     fn search_obs(p: &mut Policy, features: &BTreeMap<String, String>, arm: Arm, ok: bool) {
         p.update(&stage_obs(
             features.clone(),
@@ -1884,10 +1910,7 @@ mod tests {
         busy: BTreeMap<String, String>,
         rare: BTreeMap<String, String>,
     ) -> (Policy, BTreeMap<String, String>) {
-        let stages = vec![StageArms {
-            stage: "search".into(),
-            arms: vec![Arm::new("good", "x"), Arm::new("poor", "x")],
-        }];
+        let stages = search_stage(&["good", "poor"]);
         let mut p = Policy::new(config, stages).unwrap();
         for i in 0..rounds {
             search_obs(&mut p, &busy, Arm::new("good", "x"), i % 10 != 0);
@@ -2265,14 +2288,7 @@ mod tests {
     /// sharpened posterior of the first attempt would give it 1%.
     #[test]
     fn a_fallback_gives_an_arm_unlucky_early_the_look_its_evidence_allows() {
-        let stages = vec![StageArms {
-            stage: "search".into(),
-            arms: vec![
-                Arm::new("leader", "x"),
-                Arm::new("known", "x"),
-                Arm::new("unsure", "x"),
-            ],
-        }];
+        let stages = search_stage(&["leader", "known", "unsure"]);
         let niche = feats(&[("topic", "news")]);
         let teach = |p: &mut Policy| {
             for (arm, successes, failures) in
@@ -2284,12 +2300,7 @@ mod tests {
         let share = |config: PolicyConfig| {
             let mut p = Policy::new(config, stages.clone()).unwrap();
             teach(&mut p);
-            let mut rng = fastrand::Rng::with_seed(5);
-            let draws = 4000;
-            let unsure = (0..draws)
-                .filter(|_| p.fallback(&niche, 0, &[0], &mut rng) == Some(2))
-                .count();
-            unsure as f64 / draws as f64
+            fallback_share(&p, &niche, 2, 5)
         };
         let now = share(PolicyConfig::default());
         let sharpened = share(PolicyConfig {
@@ -2309,14 +2320,7 @@ mod tests {
     /// from then on, "middle" 50%. A failed call is followed by fallbacks (as the tree does), and
     /// every call is learned.
     fn upward_drift_share(config: PolicyConfig, tasks: usize) -> usize {
-        let stages = vec![StageArms {
-            stage: "search".into(),
-            arms: vec![
-                Arm::new("leader", "x"),
-                Arm::new("later", "x"),
-                Arm::new("middle", "x"),
-            ],
-        }];
+        let stages = search_stage(&["leader", "later", "middle"]);
         let mut p = Policy::new(config, stages).unwrap();
         let f = feats(&[("topic", "news")]);
         let mut rng = fastrand::Rng::with_seed(21);
@@ -2558,14 +2562,7 @@ mod tests {
     /// everywhere.
     #[test]
     fn a_fallback_looks_for_a_niche_without_the_structure_prior() {
-        let stages = vec![StageArms {
-            stage: "search".into(),
-            arms: vec![
-                Arm::new("leader", "x"),
-                Arm::new("fair", "x"),
-                Arm::new("special", "x"),
-            ],
-        }];
+        let stages = search_stage(&["leader", "fair", "special"]);
         let niche = feats(&[("depth", "quick"), ("lang", "en"), ("topic", "d")]);
         let share = |config: PolicyConfig| {
             let mut p = Policy::new(config, stages.clone()).unwrap();
@@ -2579,12 +2576,7 @@ mod tests {
             }
             search_spread(&mut p, &niche, "leader", 3, 2);
             search_spread(&mut p, &niche, "special", 2, 0);
-            let mut rng = fastrand::Rng::with_seed(9);
-            let draws = 4000;
-            let special = (0..draws)
-                .filter(|_| p.fallback(&niche, 0, &[0], &mut rng) == Some(2))
-                .count();
-            special as f64 / draws as f64
+            fallback_share(&p, &niche, 2, 9)
         };
         let prior = PolicyConfig {
             level_penalty_first: 0.5,
@@ -2659,10 +2651,7 @@ mod tests {
         // times with it: topic d's cell is far rarer than its parent when it appears, so its
         // first attempts stay near the parent's estimate, and the fallback after "general"
         // fails is what gives "special" its look there.)
-        let stages = vec![StageArms {
-            stage: "search".into(),
-            arms: vec![Arm::new("general", "x"), Arm::new("special", "x")],
-        }];
+        let stages = search_stage(&["general", "special"]);
         let mut wins = 0;
         for seed in 0..20 {
             let mut p = Policy::new(PolicyConfig::default(), stages.clone()).unwrap();
@@ -2778,10 +2767,7 @@ mod tests {
     /// attempts that sharpening each try 4 times over at once (`sharpen_ramp` 0) takes away.
     #[test]
     fn a_few_unlucky_first_tries_do_not_write_an_arm_off() {
-        let stages = vec![StageArms {
-            stage: "search".into(),
-            arms: vec![Arm::new("known", "x"), Arm::new("unsure", "x")],
-        }];
+        let stages = search_stage(&["known", "unsure"]);
         let niche = feats(&[("topic", "news")]);
         let share = |ramp: f64| {
             let mut p = Policy::new(
