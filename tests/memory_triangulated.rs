@@ -353,3 +353,32 @@ fn memory_snapshot_round_trips() {
         Err(MemoryError::Dimension { .. })
     ));
 }
+
+#[test]
+fn a_rolled_back_sop_is_forgotten_and_nothing_else() {
+    let mut m = Memory::default();
+    let cluster = cluster_key(&feats(&[("filetype", "pdf")]));
+    for id in ["sop-a", "sop-b"] {
+        let text = format!("SOP {id} v1: extract with pdfminer/direct");
+        m.index_item(VectorItem {
+            kind: ItemKind::Sop,
+            id: id.into(),
+            vector: m.embed(&text),
+            text,
+            cluster: Some(cluster.clone()),
+            time_ms: 0,
+        })
+        .unwrap();
+        m.link_sop(id, &cluster);
+    }
+    assert!(m.forget_sop("sop-a"));
+    assert!(!m.forget_sop("sop-a"), "forgotten already");
+    assert!(m.index().get(ItemKind::Sop, "sop-a").is_none());
+    assert!(m.index().get(ItemKind::Sop, "sop-b").is_some());
+    assert!(!m.graph().applies_to.contains_key("sop-a"));
+    assert!(m.graph().applies_to["sop-b"].contains(&cluster));
+    assert!(m.graph().unwritten.iter().all(|e| !matches!(
+        e,
+        Edge::AppliesTo { sop_id, .. } if sop_id == "sop-a"
+    )));
+}

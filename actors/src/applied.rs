@@ -3,7 +3,26 @@
 
 use std::collections::BTreeSet;
 
+use hindsight::store::{KvTable, Store};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+
+/// An event-sourced actor's snapshot from `table` under `key`, if there is one and it can be
+/// read. One that cannot (a corrupt record, a read error) is logged and treated as absent: the
+/// actor rebuilds its state from the experience log instead of failing to start.
+pub fn read_snapshot<T: DeserializeOwned>(store: &Store, table: KvTable, key: &str) -> Option<T> {
+    match store.get(table, key) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!(
+                error = %e,
+                table = table.name(),
+                "the actor's snapshot cannot be read; rebuilding its state from the experience log"
+            );
+            None
+        }
+    }
+}
 
 /// Applied experience sequence numbers.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

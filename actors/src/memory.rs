@@ -13,7 +13,7 @@ use hindsight::{ExperienceTuple, Lesson, Sop, Task, now_ms};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 
-use crate::applied::Applied;
+use crate::applied::{Applied, read_snapshot};
 use crate::chaos_hook::ChaosHook;
 use crate::directory::Slot;
 
@@ -109,6 +109,8 @@ pub enum MemoryMsg {
     IndexLessons(Vec<Lesson>),
     /// Index an SOP and link it to its cluster (from the policy).
     IndexSop(Box<Sop>),
+    /// Forget a rolled-back SOP: its vector and its APPLIES_TO edges (from the policy).
+    ForgetSop(String),
 }
 
 /// The memory actor.
@@ -152,13 +154,7 @@ impl Actor for MemoryActor {
         myself: ActorRef<Self::Msg>,
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let stored: Option<Persisted> = match args.store.get(MEMORY, SNAPSHOT_KEY) {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::error!(error = %e, "the memory snapshot cannot be read; rebuilding from the experience log");
-                None
-            }
-        };
+        let stored: Option<Persisted> = read_snapshot(&args.store, MEMORY, SNAPSHOT_KEY);
         let (memory, applied) = match stored.map(|p| (Memory::restore(p.memory), p.applied)) {
             Some((Ok(m), a)) => (m, a),
             _ => (Memory::default(), Applied::default()),
@@ -275,6 +271,11 @@ impl Actor for MemoryActor {
                     tracing::warn!(error = %e, "an SOP was not indexed");
                 }
                 state.persist_later()?;
+            }
+            MemoryMsg::ForgetSop(sop_id) => {
+                if state.memory.forget_sop(&sop_id) {
+                    state.persist_later()?;
+                }
             }
         }
         Ok(())

@@ -19,9 +19,11 @@ use hindsight::{ArmChoice, ExperienceTuple, Sop, SopStatus, Task, now_ms};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 
+use crate::applied::read_snapshot;
 use crate::chaos_hook::ChaosHook;
 use crate::directory::Slot;
 use crate::first_attempt::{FirstAttempts, step_observations};
+use crate::memory::MemoryMsg;
 
 /// The table of the policy's snapshot.
 pub const POLICY: KvTable = KvTable::new("policy");
@@ -263,6 +265,8 @@ pub struct PolicyArgs {
     pub distill: DistillConfig,
     /// Where it publishes itself.
     pub slot: Arc<Slot<PolicyMsg>>,
+    /// The memory actor, which indexes promoted SOPs (and forgets rolled-back ones).
+    pub memory: Arc<Slot<MemoryMsg>>,
     /// Fault injection.
     pub chaos: Option<ChaosHook>,
 }
@@ -270,6 +274,7 @@ pub struct PolicyArgs {
 /// The policy actor's state.
 pub struct PolicyState {
     store: Store,
+    memory: Arc<Slot<MemoryMsg>>,
     policy: Policy,
     sops: SopBook,
     sop_events: Vec<SopEvent>,
@@ -310,13 +315,7 @@ impl Actor for PolicyActor {
         myself: ActorRef<Self::Msg>,
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let stored: Option<Persisted> = match args.store.get(POLICY, SNAPSHOT_KEY) {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::error!(error = %e, "the policy snapshot cannot be read; relearning from the experience log");
-                None
-            }
-        };
+        let stored: Option<Persisted> = read_snapshot(&args.store, POLICY, SNAPSHOT_KEY);
         let (policy, sops, watermark, applied, first_attempts) = match stored {
             Some(p) if p.policy.stages == args.initial.stages() => {
                 // The evidence comes back; the configuration is the one in force now (a changed
@@ -373,6 +372,7 @@ impl Actor for PolicyActor {
         };
         let mut state = PolicyState {
             store: args.store,
+            memory: args.memory,
             policy,
             sops,
             sop_events: Vec::new(),
@@ -407,6 +407,11 @@ impl Actor for PolicyActor {
         }
         // One fit after the replay if one is due (replaying itself never fits).
         state.maybe_distill();
+        // Memory indexes the SOPs in force (again: it may have lost or never seen them).
+        let stable: Vec<Sop> = state.sops.stable().cloned().collect();
+        for sop in stable {
+            let _ = state.memory.cast(MemoryMsg::IndexSop(Box::new(sop))).await;
+        }
         args.slot.publish(myself);
         Ok(state)
     }
@@ -634,7 +639,8 @@ impl PolicyState {
         // SOP changes go to their own table (and a diary note) in the same transaction as the
         // snapshot, so the API and reports see exactly what the planner uses.
         let mut ops = Vec::new();
-        for event in std::mem::take(&mut self.sop_events) {
+        let events = std::mem::take(&mut self.sop_events);
+        for event in &events {
             let (sop, what) = match &event {
                 SopEvent::Promoted(s) => (s, "promoted"),
                 SopEvent::RolledBack(s) => (s, "rolled back"),
@@ -694,6 +700,14 @@ impl PolicyState {
         self.store.write_batch(ops).await?;
         self.since_snapshot = 0;
         self.distiller_dirty = false;
+        // On disk: memory indexes the promoted SOPs and forgets the rolled-back ones.
+        for event in events {
+            let msg = match event {
+                SopEvent::Promoted(s) => MemoryMsg::IndexSop(Box::new(s)),
+                SopEvent::RolledBack(s) => MemoryMsg::ForgetSop(s.sop_id),
+            };
+            let _ = self.memory.cast(msg).await;
+        }
         Ok(())
     }
 

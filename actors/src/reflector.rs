@@ -16,7 +16,7 @@ use hindsight::{ExperienceTuple, Lesson, Task, now_ms};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 
-use crate::applied::Applied;
+use crate::applied::{Applied, read_snapshot};
 use crate::chaos_hook::ChaosHook;
 use crate::directory::Slot;
 use crate::memory::MemoryMsg;
@@ -135,13 +135,7 @@ impl Actor for ReflectorActor {
         myself: ActorRef<Self::Msg>,
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let stored: Option<Persisted> = match args.store.get(REFLECTOR, SNAPSHOT_KEY) {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::error!(error = %e, "the reflector snapshot cannot be read; relearning from the experience log");
-                None
-            }
-        };
+        let stored: Option<Persisted> = read_snapshot(&args.store, REFLECTOR, SNAPSHOT_KEY);
         let restored = stored.and_then(|p| {
             Some((
                 Reflector::restore(p.reflector).ok()?,
@@ -179,6 +173,7 @@ impl Actor for ReflectorActor {
             since_consolidation: 0,
             chaos: args.chaos,
         };
+        let mut replayed = 0u64;
         for (seq, exp) in state.store.experience_since(state.applied.watermark)? {
             match exp {
                 Ok(exp) => {
@@ -188,9 +183,15 @@ impl Actor for ReflectorActor {
                         ..Task::default()
                     };
                     state.learn(seq, &exp, &task);
+                    replayed += 1;
                 }
                 Err(_) => state.applied.mark(seq),
             }
+        }
+        // What the log taught since the snapshot becomes lessons now, as it would have at its
+        // consolidation, rather than after the next 25 runs (or never, if none come).
+        if replayed > 0 {
+            state.consolidate().await?;
         }
         args.slot.publish(myself);
         Ok(state)

@@ -183,6 +183,7 @@ pub fn build(spec: TreeSpec) -> Tree {
             hook(&faults, "policy"),
         );
         let initial = spec.policy;
+        let memory = ctx.dir.memory.clone();
         let seed = spec.seed;
         let sop = spec.sop;
         let distill = spec.distill;
@@ -197,6 +198,7 @@ pub fn build(spec: TreeSpec) -> Tree {
                     sop: sop.clone(),
                     distill: distill.clone(),
                     slot: slot.clone(),
+                    memory: memory.clone(),
                     chaos: chaos.clone(),
                 },
             )

@@ -765,3 +765,166 @@ async fn outputs_of_a_run_that_failed_later_are_validated_for_the_learners() {
     // Every settled early call and every failed late call was learned.
     assert!(learned >= valid + invalid, "learned {learned}");
 }
+
+/// A snapshot that cannot be read (a damaged record) does not stop the tree: the policy, the
+/// reflector and the memory start from the experience log instead, and the policy learns back
+/// every observation it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_snapshots_are_rebuilt_from_the_experience_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = SimEnv::load(&env_path("flaky_ocr.toml")).unwrap();
+    let opts = || {
+        let mut o = options_on(dir.path(), env.clone(), 5);
+        o.adaptive.synthesis_threshold = 2;
+        o
+    };
+    let lessons = |rt: &Runtime| {
+        let reflector = rt.ctx().dir.reflector.clone();
+        async move {
+            reflector
+                .call(|reply| hindsight_actors::reflector::ReflectorMsg::Lessons {
+                    scope_prefix: None,
+                    reply,
+                })
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|l| format!("{} {} {:?}", l.lesson_id, l.source, l.superseded_by))
+                .collect::<std::collections::BTreeSet<_>>()
+        }
+    };
+    // One task at a time: the reflector sees the experiences in the log's order, as the
+    // rebuild replays them (the synthesis depends on the order the failures come in).
+    let rt = Runtime::start(opts()).await.unwrap();
+    workload::run_tasks(&rt, &env, 5, 80, 1, |_| {})
+        .await
+        .unwrap();
+    let before = learned(&rt).await;
+    let lessons_before = lessons(&rt).await;
+    assert!(before > 0 && !lessons_before.is_empty(), "{before}");
+    rt.shutdown().await;
+
+    let store = hindsight::store::Store::open(dir.path(), Default::default()).unwrap();
+    for (table, key) in [
+        ("kv.policy", "snapshot"),
+        ("kv.reflector", "state"),
+        ("kv.memory", "state"),
+    ] {
+        store.overwrite_raw(table, key, &[1, 0xFF, 0xFF]).unwrap();
+        let damaged: Result<Option<u64>, _> = store.get(
+            hindsight::store::KvTable::new(table.trim_start_matches("kv.")),
+            key,
+        );
+        assert!(damaged.is_err(), "{table} {key} was not damaged");
+    }
+    drop(store);
+
+    let rt = Runtime::start(opts()).await.unwrap();
+    assert_eq!(
+        learned(&rt).await,
+        before,
+        "the policy learned the log back"
+    );
+    // The synthesised lessons come back exactly; the reflection's statistics become lessons
+    // again too (how many depends on when the live reflector consolidated: it did so as runs
+    // came in, the rebuilt one does so once, over the whole log).
+    let after = lessons(&rt).await;
+    let (reflections_before, synthesised_before): (Vec<_>, Vec<_>) = lessons_before
+        .iter()
+        .partition(|l| l.contains(" reflection "));
+    let (reflections, synthesised): (Vec<_>, Vec<_>) =
+        after.iter().partition(|l| l.contains(" reflection "));
+    assert_eq!(synthesised, synthesised_before);
+    assert!(
+        !reflections_before.is_empty() && reflections.len() * 2 >= reflections_before.len(),
+        "reflections {reflections:?} before {reflections_before:?}"
+    );
+    let more = workload::run_tasks(&rt, &env, 5, 20, 4, |_| {})
+        .await
+        .unwrap();
+    assert_eq!(more.first().map(|r| r.task), Some(80));
+    assert!(learned(&rt).await > before);
+    rt.shutdown().await;
+}
+
+/// The SOPs in force, from the policy.
+async fn stable_sops(rt: &Runtime) -> Vec<hindsight::Sop> {
+    rt.ctx()
+        .dir
+        .policy
+        .call(|reply| PolicyMsg::Sops { reply })
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|s| s.status == hindsight::SopStatus::Stable)
+        .collect()
+}
+
+/// The ids of the SOPs memory retrieves for `sop`'s cluster (everything it holds, best first).
+async fn sops_in_memory(rt: &Runtime, sop: &hindsight::Sop) -> Vec<String> {
+    let query = hindsight_actors::memory::Query {
+        text: format!("SOP {}", sop.sop_id),
+        features: sop.preconditions.clone(),
+        tools: Vec::new(),
+        k: 10_000,
+    };
+    rt.ctx()
+        .dir
+        .memory
+        .call(|reply| hindsight_actors::memory::MemoryMsg::Query {
+            query: Box::new(query.clone()),
+            reply,
+        })
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|i| i.citation.kind == "sop")
+        .map(|i| i.citation.id)
+        .collect()
+}
+
+/// A promoted SOP reaches memory (its vector, cited in retrieval, and its APPLIES_TO edge), and
+/// comes back there after a restart whose memory snapshot was lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_sop_is_indexed_in_memory_and_survives_a_lost_memory_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env();
+    let opts = || {
+        let mut o = options(dir.path());
+        o.sop.min_trials = 5;
+        o.sop.min_baseline_trials = 1;
+        o.sop.alpha = 0.5;
+        o
+    };
+    let rt = Runtime::start(opts()).await.unwrap();
+    workload::run_tasks(&rt, &env, 11, 200, 4, |_| {})
+        .await
+        .unwrap();
+    let sops = stable_sops(&rt).await;
+    let Some(sop) = sops.first().cloned() else {
+        rt.shutdown().await;
+        panic!("no SOP was promoted in 200 runs");
+    };
+    let found = sops_in_memory(&rt, &sop).await;
+    assert!(
+        found.contains(&sop.sop_id),
+        "{} not in {found:?}",
+        sop.sop_id
+    );
+    rt.shutdown().await;
+
+    let store = hindsight::store::Store::open(dir.path(), Default::default()).unwrap();
+    store
+        .overwrite_raw("kv.memory", "state", &[1, 0xFF])
+        .unwrap();
+    drop(store);
+    let rt = Runtime::start(opts()).await.unwrap();
+    let found = sops_in_memory(&rt, &sop).await;
+    rt.shutdown().await;
+    assert!(
+        found.contains(&sop.sop_id),
+        "{} not in {found:?} after the restart",
+        sop.sop_id
+    );
+}

@@ -241,6 +241,14 @@ impl KnowledgeGraph {
         delta
     }
 
+    /// Removes an SOP's APPLIES_TO edges (a rolled-back SOP applies nowhere); true when it
+    /// had any.
+    pub fn unlink_sop(&mut self, sop_id: &str) -> bool {
+        self.unwritten
+            .retain(|e| !matches!(e, Edge::AppliesTo { sop_id: s, .. } if s == sop_id));
+        self.applies_to.remove(sop_id).is_some()
+    }
+
     /// The statistics of a BEST_WITH edge.
     pub fn arm(&self, cluster: &str, strategy: &str) -> Option<&ArmStats> {
         self.best_with.get(cluster).and_then(|m| m.get(strategy))

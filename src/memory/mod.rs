@@ -182,6 +182,14 @@ impl Memory {
         salience::assess_graph(&self.state.graph, &delta, &self.state.salience)
     }
 
+    /// Forgets a rolled-back SOP: its vector and its APPLIES_TO edges. True when memory held
+    /// either.
+    pub fn forget_sop(&mut self, sop_id: &str) -> bool {
+        let vector = self.state.index.remove(ItemKind::Sop, sop_id).is_some();
+        let edges = self.state.graph.unlink_sop(sop_id);
+        vector || edges
+    }
+
     /// Records that the decision's edges were persisted.
     pub fn mark_written(&mut self, decision: &SalienceDecision) {
         self.state.graph.mark_written(&decision.edges);
