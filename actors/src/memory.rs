@@ -4,7 +4,7 @@
 //! the graph and vectors only when an experience is salient (novel or a material change); the
 //! experience log, always written by the run, is replayed at start from the last snapshot.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use hindsight::memory::{IndexCandidate, ItemKind, Memory, MemorySnapshot, VectorItem};
@@ -109,6 +109,9 @@ pub enum MemoryMsg {
     IndexLessons(Vec<Lesson>),
     /// Index an SOP and link it to its cluster (from the policy).
     IndexSop(Box<Sop>),
+    /// Keep only these lessons (the ones in force, from the reflector): the rest were decayed,
+    /// expired or superseded since they were indexed.
+    RetainLessons(BTreeSet<String>),
     /// Forget a rolled-back SOP: its vector and its APPLIES_TO edges (from the policy).
     ForgetSop(String),
 }
@@ -178,6 +181,7 @@ impl Actor for MemoryActor {
                 }
             }
         }
+        state.sync_sops();
         args.slot.publish(myself);
         Ok(state)
     }
@@ -246,31 +250,13 @@ impl Actor for MemoryActor {
                 state.persist_later()?;
             }
             MemoryMsg::IndexSop(sop) => {
-                let cluster = hindsight::memory::cluster_key(&sop.preconditions);
-                state.memory.link_sop(&sop.sop_id, &cluster);
-                let text = format!(
-                    "SOP {} v{}: {}",
-                    sop.sop_id,
-                    sop.version,
-                    sop.plan
-                        .iter()
-                        .map(|a| format!("{} with {}/{}", a.stage, a.tool, a.strategy))
-                        .collect::<Vec<_>>()
-                        .join(", then ")
-                );
-                let vector = state.memory.embed(&text);
-                let item = VectorItem {
-                    kind: ItemKind::Sop,
-                    id: sop.sop_id.clone(),
-                    text,
-                    vector,
-                    cluster: Some(cluster),
-                    time_ms: now_ms(),
-                };
-                if let Err(e) = state.memory.index_item(item) {
-                    tracing::warn!(error = %e, "an SOP was not indexed");
-                }
+                state.index_sop(&sop);
                 state.persist_later()?;
+            }
+            MemoryMsg::RetainLessons(active) => {
+                if state.memory.retain_lessons(&active) > 0 {
+                    state.persist_later()?;
+                }
             }
             MemoryMsg::ForgetSop(sop_id) => {
                 if state.memory.forget_sop(&sop_id) {
@@ -283,6 +269,61 @@ impl Actor for MemoryActor {
 }
 
 impl MemoryState {
+    /// Indexes an SOP's plan (replacing an earlier version's) and links it to its cluster.
+    fn index_sop(&mut self, sop: &Sop) {
+        let cluster = hindsight::memory::cluster_key(&sop.preconditions);
+        self.memory.link_sop(&sop.sop_id, &cluster);
+        let text = format!(
+            "SOP {} v{}: {}",
+            sop.sop_id,
+            sop.version,
+            sop.plan
+                .iter()
+                .map(|a| format!("{} with {}/{}", a.stage, a.tool, a.strategy))
+                .collect::<Vec<_>>()
+                .join(", then ")
+        );
+        let item = VectorItem {
+            kind: ItemKind::Sop,
+            id: sop.sop_id.clone(),
+            vector: self.memory.embed(&text),
+            text,
+            cluster: Some(cluster),
+            time_ms: now_ms(),
+        };
+        if let Err(e) = self.memory.index_item(item) {
+            tracing::warn!(error = %e, "an SOP was not indexed");
+        }
+    }
+
+    /// Brings the SOP index in line with the SOP table the policy writes (each SOP's latest
+    /// version: indexed when stable, forgotten otherwise), whatever the snapshot held or lost
+    /// (a promotion or a rollback while this actor was down reached the table, not it).
+    fn sync_sops(&mut self) {
+        let rows = match self.store.scan::<Sop>(crate::policy::SOPS) {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::error!(error = %e, "the SOP table cannot be read; SOPs are indexed as they are promoted");
+                return;
+            }
+        };
+        let mut latest: BTreeMap<String, Sop> = BTreeMap::new();
+        for sop in rows.into_iter().filter_map(|(_, s)| s.ok()) {
+            if latest
+                .get(&sop.sop_id)
+                .is_none_or(|l| l.version < sop.version)
+            {
+                latest.insert(sop.sop_id.clone(), sop);
+            }
+        }
+        for sop in latest.values() {
+            if sop.status == hindsight::SopStatus::Stable {
+                self.index_sop(sop);
+            } else {
+                self.memory.forget_sop(&sop.sop_id);
+            }
+        }
+    }
     /// Applies an experience to the graph (and indexes a postmortem of a failed run); true when
     /// the change is salient enough to write the graph and vectors.
     fn ingest(&mut self, seq: u64, exp: &ExperienceTuple) -> bool {

@@ -407,11 +407,6 @@ impl Actor for PolicyActor {
         }
         // One fit after the replay if one is due (replaying itself never fits).
         state.maybe_distill();
-        // Memory indexes the SOPs in force (again: it may have lost or never seen them).
-        let stable: Vec<Sop> = state.sops.stable().cloned().collect();
-        for sop in stable {
-            let _ = state.memory.cast(MemoryMsg::IndexSop(Box::new(sop))).await;
-        }
         args.slot.publish(myself);
         Ok(state)
     }
@@ -700,13 +695,16 @@ impl PolicyState {
         self.store.write_batch(ops).await?;
         self.since_snapshot = 0;
         self.distiller_dirty = false;
-        // On disk: memory indexes the promoted SOPs and forgets the rolled-back ones.
-        for event in events {
-            let msg = match event {
-                SopEvent::Promoted(s) => MemoryMsg::IndexSop(Box::new(s)),
-                SopEvent::RolledBack(s) => MemoryMsg::ForgetSop(s.sop_id),
-            };
-            let _ = self.memory.cast(msg).await;
+        // On disk: memory indexes the promoted SOPs and forgets the rolled-back ones. Without
+        // waiting for it: a memory down now reads the SOP table when it starts again.
+        if let Some(memory) = self.memory.current() {
+            for event in events {
+                let msg = match event {
+                    SopEvent::Promoted(s) => MemoryMsg::IndexSop(Box::new(s)),
+                    SopEvent::RolledBack(s) => MemoryMsg::ForgetSop(s.sop_id),
+                };
+                let _ = memory.cast(msg);
+            }
         }
         Ok(())
     }

@@ -4,6 +4,7 @@
 //! `<strategy_context>` injected before a run, verified human corrections). Its state is
 //! event-sourced like the policy's: a snapshot plus the experience log since its watermark.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use hindsight::learn::adaptive::{
@@ -191,7 +192,7 @@ impl Actor for ReflectorActor {
         // What the log taught since the snapshot becomes lessons now, as it would have at its
         // consolidation, rather than after the next 25 runs (or never, if none come).
         if replayed > 0 {
-            state.consolidate().await?;
+            state.consolidate(false).await?;
         }
         args.slot.publish(myself);
         Ok(state)
@@ -219,7 +220,7 @@ impl Actor for ReflectorActor {
                 state.since_consolidation += 1;
                 if changed || state.since_consolidation >= 25 {
                     state.since_consolidation = 0;
-                    state.consolidate().await?;
+                    state.consolidate(true).await?;
                 }
             }
             ReflectorMsg::Context { task, reply } => {
@@ -319,31 +320,51 @@ impl ReflectorState {
         false
     }
 
-    /// Turns statistics into lessons, hands new ones to memory, and persists everything.
-    async fn consolidate(&mut self) -> Result<(), hindsight::store::StoreError> {
-        let report = self.reflector.consolidate(now_ms());
+    /// Turns statistics into lessons, drops the adaptive lessons past their TTL, persists
+    /// everything, and hands the new lessons to memory (and tells it which are in force):
+    /// waiting for a memory that is restarting when `wait` (never at start, where the memory's
+    /// own restart may be waiting for this actor's; each consolidation re-sends the strategies
+    /// and the lessons in force).
+    async fn consolidate(&mut self, wait: bool) -> Result<(), hindsight::store::StoreError> {
+        let now = now_ms();
+        let report = self.reflector.consolidate(now);
+        // Lessons past their TTL in scopes that no synthesis has run in since.
+        self.adaptive.expire(now);
         let mut fresh: Vec<Lesson> = report
             .created
             .iter()
             .chain(&report.updated)
             .filter_map(|id| self.reflector.lesson(id).cloned())
             .collect();
-        for scope in self
+        let strategies: Vec<Lesson> = self
             .adaptive
             .scopes()
-            .map(str::to_string)
-            .collect::<Vec<_>>()
-        {
-            fresh.extend(self.adaptive.lessons(&scope).iter().cloned());
-        }
+            .flat_map(|scope| self.adaptive.lessons(scope).iter().cloned())
+            .collect();
+        // In force: the reflection's lessons not superseded, and every scope's strategies.
+        let active: BTreeSet<String> = self
+            .reflector
+            .active_lessons()
+            .chain(&strategies)
+            .map(|l| l.lesson_id.clone())
+            .collect();
+        fresh.extend(strategies);
         let mut ops = Vec::new();
         for l in &fresh {
             ops.push(WriteOp::put(LESSONS, &l.lesson_id, &LessonRecord::from(l))?);
         }
         ops.push(self.snapshot_op()?);
         self.store.write_batch(ops).await?;
+        let mut messages = vec![MemoryMsg::RetainLessons(active)];
         if !fresh.is_empty() {
-            let _ = self.memory.cast(MemoryMsg::IndexLessons(fresh)).await;
+            messages.insert(0, MemoryMsg::IndexLessons(fresh));
+        }
+        for msg in messages {
+            if wait {
+                let _ = self.memory.cast(msg).await;
+            } else if let Some(memory) = self.memory.current() {
+                let _ = memory.cast(msg);
+            }
         }
         Ok(())
     }

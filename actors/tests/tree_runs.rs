@@ -928,3 +928,66 @@ async fn a_promoted_sop_is_indexed_in_memory_and_survives_a_lost_memory_snapshot
         sop.sop_id
     );
 }
+
+/// Memory retrieves only the lessons in force: a strategy dropped (here: over
+/// `max_strategies`) or a reflection superseded is forgotten by the vector index too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_forgets_the_lessons_no_longer_in_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = SimEnv::load(&env_path("flaky_ocr.toml")).unwrap();
+    let mut opts = options_on(dir.path(), env.clone(), 5);
+    opts.adaptive.synthesis_threshold = 2;
+    opts.adaptive.max_strategies = 1;
+    let rt = Runtime::start(opts).await.unwrap();
+    let mut dropped = std::collections::BTreeSet::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..4 {
+        workload::run_tasks(&rt, &env, 5, 20, 1, |_| {})
+            .await
+            .unwrap();
+        let lessons = rt
+            .ctx()
+            .dir
+            .reflector
+            .call(|reply| hindsight_actors::reflector::ReflectorMsg::Lessons {
+                scope_prefix: None,
+                reply,
+            })
+            .await
+            .unwrap();
+        let active: std::collections::BTreeSet<String> = lessons
+            .iter()
+            .filter(|l| l.superseded_by.is_none())
+            .map(|l| l.lesson_id.clone())
+            .collect();
+        dropped.extend(seen.difference(&active).cloned());
+        seen.extend(active.iter().cloned());
+        let query = hindsight_actors::memory::Query {
+            text: "the tool failed on this input".to_string(),
+            features: Default::default(),
+            tools: Vec::new(),
+            k: 10_000,
+        };
+        let indexed: Vec<String> = rt
+            .ctx()
+            .dir
+            .memory
+            .call(|reply| hindsight_actors::memory::MemoryMsg::Query {
+                query: Box::new(query.clone()),
+                reply,
+            })
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|i| i.citation.kind == "lesson")
+            .map(|i| i.citation.id)
+            .collect();
+        assert!(!indexed.is_empty());
+        for id in &indexed {
+            assert!(active.contains(id), "{id} is retrieved but not in force");
+        }
+    }
+    rt.shutdown().await;
+    assert!(!dropped.is_empty(), "no lesson was dropped: nothing tested");
+}

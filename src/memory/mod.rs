@@ -9,7 +9,7 @@ pub mod retrieve;
 pub mod salience;
 pub mod vector;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -180,6 +180,15 @@ impl Memory {
     pub fn link_sop(&mut self, sop_id: &str, cluster: &str) -> SalienceDecision {
         let delta = self.state.graph.link_sop(sop_id, cluster);
         salience::assess_graph(&self.state.graph, &delta, &self.state.salience)
+    }
+
+    /// Keeps only the lessons named in `active` in the index (the reflector's and adaptive
+    /// strategies' lessons in force: a decayed, expired or superseded lesson is no longer
+    /// retrieved); returns how many were forgotten.
+    pub fn retain_lessons(&mut self, active: &BTreeSet<String>) -> usize {
+        self.state
+            .index
+            .retain_kind(ItemKind::Lesson, |id| active.contains(id))
     }
 
     /// Forgets a rolled-back SOP: its vector and its APPLIES_TO edges. True when memory held

@@ -108,6 +108,13 @@ impl VectorIndex {
         self.items.remove(&key(kind, id))
     }
 
+    /// Removes the items of `kind` whose id `keep` refuses; returns how many went.
+    pub fn retain_kind(&mut self, kind: ItemKind, keep: impl Fn(&str) -> bool) -> usize {
+        let before = self.items.len();
+        self.items.retain(|_, it| it.kind != kind || keep(&it.id));
+        before - self.items.len()
+    }
+
     /// An item by kind and id.
     pub fn get(&self, kind: ItemKind, id: &str) -> Option<&VectorItem> {
         self.items.get(&key(kind, id))
