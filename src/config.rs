@@ -87,6 +87,8 @@ pub struct Config {
     pub model: ModelConfig,
     /// Logging.
     pub log: LogConfig,
+    /// Task ingress: budget ceilings, tool scopes, goal limits, injection rejection.
+    pub guard: crate::guard::GuardConfig,
 }
 
 impl Default for Config {
@@ -103,6 +105,7 @@ impl Default for Config {
             chaos: ChaosConfig::default(),
             model: ModelConfig::default(),
             log: LogConfig::default(),
+            guard: crate::guard::GuardConfig::default(),
         }
     }
 }

@@ -235,6 +235,7 @@ pub async fn runtime_options(
     opts.distill.defer_margin = config.policy.distill_defer_margin;
     opts.adaptive = adaptive_config(&config.adaptive)?;
     opts.tree.max_recovery_attempts = config.triage.max_recovery_attempts;
+    opts.tree.guard = config.guard.clone();
     if let Some(path) = &config.triage.policy_file {
         let setup = crate::recovery::TriageSetup::load(path)
             .map_err(|e| config_error("triage.policy_file", e.to_string()))?;
@@ -350,8 +351,9 @@ impl TreeBackend {
         Ok(())
     }
 
-    /// The core task of a request: ids namespaced by tenant.
-    fn task_of(&self, tenant: &str, request: TaskRequest) -> BackendResult<Task> {
+    /// The core task of a request, ids namespaced by tenant, checked at ingress (a refusal
+    /// names the field under `prefix`: `task.` for `/execute`).
+    fn task_of(&self, tenant: &str, request: TaskRequest, prefix: &str) -> BackendResult<Task> {
         let local = match (&request.task_id, &request.idempotency_key) {
             (Some(id), _) => id.clone(),
             (None, Some(key)) => format!("idem-{}", hex16(key)),
@@ -367,7 +369,15 @@ impl TreeBackend {
         task.task_id = tenant_task_id(tenant, &local);
         task.user_id = user.map(|u| tenant_task_id(tenant, &u));
         task.session_id = session.map(|s| tenant_task_id(tenant, &s));
-        Ok(task)
+        // Ingress: the orchestrator checks every task again (embedders, the CLI); here a refusal
+        // names the request's field.
+        hindsight::guard::Guard::new()
+            .check_task(&task, &self.ctx.config.guard)
+            .map(|checked| checked.task)
+            .map_err(|e| BackendError::Invalid {
+                field: format!("{prefix}{}", e.field()),
+                reason: e.to_string(),
+            })
     }
 
     /// Records an idempotency key's task, or refuses a key reused for another task.
@@ -706,7 +716,7 @@ impl Backend for TreeBackend {
     ) -> BackendResult<OrchestrateResponse> {
         self.check_running()?;
         let key = request.idempotency_key.clone();
-        let task = self.task_of(tenant, request)?;
+        let task = self.task_of(tenant, request, "")?;
         self.claim_key(tenant, key.as_deref(), &task).await?;
         let (o, _) = self.submit(task, None).await?;
         let visible = self.visible(tenant).await?;
@@ -736,7 +746,7 @@ impl Backend for TreeBackend {
 
     async fn plan(&self, tenant: &str, request: TaskRequest) -> BackendResult<PlanResponse> {
         self.check_running()?;
-        let task = Arc::new(self.task_of(tenant, request)?);
+        let task = Arc::new(self.task_of(tenant, request, "")?);
         let bundle = self
             .ctx
             .dir
@@ -799,7 +809,7 @@ impl Backend for TreeBackend {
         self.check_running()?;
         let plan = self.check_plan(&request.plan)?;
         let key = request.task.idempotency_key.clone();
-        let task = self.task_of(tenant, request.task)?;
+        let task = self.task_of(tenant, request.task, "task.")?;
         self.claim_key(tenant, key.as_deref(), &task).await?;
         let (o, steps) = self.submit(task, Some(plan)).await?;
         Ok(ExecuteResponse {

@@ -8,7 +8,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use hindsight::store::{KvTable, RunKey, RunRecords, WriteOp};
+use hindsight::guard::{Guard, redact};
+use hindsight::store::{KvTable, NewDiaryEntry, RunKey, RunRecords, WriteOp};
 use hindsight::{Run, RunState, Task, now_ms};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
@@ -339,6 +340,36 @@ impl OrchestratorState {
             }
             None => {}
         }
+        // Ingress: a new task is checked (budget ceilings, tool scopes, goal limits, injection)
+        // and stored with its PII redacted; a refused one gets the reason and a diary note.
+        let task = match Guard::new().check_task(&task, &self.ctx.config.guard) {
+            Ok(checked) => checked.task,
+            Err(e) => {
+                // The reason may quote the task (an injection's excerpt): redacted like it.
+                let reason = redact(&format!("refused at ingress: {e}")).text;
+                tracing::warn!(task_id = %task.task_id, field = %e.field(), "{reason}");
+                let note = NewDiaryEntry {
+                    time_ms: now_ms(),
+                    run_id: None,
+                    kind: "task_refused".to_string(),
+                    text: reason.clone(),
+                    tags: vec!["ingress".to_string(), e.field()],
+                };
+                // Answered once the note is on disk (or could not be written).
+                let store = self.ctx.store.clone();
+                tokio::spawn(async move {
+                    let written = match WriteOp::diary(&note) {
+                        Ok(op) => store.write_batch(vec![op]).await.map(|_| ()),
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = written {
+                        tracing::warn!(error = %e, "the refused task's diary note was not written");
+                    }
+                    let _ = reply.send(Err(reason));
+                });
+                return Ok(());
+            }
+        };
         let run = Run::new(run_id.clone(), &task, now_ms());
         self.runs.insert(run_id.clone(), run.clone());
         self.waiters.entry(run_id).or_default().push(reply);

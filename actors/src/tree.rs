@@ -65,6 +65,8 @@ pub struct TreeConfig {
     pub stage_timeout: Duration,
     /// The failure classifier and policy.
     pub triage: Arc<TriageSetup>,
+    /// What a task must satisfy to be run (checked at ingress, by the orchestrator).
+    pub guard: hindsight::guard::GuardConfig,
 }
 
 impl Default for TreeConfig {
@@ -73,6 +75,7 @@ impl Default for TreeConfig {
             max_recovery_attempts: 3,
             stage_timeout: Duration::from_secs(120),
             triage: Arc::new(TriageSetup::default()),
+            guard: hindsight::guard::GuardConfig::default(),
         }
     }
 }

@@ -14,7 +14,7 @@ pub const TOOLS_FEATURE: &str = "tools";
 
 /// What a task may ask for.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct GuardConfig {
     /// Ceiling on a task's `max_latency_ms`; a task without one gets this one.
     pub max_latency_ms: Option<f64>,
@@ -115,6 +115,21 @@ pub enum GuardError {
         /// What matched.
         excerpt: String,
     },
+}
+
+impl GuardError {
+    /// The task field at fault (`goal`, `features`, `features.<name>`, `constraints.<budget>`).
+    pub fn field(&self) -> String {
+        match self {
+            GuardError::OverBudget { field, .. } | GuardError::InvalidBudget { field, .. } => {
+                format!("constraints.{field}")
+            }
+            GuardError::ToolNotPermitted { .. } => format!("features.{TOOLS_FEATURE}"),
+            GuardError::GoalLength { .. } => "goal".to_string(),
+            GuardError::TooManyFeatures { .. } => "features".to_string(),
+            GuardError::Injection { field, .. } => field.clone(),
+        }
+    }
 }
 
 /// A task that passed ingress, with the PII redacted from every stored text.
