@@ -28,7 +28,10 @@ impl RateLimiter {
 
     /// Records an event for `principal` at `now_ms` if allowed; otherwise returns how long to
     /// wait (ms) before the next one is.
+    /// Principals whose events have all left the window are dropped on the way, so the
+    /// persisted state holds the principals active in the last window, not every one ever seen.
     pub fn check_and_record(&mut self, principal: &str, now_ms: u64) -> Result<(), u64> {
+        self.prune(now_ms);
         let window = self.window_ms;
         let hits = self.hits.entry(principal.to_string()).or_default();
         hits.retain(|t| now_ms < t.saturating_add(window));
@@ -47,5 +50,24 @@ impl RateLimiter {
             hits.retain(|t| now_ms < t.saturating_add(window));
             !hits.is_empty()
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_limit_holds_per_principal_and_idle_principals_are_forgotten() {
+        let mut l = RateLimiter::new(2, 1_000);
+        assert_eq!(l.check_and_record("alice", 0), Ok(()));
+        assert_eq!(l.check_and_record("alice", 100), Ok(()));
+        assert_eq!(l.check_and_record("alice", 200), Err(800));
+        assert_eq!(l.check_and_record("bob", 300), Ok(()));
+        assert_eq!(l.hits.len(), 2);
+        // Past alice's window: her entry goes when anyone acts, and she may act again.
+        assert_eq!(l.check_and_record("bob", 1_150), Ok(()));
+        assert_eq!(l.hits.keys().collect::<Vec<_>>(), vec!["bob"]);
+        assert_eq!(l.check_and_record("alice", 1_200), Ok(()));
     }
 }
