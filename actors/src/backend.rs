@@ -234,6 +234,23 @@ pub async fn runtime_options(
     opts.distill.margin = config.policy.distill_margin;
     opts.distill.defer_margin = config.policy.distill_defer_margin;
     opts.adaptive = adaptive_config(&config.adaptive)?;
+    if let Some(base_url) = &config.model.base_url {
+        // `[model]`: lessons are synthesised by the model (offline when it fails).
+        let client =
+            hindsight::model::openai::OpenAiClient::new(hindsight::model::openai::OpenAiConfig {
+                base_url: base_url.clone(),
+                model: config.model.model.clone(),
+                api_key: std::env::var(&config.model.api_key_env)
+                    .ok()
+                    .filter(|k| !k.is_empty()),
+                timeout_ms: config.model.timeout_ms,
+                ..hindsight::model::openai::OpenAiConfig::default()
+            })
+            .map_err(|e| config_error("model.base_url", e.to_string()))?;
+        opts.synthesiser = Some(Arc::new(hindsight::learn::adaptive::ModelSynthesiser::new(
+            Arc::new(client),
+        )));
+    }
     opts.tree.max_recovery_attempts = config.triage.max_recovery_attempts;
     opts.tree.guard = config.guard.clone();
     if let Some(path) = &config.triage.policy_file {

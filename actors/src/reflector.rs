@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use hindsight::learn::adaptive::{
     AdaptiveConfig, AdaptiveSnapshot, AdaptiveStrategies, Correction, FailureObservation,
-    RelevanceQuery,
+    LessonDraft, RelevanceQuery, SynthesisJob, Synthesiser,
 };
 use hindsight::learn::reflector::{Reflector, ReflectorConfig, ReflectorSnapshot};
 use hindsight::store::{KvTable, Store, WriteOp};
@@ -79,6 +79,13 @@ pub enum ReflectorMsg {
         /// The stored lesson, or why not.
         reply: RpcReplyPort<Result<Lesson, FeedbackRefused>>,
     },
+    /// A model-backed synthesis came back (sent by the reflector to itself).
+    Synthesised {
+        /// The job (its lease).
+        job: Box<SynthesisJob>,
+        /// The model's drafts, or why there are none.
+        drafts: Result<Vec<LessonDraft>, String>,
+    },
     /// Lessons, active ones first.
     Lessons {
         /// Only lessons whose scope starts with this (e.g. `tenant:acme`), if given.
@@ -103,6 +110,9 @@ pub struct ReflectorArgs {
     pub memory: Arc<Slot<MemoryMsg>>,
     /// Where it publishes itself.
     pub slot: Arc<Slot<ReflectorMsg>>,
+    /// A model-backed synthesiser (`[model]`), if any; lessons are derived offline otherwise,
+    /// and when the model fails.
+    pub synthesiser: Option<Arc<dyn Synthesiser>>,
     /// Fault injection.
     pub chaos: Option<ChaosHook>,
 }
@@ -123,6 +133,7 @@ pub struct ReflectorState {
     tools: Vec<String>,
     memory: Arc<Slot<MemoryMsg>>,
     since_consolidation: u64,
+    synthesiser: Option<Arc<dyn Synthesiser>>,
     chaos: Option<ChaosHook>,
 }
 
@@ -172,6 +183,7 @@ impl Actor for ReflectorActor {
             tools,
             memory: args.memory,
             since_consolidation: 0,
+            synthesiser: args.synthesiser,
             chaos: args.chaos,
         };
         let mut replayed = 0u64;
@@ -183,7 +195,7 @@ impl Actor for ReflectorActor {
                         features: exp.context_features.clone(),
                         ..Task::default()
                     };
-                    state.learn(seq, &exp, &task);
+                    state.learn(seq, &exp, &task, None);
                     replayed += 1;
                 }
                 Err(_) => state.applied.mark(seq),
@@ -200,7 +212,7 @@ impl Actor for ReflectorActor {
 
     async fn handle(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         msg: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
@@ -216,9 +228,15 @@ impl Actor for ReflectorActor {
                 if !state.applied.is_new(seq) {
                     return Ok(());
                 }
-                let changed = state.learn(seq, &experience, &task);
+                let changed = state.learn(seq, &experience, &task, Some(&myself));
                 state.since_consolidation += 1;
                 if changed || state.since_consolidation >= 25 {
+                    state.since_consolidation = 0;
+                    state.consolidate(true).await?;
+                }
+            }
+            ReflectorMsg::Synthesised { job, drafts } => {
+                if state.finish_synthesis(&job, drafts) {
                     state.since_consolidation = 0;
                     state.consolidate(true).await?;
                 }
@@ -285,7 +303,16 @@ impl Actor for ReflectorActor {
 
 impl ReflectorState {
     /// Learns from one experience; true when a synthesis produced lessons.
-    fn learn(&mut self, seq: u64, exp: &ExperienceTuple, task: &Task) -> bool {
+    /// Learns an experience; true when the lessons changed. A synthesis that falls due runs
+    /// offline, or, with a model and `myself` (live, not in a replay), on the model in the
+    /// background: its lease keeps the scope to this one synthesis until it comes back.
+    fn learn(
+        &mut self,
+        seq: u64,
+        exp: &ExperienceTuple,
+        task: &Task,
+        myself: Option<&ActorRef<ReflectorMsg>>,
+    ) -> bool {
         if !self.applied.is_new(seq) {
             return false;
         }
@@ -311,6 +338,25 @@ impl ReflectorState {
                 due |= synthesis_due;
             }
         }
+        if due && let (Some(model), Some(myself)) = (self.synthesiser.clone(), myself) {
+            match self.adaptive.begin_synthesis(&scope, "reflector", now_ms()) {
+                Ok(job) => {
+                    let myself = myself.clone();
+                    tokio::spawn(async move {
+                        let drafts = model
+                            .synthesise(&job.input)
+                            .await
+                            .map_err(|e| e.to_string());
+                        let _ = myself.cast(ReflectorMsg::Synthesised {
+                            job: Box::new(job),
+                            drafts,
+                        });
+                    });
+                }
+                Err(e) => tracing::debug!(error = %e, "no synthesis"),
+            }
+            return false;
+        }
         if due {
             match self.adaptive.synthesise_offline(&scope, "reflector", now) {
                 Ok(report) => return !report.added.is_empty() || !report.removed.is_empty(),
@@ -318,6 +364,32 @@ impl ReflectorState {
             }
         }
         false
+    }
+
+    /// Completes a model-backed synthesis; when the model failed, gives its lease up and
+    /// derives the lessons offline instead. True when the lessons changed.
+    fn finish_synthesis(
+        &mut self,
+        job: &SynthesisJob,
+        drafts: Result<Vec<LessonDraft>, String>,
+    ) -> bool {
+        let now = now_ms();
+        let report = match drafts {
+            Ok(drafts) => self.adaptive.complete_synthesis(job, drafts, now),
+            Err(e) => {
+                tracing::warn!(scope = %job.input.scope, error = %e, "the model's synthesis failed; lessons are derived offline");
+                self.adaptive.abort_synthesis(job, now);
+                self.adaptive
+                    .synthesise_offline(&job.input.scope, "reflector", now)
+            }
+        };
+        match report {
+            Ok(r) => !r.added.is_empty() || !r.removed.is_empty() || !r.reinforced.is_empty(),
+            Err(e) => {
+                tracing::warn!(scope = %job.input.scope, error = %e, "a synthesis was not completed");
+                false
+            }
+        }
     }
 
     /// Turns statistics into lessons, drops the adaptive lessons past their TTL, persists

@@ -78,6 +78,9 @@ pub struct RuntimeOptions {
     pub sop: SopConfig,
     /// Adaptive strategies: lessons synthesised from failures (the `[adaptive]` section).
     pub adaptive: AdaptiveConfig,
+    /// A model-backed lesson synthesiser (the `[model]` section), if any: lessons are derived
+    /// offline without one, and when it fails.
+    pub synthesiser: Option<Arc<dyn hindsight::learn::adaptive::Synthesiser>>,
     /// How the policy distils a ranker from the log and when it plans with it.
     pub distill: DistillConfig,
     /// Root restart intensity: at most this many restarts ...
@@ -126,6 +129,7 @@ impl RuntimeOptions {
             chaos: None,
             sop: SopConfig::default(),
             adaptive: AdaptiveConfig::default(),
+            synthesiser: None,
             distill: DistillConfig::default(),
             max_restarts: 100,
             restart_period: Duration::from_secs(5),
@@ -342,6 +346,7 @@ impl Runtime {
             faults: opts.chaos.as_ref().map(crate::chaos_tools::decider),
             sop: opts.sop,
             adaptive: opts.adaptive,
+            synthesiser: opts.synthesiser,
             distill: opts.distill,
             max_restarts: opts.max_restarts,
             restart_period: opts.restart_period,

@@ -98,6 +98,8 @@ pub struct TreeSpec {
     pub sop: hindsight::learn::sop::SopConfig,
     /// Adaptive strategies' configuration (the reflector's).
     pub adaptive: hindsight::learn::adaptive::AdaptiveConfig,
+    /// A model-backed lesson synthesiser, if any (offline otherwise).
+    pub synthesiser: Option<Arc<dyn hindsight::learn::adaptive::Synthesiser>>,
     /// How the policy distils its ranker.
     pub distill: hindsight::learn::distill::DistillConfig,
     /// Run limits and the failure policy.
@@ -216,6 +218,7 @@ pub fn build(spec: TreeSpec) -> Tree {
         let workflow = spec.workflow.clone();
         let memory = ctx.dir.memory.clone();
         let adaptive = spec.adaptive.clone();
+        let synthesiser = spec.synthesiser.clone();
         children.push(ChildSpec::actor("reflector", None, move || {
             (
                 ReflectorActor,
@@ -225,6 +228,7 @@ pub fn build(spec: TreeSpec) -> Tree {
                     workflow: workflow.clone(),
                     memory: memory.clone(),
                     slot: slot.clone(),
+                    synthesiser: synthesiser.clone(),
                     chaos: chaos.clone(),
                 },
             )

@@ -1035,3 +1035,97 @@ async fn ingress_refuses_an_injection_and_redacts_what_it_stores() {
         "the refusal was not logged"
     );
 }
+
+/// A model that proposes one lesson about the first failing tool of each batch, or fails.
+struct FakeModel {
+    calls: std::sync::atomic::AtomicUsize,
+    fail: bool,
+}
+
+impl hindsight::model::LanguageModel for FakeModel {
+    fn name(&self) -> &str {
+        "fake-model"
+    }
+
+    fn complete<'a>(
+        &'a self,
+        request: &'a hindsight::model::ChatRequest,
+    ) -> hindsight::model::ModelFuture<'a, String> {
+        Box::pin(async move {
+            self.calls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if self.fail {
+                return Err(hindsight::model::ModelError::InvalidInput(
+                    "the fake model is down".into(),
+                ));
+            }
+            let tool = request
+                .messages
+                .iter()
+                .find_map(|m| m.content.strip_prefix("Failing tools: "))
+                .and_then(|rest| rest.split([',', '\n']).next())
+                .unwrap_or_default()
+                .trim()
+                .to_string();
+            Ok(serde_json::json!({"lessons": [{
+                "tool": tool,
+                "lesson": "MODEL-LESSON: retry this tool on a smaller page range first"
+            }]})
+            .to_string())
+        })
+    }
+}
+
+/// Lessons synthesised by the model when one is configured (`[model]`), and offline when it
+/// fails: the reflector asks it in the background under the scope's lease.
+async fn lessons_with_model(fail: bool) -> (usize, Vec<hindsight::Lesson>) {
+    let dir = tempfile::tempdir().unwrap();
+    let env = SimEnv::load(&env_path("flaky_ocr.toml")).unwrap();
+    let model = Arc::new(FakeModel {
+        calls: Default::default(),
+        fail,
+    });
+    let mut opts = options_on(dir.path(), env.clone(), 5);
+    opts.adaptive.synthesis_threshold = 2;
+    opts.synthesiser = Some(Arc::new(hindsight::learn::adaptive::ModelSynthesiser::new(
+        model.clone(),
+    )));
+    let rt = Runtime::start(opts).await.unwrap();
+    workload::run_tasks(&rt, &env, 5, 80, 1, |_| {})
+        .await
+        .unwrap();
+    let lessons = rt
+        .ctx()
+        .dir
+        .reflector
+        .call(|reply| hindsight_actors::reflector::ReflectorMsg::Lessons {
+            scope_prefix: None,
+            reply,
+        })
+        .await
+        .unwrap();
+    rt.shutdown().await;
+    (
+        model.calls.load(std::sync::atomic::Ordering::Relaxed),
+        lessons,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configured_model_synthesises_the_lessons_and_offline_stands_in_when_it_fails() {
+    let (calls, lessons) = lessons_with_model(false).await;
+    assert!(calls > 0, "the model was never asked");
+    assert!(
+        lessons
+            .iter()
+            .any(|l| l.source == "synthesis" && l.action.contains("MODEL-LESSON")),
+        "no lesson from the model: {lessons:?}"
+    );
+    let (calls, lessons) = lessons_with_model(true).await;
+    assert!(calls > 0, "the model was never asked");
+    assert!(lessons.iter().all(|l| !l.action.contains("MODEL-LESSON")));
+    assert!(
+        lessons.iter().any(|l| l.source == "synthesis"),
+        "no offline lesson when the model failed: {lessons:?}"
+    );
+}
