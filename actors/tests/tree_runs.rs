@@ -45,6 +45,28 @@ async fn learned(rt: &Runtime) -> u64 {
         .learned
 }
 
+/// Each lesson the reflector holds as `id source superseded_by`.
+async fn lesson_keys(rt: &Runtime) -> std::collections::BTreeSet<String> {
+    all_lessons(rt)
+        .await
+        .into_iter()
+        .map(|l| format!("{} {} {:?}", l.lesson_id, l.source, l.superseded_by))
+        .collect()
+}
+
+/// Every lesson the reflector holds, superseded ones included.
+async fn all_lessons(rt: &Runtime) -> Vec<hindsight::Lesson> {
+    rt.ctx()
+        .dir
+        .reflector
+        .call(|reply| hindsight_actors::reflector::ReflectorMsg::Lessons {
+            scope_prefix: None,
+            reply,
+        })
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_task_ends_once_and_learning_survives_a_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -295,16 +317,7 @@ async fn lessons_after_a_run(
     workload::run_tasks(&rt, &env, 5, 80, 4, |_| {})
         .await
         .unwrap();
-    let lessons = rt
-        .ctx()
-        .dir
-        .reflector
-        .call(|reply| hindsight_actors::reflector::ReflectorMsg::Lessons {
-            scope_prefix: None,
-            reply,
-        })
-        .await
-        .unwrap();
+    let lessons = all_lessons(&rt).await;
     rt.shutdown().await;
     lessons
 }
@@ -778,21 +791,6 @@ async fn damaged_snapshots_are_rebuilt_from_the_experience_log() {
         o.adaptive.synthesis_threshold = 2;
         o
     };
-    let lessons = |rt: &Runtime| {
-        let reflector = rt.ctx().dir.reflector.clone();
-        async move {
-            reflector
-                .call(|reply| hindsight_actors::reflector::ReflectorMsg::Lessons {
-                    scope_prefix: None,
-                    reply,
-                })
-                .await
-                .unwrap()
-                .into_iter()
-                .map(|l| format!("{} {} {:?}", l.lesson_id, l.source, l.superseded_by))
-                .collect::<std::collections::BTreeSet<_>>()
-        }
-    };
     // One task at a time: the reflector sees the experiences in the log's order, as the
     // rebuild replays them (the synthesis depends on the order the failures come in).
     let rt = Runtime::start(opts()).await.unwrap();
@@ -800,7 +798,7 @@ async fn damaged_snapshots_are_rebuilt_from_the_experience_log() {
         .await
         .unwrap();
     let before = learned(&rt).await;
-    let lessons_before = lessons(&rt).await;
+    let lessons_before = lesson_keys(&rt).await;
     assert!(before > 0 && !lessons_before.is_empty(), "{before}");
     rt.shutdown().await;
 
@@ -828,7 +826,7 @@ async fn damaged_snapshots_are_rebuilt_from_the_experience_log() {
     // The synthesised lessons come back exactly; the reflection's statistics become lessons
     // again too (how many depends on when the live reflector consolidated: it did so as runs
     // came in, the rebuilt one does so once, over the whole log).
-    let after = lessons(&rt).await;
+    let after = lesson_keys(&rt).await;
     let (reflections_before, synthesised_before): (Vec<_>, Vec<_>) = lessons_before
         .iter()
         .partition(|l| l.contains(" reflection "));
@@ -945,16 +943,7 @@ async fn memory_forgets_the_lessons_no_longer_in_force() {
         workload::run_tasks(&rt, &env, 5, 20, 1, |_| {})
             .await
             .unwrap();
-        let lessons = rt
-            .ctx()
-            .dir
-            .reflector
-            .call(|reply| hindsight_actors::reflector::ReflectorMsg::Lessons {
-                scope_prefix: None,
-                reply,
-            })
-            .await
-            .unwrap();
+        let lessons = all_lessons(&rt).await;
         let active: std::collections::BTreeSet<String> = lessons
             .iter()
             .filter(|l| l.superseded_by.is_none())
@@ -1094,16 +1083,7 @@ async fn lessons_with_model(fail: bool) -> (usize, Vec<hindsight::Lesson>) {
     workload::run_tasks(&rt, &env, 5, 80, 1, |_| {})
         .await
         .unwrap();
-    let lessons = rt
-        .ctx()
-        .dir
-        .reflector
-        .call(|reply| hindsight_actors::reflector::ReflectorMsg::Lessons {
-            scope_prefix: None,
-            reply,
-        })
-        .await
-        .unwrap();
+    let lessons = all_lessons(&rt).await;
     rt.shutdown().await;
     (
         model.calls.load(std::sync::atomic::Ordering::Relaxed),
