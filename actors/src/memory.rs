@@ -324,6 +324,7 @@ impl MemoryState {
             }
         }
     }
+
     /// Applies an experience to the graph (and indexes a postmortem of a failed run); true when
     /// the change is salient enough to write the graph and vectors.
     fn ingest(&mut self, seq: u64, exp: &ExperienceTuple) -> bool {

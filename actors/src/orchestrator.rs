@@ -358,10 +358,8 @@ impl OrchestratorState {
                 // Answered once the note is on disk (or could not be written).
                 let store = self.ctx.store.clone();
                 tokio::spawn(async move {
-                    let written = match WriteOp::diary(&note) {
-                        Ok(op) => store.write_batch(vec![op]).await.map(|_| ()),
-                        Err(e) => Err(e),
-                    };
+                    let written =
+                        async { store.write_batch(vec![WriteOp::diary(&note)?]).await }.await;
                     if let Err(e) = written {
                         tracing::warn!(error = %e, "the refused task's diary note was not written");
                     }

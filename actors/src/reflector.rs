@@ -302,7 +302,6 @@ impl Actor for ReflectorActor {
 }
 
 impl ReflectorState {
-    /// Learns from one experience; true when a synthesis produced lessons.
     /// Learns an experience; true when the lessons changed. A synthesis that falls due runs
     /// offline, or, with a model and `myself` (live, not in a replay), on the model in the
     /// background: its lease keeps the scope to this one synthesis until it comes back.
@@ -338,7 +337,10 @@ impl ReflectorState {
                 due |= synthesis_due;
             }
         }
-        if due && let (Some(model), Some(myself)) = (self.synthesiser.clone(), myself) {
+        if !due {
+            return false;
+        }
+        if let (Some(model), Some(myself)) = (self.synthesiser.clone(), myself) {
             match self.adaptive.begin_synthesis(&scope, "reflector", now_ms()) {
                 Ok(job) => {
                     let myself = myself.clone();
@@ -357,13 +359,13 @@ impl ReflectorState {
             }
             return false;
         }
-        if due {
-            match self.adaptive.synthesise_offline(&scope, "reflector", now) {
-                Ok(report) => return !report.added.is_empty() || !report.removed.is_empty(),
-                Err(e) => tracing::debug!(error = %e, "no synthesis"),
+        match self.adaptive.synthesise_offline(&scope, "reflector", now) {
+            Ok(report) => !report.added.is_empty() || !report.removed.is_empty(),
+            Err(e) => {
+                tracing::debug!(error = %e, "no synthesis");
+                false
             }
         }
-        false
     }
 
     /// Completes a model-backed synthesis; when the model failed, gives its lease up and
@@ -427,11 +429,8 @@ impl ReflectorState {
         }
         ops.push(self.snapshot_op()?);
         self.store.write_batch(ops).await?;
-        let mut messages = vec![MemoryMsg::RetainLessons(active)];
-        if !fresh.is_empty() {
-            messages.insert(0, MemoryMsg::IndexLessons(fresh));
-        }
-        for msg in messages {
+        let index = (!fresh.is_empty()).then(|| MemoryMsg::IndexLessons(fresh));
+        for msg in index.into_iter().chain([MemoryMsg::RetainLessons(active)]) {
             if wait {
                 let _ = self.memory.cast(msg).await;
             } else if let Some(memory) = self.memory.current() {

@@ -860,9 +860,26 @@ async fn stable_sops(rt: &Runtime) -> Vec<hindsight::Sop> {
 
 /// The ids of the SOPs memory retrieves for `sop`'s cluster (everything it holds, best first).
 async fn sops_in_memory(rt: &Runtime, sop: &hindsight::Sop) -> Vec<String> {
+    cited_in_memory(
+        rt,
+        &format!("SOP {}", sop.sop_id),
+        sop.preconditions.clone(),
+        "sop",
+    )
+    .await
+}
+
+/// The ids of the items of citation kind `kind` that memory retrieves for `text` and
+/// `features` (everything it holds of that kind, best first).
+async fn cited_in_memory(
+    rt: &Runtime,
+    text: &str,
+    features: std::collections::BTreeMap<String, String>,
+    kind: &str,
+) -> Vec<String> {
     let query = hindsight_actors::memory::Query {
-        text: format!("SOP {}", sop.sop_id),
-        features: sop.preconditions.clone(),
+        text: text.to_string(),
+        features,
         tools: Vec::new(),
         k: 10_000,
     };
@@ -877,7 +894,7 @@ async fn sops_in_memory(rt: &Runtime, sop: &hindsight::Sop) -> Vec<String> {
         .unwrap()
         .items
         .into_iter()
-        .filter(|i| i.citation.kind == "sop")
+        .filter(|i| i.citation.kind == kind)
         .map(|i| i.citation.id)
         .collect()
 }
@@ -951,27 +968,13 @@ async fn memory_forgets_the_lessons_no_longer_in_force() {
             .collect();
         dropped.extend(seen.difference(&active).cloned());
         seen.extend(active.iter().cloned());
-        let query = hindsight_actors::memory::Query {
-            text: "the tool failed on this input".to_string(),
-            features: Default::default(),
-            tools: Vec::new(),
-            k: 10_000,
-        };
-        let indexed: Vec<String> = rt
-            .ctx()
-            .dir
-            .memory
-            .call(|reply| hindsight_actors::memory::MemoryMsg::Query {
-                query: Box::new(query.clone()),
-                reply,
-            })
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .filter(|i| i.citation.kind == "lesson")
-            .map(|i| i.citation.id)
-            .collect();
+        let indexed = cited_in_memory(
+            &rt,
+            "the tool failed on this input",
+            Default::default(),
+            "lesson",
+        )
+        .await;
         assert!(!indexed.is_empty());
         for id in &indexed {
             assert!(active.contains(id), "{id} is retrieved but not in force");
