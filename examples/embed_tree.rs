@@ -169,6 +169,9 @@ fn build_tree(store: &Store, env: &SimEnv, seed: u64) -> Result<tree::Tree, BoxE
         seed,
         config: TreeConfig::default(),
         reflect_retry: ReflectRetryConfig::default(),
+        // Plugins hosted by the tree itself (`PluginSpec::from_fn("name", || MyPlugin)`) see
+        // every run's events as they happen; the auditor here is an actor of the application's.
+        plugins: Vec::new(),
         faults: None,
         sop: SopConfig::default(),
         adaptive: AdaptiveConfig::default(),

@@ -1221,6 +1221,9 @@ impl Backend for TreeBackend {
         components.insert("memory".to_string(), slot_status(&d.memory));
         components.insert("reflector".to_string(), slot_status(&d.reflector));
         components.insert("reflect_retry".to_string(), slot_status(&d.reflect_retry));
+        for p in &d.plugins {
+            components.insert(format!("plugin:{}", p.name), slot_status(&p.slot));
+        }
         components.insert(
             "store".to_string(),
             match self.store().get_run("") {

@@ -1,5 +1,10 @@
 //! The plugin behaviour: callbacks around every run (`before_run`, `after_run`, `on_event`),
 //! hosted in an actor of its own so that a crashing plugin is restarted and never fails a run.
+//!
+//! The tree hosts ReflectRetry and the plugins an embedder adds with [`PluginSpec`]
+//! (`TreeSpec::plugins`, `RuntimeOptions::plugins`): each gets its own host under the root
+//! supervisor, sees every run's start, every event as it happens and every round's report, and
+//! may ask for a retry within the `max_retries` it was given.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,7 +13,9 @@ use hindsight::{ErrorClass, Task};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 
+use crate::chaos_hook::ChaosHook;
 use crate::directory::Slot;
+use crate::supervisor::ChildSpec;
 
 /// Something that happened during a run, as plugins see it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -145,7 +152,27 @@ pub struct PluginArgs<P: Plugin> {
 /// State of a plugin host.
 pub struct PluginState<P: Plugin> {
     plugin: P,
+    factory: PluginFactory<P>,
     chaos: Option<crate::chaos_hook::ChaosHook>,
+}
+
+/// Polls a future, turning a panic inside it into `Err` (the host's guard around `after_run`).
+struct CatchUnwind<F>(std::pin::Pin<Box<F>>);
+
+impl<F: std::future::Future> std::future::Future for CatchUnwind<F> {
+    type Output = Result<F::Output, ()>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let fut = self.0.as_mut();
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.poll(cx))) {
+            Ok(std::task::Poll::Ready(v)) => std::task::Poll::Ready(Ok(v)),
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Err(_) => std::task::Poll::Ready(Err(())),
+        }
+    }
 }
 
 impl<P: Plugin> Actor for PluginHost<P> {
@@ -162,6 +189,7 @@ impl<P: Plugin> Actor for PluginHost<P> {
         args.slot.publish(myself);
         Ok(PluginState {
             plugin,
+            factory: args.factory,
             chaos: args.chaos,
         })
     }
@@ -176,26 +204,39 @@ impl<P: Plugin> Actor for PluginHost<P> {
             chaos.on_message();
         }
         let name = state.plugin.name().to_string();
-        match msg {
-            PluginMsg::BeforeRun(task) => {
-                if let Err(e) = state.plugin.before_run(&task) {
-                    tracing::warn!(plugin = %name, error = %e, "before_run failed");
-                }
-            }
-            PluginMsg::Event(run_id, event) => {
-                if let Err(e) = state.plugin.on_event(&run_id, &event) {
-                    tracing::warn!(plugin = %name, error = %e, "on_event failed");
-                }
-            }
+        // A panicking callback is the plugin's fault, not the host's: it is logged and the
+        // plugin is built afresh, without spending the supervisor's restart intensity (a plugin
+        // that panics on every event would otherwise take the whole tree down).
+        let plugin = &mut state.plugin;
+        let (callback, outcome) = match msg {
+            PluginMsg::BeforeRun(task) => (
+                "before_run",
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| plugin.before_run(&task)))
+                    .map_err(|_| ()),
+            ),
+            PluginMsg::Event(run_id, event) => (
+                "on_event",
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    plugin.on_event(&run_id, &event)
+                }))
+                .map_err(|_| ()),
+            ),
             PluginMsg::AfterRun(report, reply) => {
-                let verdict = match state.plugin.after_run(&report).await {
-                    Ok(v) => v,
-                    Err(e) => {
-                        tracing::warn!(plugin = %name, error = %e, "after_run failed");
-                        Verdict::Accept
-                    }
+                let answer = CatchUnwind(Box::pin(plugin.after_run(&report))).await;
+                let verdict = match &answer {
+                    Ok(Ok(v)) => v.clone(),
+                    _ => Verdict::Accept,
                 };
                 let _ = reply.send(verdict);
+                ("after_run", answer.map(|r| r.map(|_| ())))
+            }
+        };
+        match outcome {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(plugin = %name, error = %e, "{callback} failed"),
+            Err(()) => {
+                tracing::warn!(plugin = %name, "{callback} panicked; the plugin is built afresh");
+                state.plugin = (state.factory)().await?;
             }
         }
         Ok(())
@@ -204,3 +245,106 @@ impl<P: Plugin> Actor for PluginHost<P> {
 
 /// How long a run waits for a plugin's verdict before it goes on without it.
 pub const PLUGIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Starts a plugin's host under a supervisor, publishing it in the given slot.
+type StartHost = Arc<dyn Fn(Arc<Slot<PluginMsg>>, Option<ChaosHook>) -> ChildSpec + Send + Sync>;
+
+/// A plugin an embedder adds to the tree: its name, how to build it, and how many retries of a
+/// run it may ask for.
+#[derive(Clone)]
+pub struct PluginSpec {
+    name: String,
+    max_retries: u32,
+    start: StartHost,
+}
+
+impl std::fmt::Debug for PluginSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginSpec")
+            .field("name", &self.name)
+            .field("max_retries", &self.max_retries)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PluginSpec {
+    /// A plugin built by `factory` on every (re)start of its host (reload what it persisted
+    /// there). Its `Retry` verdicts are ignored until [`PluginSpec::max_retries`] allows some.
+    pub fn new<P: Plugin>(name: impl Into<String>, factory: PluginFactory<P>) -> PluginSpec {
+        let name = name.into();
+        let id = format!("plugin:{name}");
+        let start: StartHost = Arc::new(move |slot, chaos| {
+            let factory = factory.clone();
+            ChildSpec::actor(id.clone(), None, move || {
+                (
+                    PluginHost::<P>::default(),
+                    PluginArgs {
+                        factory: factory.clone(),
+                        slot: slot.clone(),
+                        chaos: chaos.clone(),
+                    },
+                )
+            })
+        });
+        PluginSpec {
+            name,
+            max_retries: 0,
+            start,
+        }
+    }
+
+    /// A plugin made by a plain function on every (re)start of its host.
+    pub fn from_fn<P: Plugin>(
+        name: impl Into<String>,
+        make: impl Fn() -> P + Send + Sync + 'static,
+    ) -> PluginSpec {
+        let make = Arc::new(make);
+        let factory: PluginFactory<P> = Arc::new(move || {
+            let plugin = make();
+            Box::pin(async move { Ok(plugin) })
+        });
+        PluginSpec::new(name, factory)
+    }
+
+    /// Lets the plugin send a run back (a `Retry` verdict) up to `n` times per run.
+    pub fn max_retries(mut self, n: u32) -> PluginSpec {
+        self.max_retries = n;
+        self
+    }
+
+    /// How many retries per run the plugin may ask for.
+    pub fn max_retries_allowed(&self) -> u32 {
+        self.max_retries
+    }
+
+    /// The plugin's name (its host's child id is `plugin:<name>`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The host's child spec, publishing the host in `slot`.
+    pub(crate) fn child(&self, slot: Arc<Slot<PluginMsg>>, chaos: Option<ChaosHook>) -> ChildSpec {
+        (self.start)(slot, chaos)
+    }
+}
+
+/// An embedder's plugin as the runs see it: where its host is, and its retry allowance.
+#[derive(Clone)]
+pub struct PluginSlot {
+    /// The plugin's name.
+    pub name: String,
+    /// How many retries per run it may ask for.
+    pub max_retries: u32,
+    /// Its host.
+    pub slot: Arc<Slot<PluginMsg>>,
+}
+
+impl PluginSlot {
+    /// Sends `msg` to the host if it is running; a plugin that is down misses it (a run never
+    /// waits for an observer).
+    pub fn tell(&self, msg: PluginMsg) {
+        if let Some(actor) = self.slot.current() {
+            let _ = actor.cast(msg);
+        }
+    }
+}

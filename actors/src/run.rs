@@ -221,11 +221,22 @@ struct DriverState {
     citations: Vec<String>,
     /// Events of the current round (for ReflectRetry).
     events: Vec<RunEvent>,
+    /// Retries each of the embedder's plugins asked for, by name.
+    #[serde(default)]
+    plugin_retries: BTreeMap<String, u32>,
     /// Every step of every attempt.
     steps: Vec<Step>,
 }
 
 impl DriverState {
+    /// Records an event of the current round and shows it to the embedder's plugins.
+    fn event(&mut self, ctx: &TreeCtx, run_id: &str, event: RunEvent) {
+        for plugin in &ctx.dir.plugins {
+            plugin.tell(PluginMsg::Event(run_id.to_string(), event.clone()));
+        }
+        self.events.push(event);
+    }
+
     /// Goes back to stage `at` of `plan`: the outputs of the stages before it stand.
     fn rewind_to(&mut self, plan: &PlanChoice, at: usize) {
         let later: Vec<&str> = plan
@@ -362,6 +373,9 @@ async fn drive(
         .reflect_retry
         .cast(PluginMsg::BeforeRun(Box::new((*task).clone())))
         .await;
+    for plugin in &ctx.dir.plugins {
+        plugin.tell(PluginMsg::BeforeRun(Box::new((*task).clone())));
+    }
     let mut bundle = ctx
         .dir
         .memory
@@ -421,6 +435,10 @@ async fn drive(
             )
             .await
             .unwrap_or(Verdict::Accept);
+        let verdict = match verdict {
+            Verdict::Accept => plugins_verdict(ctx, &report, &mut st).await,
+            retry => retry,
+        };
         match verdict {
             Verdict::Retry { reflection, .. } if state != RunState::Aborted => {
                 st.reflect_retries += 1;
@@ -449,6 +467,44 @@ async fn drive(
             _ => return finish(ctx, &run_id, &task, st, state, reason, resumed).await,
         }
     }
+}
+
+/// The embedder's plugins' answer to a round ReflectRetry accepted: the first `Retry` of a
+/// plugin that has retries left (counted in `st`), else `Accept`. Every running plugin sees the
+/// report; one that is down, fails or does not answer in time accepts.
+async fn plugins_verdict(ctx: &TreeCtx, report: &RunReport, st: &mut DriverState) -> Verdict {
+    let mut verdict = Verdict::Accept;
+    for plugin in &ctx.dir.plugins {
+        if plugin.slot.current().is_none() {
+            continue;
+        }
+        let answer = plugin
+            .slot
+            .call_with(
+                |reply| PluginMsg::AfterRun(Box::new(report.clone()), reply),
+                PLUGIN_TIMEOUT,
+                1,
+            )
+            .await;
+        let Ok(Verdict::Retry {
+            attempt,
+            reflection,
+        }) = answer
+        else {
+            continue;
+        };
+        let used = st.plugin_retries.entry(plugin.name.clone()).or_default();
+        if verdict == Verdict::Accept && *used < plugin.max_retries {
+            *used += 1;
+            verdict = Verdict::Retry {
+                attempt,
+                reflection,
+            };
+        } else if *used >= plugin.max_retries {
+            tracing::info!(plugin = %plugin.name, run_id = %report.run_id, "retry verdict over the plugin's max_retries; the result stands");
+        }
+    }
+    verdict
 }
 
 /// One ReflectRetry round: attempts under the triage loop until success or a terminal recovery.
@@ -511,7 +567,7 @@ async fn run_round(
             Some(f) => f,
             None => {
                 transition(ctx, run_id, st, RunState::Validating, RunPatch::default()).await?;
-                match validate(ctx, &plan, st).await? {
+                match validate(ctx, run_id, &plan, st).await? {
                     None => {
                         learn_first_attempt(ctx, run_id, task, st).await;
                         return Ok((RunState::Succeeded, None));
@@ -542,10 +598,14 @@ async fn run_round(
             failure: decision.failure,
             action: decision.action.kind().to_string(),
         });
-        st.events.push(RunEvent::Recovery {
-            failure: decision.failure.to_string(),
-            action: decision.action.kind().to_string(),
-        });
+        st.event(
+            ctx,
+            run_id,
+            RunEvent::Recovery {
+                failure: decision.failure.to_string(),
+                action: decision.action.kind().to_string(),
+            },
+        );
         st.recoveries_in_round += 1;
         st.attempt += 1;
         let cap = ctx.config.max_recovery_attempts;
@@ -729,12 +789,16 @@ async fn execute_stages(
                 "the call of {} at stage {} was in flight when the process stopped; its outcome is in doubt",
                 arm.tool, arm.stage
             );
-            st.events.push(RunEvent::Error {
-                stage: arm.stage.clone(),
-                tool: arm.tool.clone(),
-                class: ErrorClass::DeterministicFailure,
-                message: message.clone(),
-            });
+            st.event(
+                ctx,
+                run_id,
+                RunEvent::Error {
+                    stage: arm.stage.clone(),
+                    tool: arm.tool.clone(),
+                    class: ErrorClass::DeterministicFailure,
+                    message: message.clone(),
+                },
+            );
             return Ok(Some(AttemptFailure {
                 trajectory: attempt_trajectory(st),
                 stage: i,
@@ -814,10 +878,14 @@ async fn execute_stages(
                 step.metadata
                     .insert("outcome".into(), Value::from("success"));
                 st.steps.push(step);
-                st.events.push(RunEvent::StepSucceeded {
-                    stage: arm.stage.clone(),
-                    tool: arm.tool.clone(),
-                });
+                st.event(
+                    ctx,
+                    run_id,
+                    RunEvent::StepSucceeded {
+                        stage: arm.stage.clone(),
+                        tool: arm.tool.clone(),
+                    },
+                );
                 st.outputs.insert(arm.stage.clone(), value);
                 st.output_step.insert(arm.stage.clone(), st.steps.len() - 1);
                 st.next_stage += 1;
@@ -830,12 +898,16 @@ async fn execute_stages(
                 step.metadata
                     .insert("outcome".into(), Value::from(err.category.as_str()));
                 st.steps.push(step);
-                st.events.push(RunEvent::Error {
-                    stage: arm.stage.clone(),
-                    tool: arm.tool.clone(),
-                    class: err.class,
-                    message: err.message.clone(),
-                });
+                st.event(
+                    ctx,
+                    run_id,
+                    RunEvent::Error {
+                        stage: arm.stage.clone(),
+                        tool: arm.tool.clone(),
+                        class: err.class,
+                        message: err.message.clone(),
+                    },
+                );
                 checkpoint(ctx, run_id, st).await?;
                 return Ok(Some(AttemptFailure {
                     trajectory: attempt_trajectory(st),
@@ -867,6 +939,7 @@ fn attempt_trajectory(st: &DriverState) -> Trajectory {
 /// the learners read), and returns the first invalid stage as the failure.
 async fn validate(
     ctx: &TreeCtx,
+    run_id: &str,
     plan: &PlanChoice,
     st: &mut DriverState,
 ) -> Result<Option<AttemptFailure>, DriveError> {
@@ -887,16 +960,24 @@ async fn validate(
         }
     }
     let Some((stage, reason)) = first_invalid else {
-        st.events.push(RunEvent::Validation {
-            passed: true,
-            reason: None,
-        });
+        st.event(
+            ctx,
+            run_id,
+            RunEvent::Validation {
+                passed: true,
+                reason: None,
+            },
+        );
         return Ok(None);
     };
-    st.events.push(RunEvent::Validation {
-        passed: false,
-        reason: Some(reason.clone()),
-    });
+    st.event(
+        ctx,
+        run_id,
+        RunEvent::Validation {
+            passed: false,
+            reason: Some(reason.clone()),
+        },
+    );
     let at = plan.arms.iter().position(|a| a.stage == stage).unwrap_or(0);
     Ok(Some(AttemptFailure {
         trajectory: attempt_trajectory(st),

@@ -72,6 +72,8 @@ pub struct RuntimeOptions {
     pub tree: TreeConfig,
     /// ReflectRetry's configuration.
     pub reflect_retry: ReflectRetryConfig,
+    /// Plugins of your own, each hosted by a supervised actor (see [`crate::plugin`]).
+    pub plugins: Vec<crate::plugin::PluginSpec>,
     /// Fault injection into actors and tools, if any.
     pub chaos: Option<ChaosHandle>,
     /// SOP promotion and rollback rules.
@@ -126,6 +128,7 @@ impl RuntimeOptions {
             seed: 0,
             tree: TreeConfig::default(),
             reflect_retry: ReflectRetryConfig::default(),
+            plugins: Vec::new(),
             chaos: None,
             sop: SopConfig::default(),
             adaptive: AdaptiveConfig::default(),
@@ -343,6 +346,7 @@ impl Runtime {
             seed: opts.seed,
             config: opts.tree,
             reflect_retry: opts.reflect_retry,
+            plugins: opts.plugins,
             faults: opts.chaos.as_ref().map(crate::chaos_tools::decider),
             sop: opts.sop,
             adaptive: opts.adaptive,

@@ -14,7 +14,7 @@ use crate::directory::Slot;
 use crate::executor::{Executor, ExecutorArgs, ExecutorMsg};
 use crate::memory::{MemoryActor, MemoryArgs, MemoryMsg};
 use crate::orchestrator::{Orchestrator, OrchestratorArgs, OrchestratorMsg};
-use crate::plugin::{PluginArgs, PluginFactory, PluginHost, PluginMsg};
+use crate::plugin::{PluginArgs, PluginFactory, PluginHost, PluginMsg, PluginSlot, PluginSpec};
 use crate::policy::{PolicyActor, PolicyArgs, PolicyMsg};
 use crate::recovery::TriageSetup;
 use crate::reflect_retry::{ReflectRetry, ReflectRetryConfig};
@@ -40,6 +40,8 @@ pub struct Directory {
     pub reflector: Arc<Slot<ReflectorMsg>>,
     /// The ReflectRetry plugin host.
     pub reflect_retry: Arc<Slot<PluginMsg>>,
+    /// The hosts of the embedder's plugins, in the order they were given.
+    pub plugins: Vec<PluginSlot>,
 }
 
 impl Default for Directory {
@@ -52,6 +54,7 @@ impl Default for Directory {
             memory: Arc::new(Slot::new("memory")),
             reflector: Arc::new(Slot::new("reflector")),
             reflect_retry: Arc::new(Slot::new("reflect_retry")),
+            plugins: Vec::new(),
         }
     }
 }
@@ -106,6 +109,9 @@ pub struct TreeSpec {
     pub config: TreeConfig,
     /// ReflectRetry's configuration.
     pub reflect_retry: ReflectRetryConfig,
+    /// Plugins of the embedder's, each hosted by an actor of its own (started after
+    /// ReflectRetry, before the orchestrator).
+    pub plugins: Vec<PluginSpec>,
     /// Decides which actor messages crash their actor (fault injection), if any.
     pub faults: Option<FaultDecider>,
     /// Restart intensity of the root supervisor: at most this many restarts ...
@@ -146,7 +152,18 @@ pub fn build(spec: TreeSpec) -> Tree {
     }
     let ctx = Arc::new(TreeCtx {
         store: spec.store.clone(),
-        dir: Directory::default(),
+        dir: Directory {
+            plugins: spec
+                .plugins
+                .iter()
+                .map(|p| PluginSlot {
+                    name: p.name().to_string(),
+                    max_retries: p.max_retries_allowed(),
+                    slot: Arc::new(Slot::new("plugin")),
+                })
+                .collect(),
+            ..Directory::default()
+        },
         live: LiveRuns::default(),
         workflow: spec.workflow.clone(),
         config,
@@ -290,6 +307,9 @@ pub fn build(spec: TreeSpec) -> Tree {
                 },
             )
         }));
+    }
+    for (plugin, host) in spec.plugins.iter().zip(&ctx.dir.plugins) {
+        children.push(plugin.child(host.slot.clone(), hook(&faults, "plugin")));
     }
     {
         let (tctx, chaos) = (ctx.clone(), hook(&faults, "orchestrator"));

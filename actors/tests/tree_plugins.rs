@@ -1,0 +1,248 @@
+//! Plugins of an embedder's, hosted by the tree: they see every run's start, its events as they
+//! happen and each round's report; they may send a run back within their `max_retries`; and one
+//! that fails or panics never fails a run nor takes the tree down.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use hindsight::Task;
+use hindsight::store::Durability;
+use hindsight::tools::sim::SimEnv;
+use hindsight_actors::plugin::{Plugin, PluginError, PluginSpec, RunEvent, RunReport, Verdict};
+use hindsight_actors::runtime::{Runtime, RuntimeOptions};
+use hindsight_actors::workload;
+
+fn env() -> SimEnv {
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/envs/bank_statements.toml");
+    SimEnv::load(&path).unwrap()
+}
+
+fn options(dir: &std::path::Path, plugins: Vec<PluginSpec>) -> RuntimeOptions {
+    let mut opts = RuntimeOptions::new(dir, env());
+    opts.durability = Durability::None;
+    opts.seed = 3;
+    opts.plugins = plugins;
+    opts
+}
+
+/// What a [`Recorder`] saw.
+#[derive(Default)]
+struct Seen {
+    started: Vec<String>,
+    events: BTreeMap<String, Vec<RunEvent>>,
+    reports: Vec<RunReport>,
+    built: u32,
+}
+
+/// Records every callback; asks for a retry of every round when `retry` is set; panics on the
+/// `panic_every`-th event when set.
+struct Recorder {
+    seen: Arc<Mutex<Seen>>,
+    retry: bool,
+    panic_every: Option<usize>,
+}
+
+impl Plugin for Recorder {
+    fn name(&self) -> &str {
+        "recorder"
+    }
+
+    fn before_run(&mut self, task: &Task) -> Result<(), PluginError> {
+        self.seen.lock().unwrap().started.push(task.task_id.clone());
+        Ok(())
+    }
+
+    fn on_event(&mut self, run_id: &str, event: &RunEvent) -> Result<(), PluginError> {
+        let mut seen = self.seen.lock().unwrap();
+        let n: usize = seen.events.values().map(Vec::len).sum();
+        if self.panic_every.is_some_and(|k| (n + 1).is_multiple_of(k)) {
+            seen.events
+                .entry(run_id.to_string())
+                .or_default()
+                .push(event.clone());
+            drop(seen);
+            panic!("the recorder panics on purpose");
+        }
+        seen.events
+            .entry(run_id.to_string())
+            .or_default()
+            .push(event.clone());
+        Ok(())
+    }
+
+    async fn after_run(&mut self, report: &RunReport) -> Result<Verdict, PluginError> {
+        self.seen.lock().unwrap().reports.push(report.clone());
+        if self.retry {
+            return Ok(Verdict::Retry {
+                attempt: report.round,
+                reflection: "the recorder wants another look".to_string(),
+            });
+        }
+        Ok(Verdict::Accept)
+    }
+}
+
+fn recorder(seen: &Arc<Mutex<Seen>>, retry: bool, panic_every: Option<usize>) -> PluginSpec {
+    let seen = seen.clone();
+    PluginSpec::from_fn("recorder", move || {
+        seen.lock().unwrap().built += 1;
+        Recorder {
+            seen: seen.clone(),
+            retry,
+            panic_every,
+        }
+    })
+}
+
+/// A plugin whose every callback fails.
+struct Failing;
+
+impl Plugin for Failing {
+    fn name(&self) -> &str {
+        "failing"
+    }
+
+    fn before_run(&mut self, _task: &Task) -> Result<(), PluginError> {
+        Err("before_run refuses".into())
+    }
+
+    fn on_event(&mut self, _run_id: &str, _event: &RunEvent) -> Result<(), PluginError> {
+        Err("on_event refuses".into())
+    }
+
+    async fn after_run(&mut self, _report: &RunReport) -> Result<Verdict, PluginError> {
+        Err("after_run refuses".into())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_sees_every_run_start_event_and_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let mut opts = options(dir.path(), vec![recorder(&seen, false, None)]);
+    opts.reflect_retry.max_retries = 0;
+    let rt = Runtime::start(opts).await.unwrap();
+    let plugins = &rt.ctx().dir.plugins;
+    assert_eq!(plugins.len(), 1);
+    assert_eq!(plugins[0].name, "recorder");
+    assert!(
+        plugins[0].slot.current().is_some(),
+        "the plugin's host runs"
+    );
+
+    let env = env();
+    let records = workload::run_tasks(&rt, &env, 3, 8, 1, |_| {})
+        .await
+        .unwrap();
+    let stages = env.stages().len();
+    {
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.started.len(), records.len(), "before_run once per run");
+        assert_eq!(
+            seen.reports.len(),
+            records.len(),
+            "one report per run (no retries)"
+        );
+        for report in &seen.reports {
+            // Every event of the round reached on_event before the report, in the same order.
+            let events = seen.events.get(&report.run_id).unwrap();
+            assert_eq!(events, &report.events, "run {}", report.run_id);
+            if report.passed {
+                let ok = events
+                    .iter()
+                    .filter(|e| matches!(e, RunEvent::StepSucceeded { .. }))
+                    .count();
+                assert!(ok >= stages, "a passed run succeeded in every stage");
+                assert!(events.contains(&RunEvent::Validation {
+                    passed: true,
+                    reason: None
+                }));
+            }
+        }
+        assert_eq!(
+            seen.reports.iter().filter(|r| r.passed).count(),
+            records.iter().filter(|r| r.passed).count()
+        );
+    }
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugins_retry_is_honoured_up_to_its_max_retries_and_ignored_without() {
+    let env = env();
+    for (allowed, expected) in [(0u32, 0u32), (2, 2)] {
+        let dir = tempfile::tempdir().unwrap();
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let mut opts = options(
+            dir.path(),
+            vec![recorder(&seen, true, None).max_retries(allowed)],
+        );
+        opts.reflect_retry.max_retries = 0;
+        let rt = Runtime::start(opts).await.unwrap();
+        let records = workload::run_tasks(&rt, &env, 3, 4, 2, |_| {})
+            .await
+            .unwrap();
+        for r in &records {
+            assert_eq!(
+                r.reflect_retries, expected,
+                "task {} with max_retries {allowed}",
+                r.task
+            );
+        }
+        // Each run was reported once per round.
+        let reports = seen.lock().unwrap().reports.len() as u32;
+        assert_eq!(reports, records.len() as u32 * (expected + 1));
+        rt.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_or_panicking_plugin_never_fails_a_run() {
+    let env = env();
+    let baseline = {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = Runtime::start(options(dir.path(), Vec::new()))
+            .await
+            .unwrap();
+        let records = workload::run_tasks(&rt, &env, 3, 12, 1, |_| {})
+            .await
+            .unwrap();
+        rt.shutdown().await;
+        records
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let opts = options(
+        dir.path(),
+        vec![
+            PluginSpec::from_fn("failing", || Failing).max_retries(3),
+            recorder(&seen, false, Some(5)),
+        ],
+    );
+    let rt = Runtime::start(opts).await.unwrap();
+    let records = workload::run_tasks(&rt, &env, 3, 12, 1, |_| {})
+        .await
+        .unwrap();
+    // The same runs as without plugins: same plans, outcomes and rewards.
+    assert_eq!(records.len(), baseline.len());
+    for (a, b) in records.iter().zip(&baseline) {
+        assert_eq!(
+            (&a.plan, a.passed, a.reflect_retries),
+            (&b.plan, b.passed, b.reflect_retries)
+        );
+        assert!((a.reward - b.reward).abs() < 1e-9, "task {}", a.task);
+    }
+    {
+        let seen = seen.lock().unwrap();
+        let events: usize = seen.events.values().map(Vec::len).sum();
+        assert!(events >= 10, "the recorder saw {events} events");
+        // It panicked on every fifth event and was built afresh each time, in the same host: the
+        // supervisor restarted nothing.
+        assert_eq!(seen.built as usize, 1 + events / 5);
+        assert_eq!(seen.reports.len(), records.len());
+    }
+    assert_eq!(rt.restarts(), 0, "restarted: {:?}", rt.restart_counts());
+    rt.shutdown().await;
+}
