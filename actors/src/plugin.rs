@@ -4,7 +4,9 @@
 //! The tree hosts ReflectRetry and the plugins an embedder adds with [`PluginSpec`]
 //! (`TreeSpec::plugins`, `RuntimeOptions::plugins`): each gets its own host under the root
 //! supervisor, sees every run's start, every event as it happens and every round's report, and
-//! may ask for a retry within the `max_retries` it was given.
+//! may ask for a retry within the `max_retries` it was given. A plugin that errs is logged; one
+//! that panics while observing is built afresh; one that panics in `after_run` is restarted by
+//! the supervisor. None of it fails a run.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -156,25 +158,6 @@ pub struct PluginState<P: Plugin> {
     chaos: Option<crate::chaos_hook::ChaosHook>,
 }
 
-/// Polls a future, turning a panic inside it into `Err` (the host's guard around `after_run`).
-struct CatchUnwind<F>(std::pin::Pin<Box<F>>);
-
-impl<F: std::future::Future> std::future::Future for CatchUnwind<F> {
-    type Output = Result<F::Output, ()>;
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
-        let fut = self.0.as_mut();
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.poll(cx))) {
-            Ok(std::task::Poll::Ready(v)) => std::task::Poll::Ready(Ok(v)),
-            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
-            Err(_) => std::task::Poll::Ready(Err(())),
-        }
-    }
-}
-
 impl<P: Plugin> Actor for PluginHost<P> {
     type Msg = PluginMsg;
     type State = PluginState<P>;
@@ -204,37 +187,39 @@ impl<P: Plugin> Actor for PluginHost<P> {
             chaos.on_message();
         }
         let name = state.plugin.name().to_string();
-        // A panicking callback is the plugin's fault, not the host's: it is logged and the
-        // plugin is built afresh, without spending the supervisor's restart intensity (a plugin
-        // that panics on every event would otherwise take the whole tree down).
+        // A panic in `before_run` or `on_event` (casts nobody waits for) is caught: it is logged
+        // and the plugin is built afresh, without spending the supervisor's restart intensity
+        // (a plugin that panics on every event would otherwise take the whole tree down). A
+        // panic in `after_run` crashes the host as any actor's would: the supervisor restarts
+        // it, and a caller that re-sends the report (`Slot::call`) reaches the successor.
         let plugin = &mut state.plugin;
         let (callback, outcome) = match msg {
             PluginMsg::BeforeRun(task) => (
                 "before_run",
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| plugin.before_run(&task)))
-                    .map_err(|_| ()),
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| plugin.before_run(&task))),
             ),
             PluginMsg::Event(run_id, event) => (
                 "on_event",
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     plugin.on_event(&run_id, &event)
-                }))
-                .map_err(|_| ()),
+                })),
             ),
             PluginMsg::AfterRun(report, reply) => {
-                let answer = CatchUnwind(Box::pin(plugin.after_run(&report))).await;
-                let verdict = match &answer {
-                    Ok(Ok(v)) => v.clone(),
-                    _ => Verdict::Accept,
+                let verdict = match plugin.after_run(&report).await {
+                    Ok(v) => v,
+                    Err(e) => {
+                        tracing::warn!(plugin = %name, error = %e, "after_run failed");
+                        Verdict::Accept
+                    }
                 };
                 let _ = reply.send(verdict);
-                ("after_run", answer.map(|r| r.map(|_| ())))
+                return Ok(());
             }
         };
         match outcome {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!(plugin = %name, error = %e, "{callback} failed"),
-            Err(()) => {
+            Err(_) => {
                 tracing::warn!(plugin = %name, "{callback} panicked; the plugin is built afresh");
                 state.plugin = (state.factory)().await?;
             }

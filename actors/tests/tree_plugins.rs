@@ -198,6 +198,28 @@ async fn a_plugins_retry_is_honoured_up_to_its_max_retries_and_ignored_without()
     }
 }
 
+/// A plugin whose `after_run` panics on every `every`-th report.
+struct Crasher {
+    reports: Arc<std::sync::atomic::AtomicUsize>,
+    every: usize,
+}
+
+impl Plugin for Crasher {
+    fn name(&self) -> &str {
+        "crasher"
+    }
+
+    async fn after_run(&mut self, _report: &RunReport) -> Result<Verdict, PluginError> {
+        let n = self
+            .reports
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if (n + 1).is_multiple_of(self.every) {
+            panic!("the crasher panics on purpose");
+        }
+        Ok(Verdict::Accept)
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_or_panicking_plugin_never_fails_a_run() {
     let env = env();
@@ -214,11 +236,21 @@ async fn a_failing_or_panicking_plugin_never_fails_a_run() {
     };
     let dir = tempfile::tempdir().unwrap();
     let seen = Arc::new(Mutex::new(Seen::default()));
+    let reports = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let crasher = {
+        let reports = reports.clone();
+        PluginSpec::from_fn("crasher", move || Crasher {
+            reports: reports.clone(),
+            every: 4,
+        })
+        .max_retries(3)
+    };
     let opts = options(
         dir.path(),
         vec![
             PluginSpec::from_fn("failing", || Failing).max_retries(3),
             recorder(&seen, false, Some(5)),
+            crasher,
         ],
     );
     let rt = Runtime::start(opts).await.unwrap();
@@ -243,6 +275,14 @@ async fn a_failing_or_panicking_plugin_never_fails_a_run() {
         assert_eq!(seen.built as usize, 1 + events / 5);
         assert_eq!(seen.reports.len(), records.len());
     }
-    assert_eq!(rt.restarts(), 0, "restarted: {:?}", rt.restart_counts());
+    // Only the crasher's host was restarted (its after_run panicked on every fourth report).
+    let restarts = rt.restart_counts();
+    let crasher_restarts: u64 = restarts
+        .iter()
+        .filter(|(child, _)| child.contains("plugin:crasher"))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(crasher_restarts >= 1, "restarts: {restarts:?}");
+    assert_eq!(rt.restarts(), crasher_restarts, "restarts: {restarts:?}");
     rt.shutdown().await;
 }
