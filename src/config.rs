@@ -425,6 +425,9 @@ pub struct ModelConfig {
     pub api_key_env: String,
     /// Request timeout in milliseconds.
     pub timeout_ms: u64,
+    /// How the schema of a structured answer is sent (`json_schema`, OpenAI's; `json_object`,
+    /// llama-cpp-python's; `off`).
+    pub schema_format: crate::model::openai::SchemaFormat,
 }
 
 impl Default for ModelConfig {
@@ -434,6 +437,7 @@ impl Default for ModelConfig {
             model: "gpt-4o-mini".to_string(),
             api_key_env: "OPENAI_API_KEY".to_string(),
             timeout_ms: 30_000,
+            schema_format: crate::model::openai::SchemaFormat::default(),
         }
     }
 }

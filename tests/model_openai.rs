@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hindsight::model::openai::{OpenAiClient, OpenAiConfig};
+use hindsight::model::openai::{OpenAiClient, OpenAiConfig, SchemaFormat};
 use hindsight::model::{ChatMessage, ChatRequest, Embedder, LanguageModel, ModelError, Role};
 use hindsight::taxonomy::ErrorClass;
 use hindsight::tools::RetryPolicy;
@@ -122,6 +122,7 @@ fn chat(json_mode: bool) -> ChatRequest {
             content: "Say hi".into(),
         }],
         json_mode,
+        json_schema: None,
         max_tokens: Some(16),
         temperature: Some(0.0),
     }
@@ -158,6 +159,48 @@ async fn json_mode_asks_for_and_checks_json() {
     );
     let e = c.complete(&chat(true)).await.unwrap_err();
     assert!(matches!(e, ModelError::BadResponse { .. }), "{e}");
+}
+
+#[tokio::test]
+async fn a_schema_is_sent_in_the_servers_format() {
+    let ok = r#"{"choices":[{"message":{"content":"{\"a\": 1}"}}]}"#;
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+    let request = ChatRequest {
+        json_schema: Some(schema.clone()),
+        ..chat(true)
+    };
+    let expected = [
+        (
+            SchemaFormat::JsonSchema,
+            json!({"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}),
+        ),
+        (
+            SchemaFormat::JsonObject,
+            json!({"type": "json_object", "schema": schema}),
+        ),
+        (SchemaFormat::Off, json!({"type": "json_object"})),
+    ];
+    for (format, response_format) in expected {
+        let (url, seen) = serve(vec![canned(200, ok)]).await;
+        let c = OpenAiClient::new(OpenAiConfig {
+            base_url: url,
+            schema_format: format,
+            ..OpenAiConfig::default()
+        })
+        .unwrap();
+        c.complete(&request).await.unwrap();
+        assert_eq!(
+            seen.lock().unwrap()[0].1["response_format"],
+            response_format,
+            "{format:?}"
+        );
+    }
+    // The synthesiser's requests carry the lessons' schema, its tools those of the batch.
+    let schema = hindsight::learn::adaptive::ModelSynthesiser::schema(&["ocr".to_string()]);
+    assert_eq!(
+        schema["properties"]["lessons"]["items"]["properties"]["tool"]["enum"],
+        json!(["ocr"])
+    );
 }
 
 #[tokio::test]

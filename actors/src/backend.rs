@@ -244,6 +244,7 @@ pub async fn runtime_options(
                     .ok()
                     .filter(|k| !k.is_empty()),
                 timeout_ms: config.model.timeout_ms,
+                schema_format: config.model.schema_format,
                 ..hindsight::model::openai::OpenAiConfig::default()
             })
             .map_err(|e| config_error("model.base_url", e.to_string()))?;

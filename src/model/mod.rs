@@ -41,6 +41,10 @@ pub struct ChatRequest {
     pub messages: Vec<ChatMessage>,
     /// Ask for a JSON object as the answer.
     pub json_mode: bool,
+    /// In JSON mode, the JSON Schema the answer must follow, if any (servers that support it
+    /// constrain the generation to it; see [`openai::SchemaFormat`]).
+    #[serde(default)]
+    pub json_schema: Option<serde_json::Value>,
     /// Upper bound on generated tokens.
     pub max_tokens: Option<u32>,
     /// Sampling temperature.

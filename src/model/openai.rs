@@ -37,6 +37,24 @@ pub struct OpenAiConfig {
     pub dimension: Option<usize>,
     /// Seed of the backoff jitter.
     pub seed: u64,
+    /// How a request's JSON Schema is sent.
+    pub schema_format: SchemaFormat,
+}
+
+/// How a JSON-mode request's schema ([`ChatRequest::json_schema`]) is put in `response_format`:
+/// servers differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SchemaFormat {
+    /// OpenAI's structured outputs (also vLLM, llama.cpp's `llama-server`):
+    /// `{"type": "json_schema", "json_schema": {"name": "answer", "schema": ...}}`.
+    #[default]
+    JsonSchema,
+    /// A schema inside JSON mode (llama-cpp-python's server, Anyscale, llama.cpp's
+    /// `llama-server`): `{"type": "json_object", "schema": ...}`.
+    JsonObject,
+    /// Plain JSON mode, the schema left out (servers that support neither).
+    Off,
 }
 
 impl Default for OpenAiConfig {
@@ -57,6 +75,7 @@ impl Default for OpenAiConfig {
             },
             dimension: None,
             seed: 0,
+            schema_format: SchemaFormat::default(),
         }
     }
 }
@@ -261,7 +280,17 @@ impl OpenAiClient {
                 obj.insert("temperature".into(), json!(t));
             }
             if request.json_mode {
-                obj.insert("response_format".into(), json!({"type": "json_object"}));
+                let format = match (&request.json_schema, self.config.schema_format) {
+                    (Some(schema), SchemaFormat::JsonSchema) => json!({
+                        "type": "json_schema",
+                        "json_schema": {"name": "answer", "schema": schema},
+                    }),
+                    (Some(schema), SchemaFormat::JsonObject) => {
+                        json!({"type": "json_object", "schema": schema})
+                    }
+                    _ => json!({"type": "json_object"}),
+                };
+                obj.insert("response_format".into(), format);
             }
         }
         let url = self.url("chat/completions");

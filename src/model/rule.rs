@@ -308,6 +308,7 @@ mod tests {
                 },
             ],
             json_mode,
+            json_schema: None,
             max_tokens: None,
             temperature: None,
         }

@@ -207,6 +207,7 @@ impl Verifier for ModelVerifier {
                     },
                 ],
                 json_mode: true,
+                json_schema: None,
                 max_tokens: Some(200),
                 temperature: Some(0.0),
             };

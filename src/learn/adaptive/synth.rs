@@ -226,9 +226,37 @@ impl ModelSynthesiser {
                 },
             ],
             json_mode: true,
+            json_schema: Some(Self::schema(&failing)),
             max_tokens: Some(800),
             temperature: Some(0.0),
         }
+    }
+
+    /// The JSON Schema of an answer: up to five lessons, each about one of `failing` (the
+    /// batch's failing tools) in 12-300 characters. A server that honours it can only answer in
+    /// this shape; vetting still checks every lesson.
+    pub fn schema(failing: &[String]) -> serde_json::Value {
+        serde_json::json!({
+            "type": "object",
+            "properties": {
+                "lessons": {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": 5,
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "tool": {"type": "string", "enum": failing},
+                            "lesson": {"type": "string", "minLength": 12, "maxLength": 300}
+                        },
+                        "required": ["tool", "lesson"],
+                        "additionalProperties": false
+                    }
+                }
+            },
+            "required": ["lessons"],
+            "additionalProperties": false
+        })
     }
 
     /// Parses the model's answer (the first JSON object in it).
