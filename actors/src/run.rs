@@ -435,8 +435,11 @@ async fn drive(
             )
             .await
             .unwrap_or(Verdict::Accept);
+        // The embedder's plugins see every round's report; one of them may send the run back
+        // when ReflectRetry did not.
+        let theirs = plugins_verdict(ctx, &report, verdict == Verdict::Accept, &mut st).await;
         let verdict = match verdict {
-            Verdict::Accept => plugins_verdict(ctx, &report, &mut st).await,
+            Verdict::Accept => theirs,
             retry => retry,
         };
         match verdict {
@@ -469,10 +472,16 @@ async fn drive(
     }
 }
 
-/// The embedder's plugins' answer to a round ReflectRetry accepted: the first `Retry` of a
-/// plugin that has retries left (counted in `st`), else `Accept`. Every running plugin sees the
-/// report; one that is down, fails or does not answer in time accepts.
-async fn plugins_verdict(ctx: &TreeCtx, report: &RunReport, st: &mut DriverState) -> Verdict {
+/// The embedder's plugins' answer to a round: the first `Retry` of a plugin that has retries
+/// left (counted in `st`) when `may_retry` (ReflectRetry accepted the round), else `Accept`.
+/// Every running plugin sees the report; one that is down, fails or does not answer in time
+/// accepts.
+async fn plugins_verdict(
+    ctx: &TreeCtx,
+    report: &RunReport,
+    may_retry: bool,
+    st: &mut DriverState,
+) -> Verdict {
     let mut verdict = Verdict::Accept;
     for plugin in &ctx.dir.plugins {
         if plugin.slot.current().is_none() {
@@ -493,6 +502,9 @@ async fn plugins_verdict(ctx: &TreeCtx, report: &RunReport, st: &mut DriverState
         else {
             continue;
         };
+        if !may_retry {
+            continue;
+        }
         let used = st.plugin_retries.entry(plugin.name.clone()).or_default();
         if verdict == Verdict::Accept && *used < plugin.max_retries {
             *used += 1;

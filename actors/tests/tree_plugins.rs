@@ -10,6 +10,7 @@ use hindsight::Task;
 use hindsight::store::Durability;
 use hindsight::tools::sim::SimEnv;
 use hindsight_actors::plugin::{Plugin, PluginError, PluginSpec, RunEvent, RunReport, Verdict};
+use hindsight_actors::reflect_retry::ReflectRetryConfig;
 use hindsight_actors::runtime::{Runtime, RuntimeOptions};
 use hindsight_actors::workload;
 
@@ -196,6 +197,34 @@ async fn a_plugins_retry_is_honoured_up_to_its_max_retries_and_ignored_without()
         assert_eq!(reports, records.len() as u32 * (expected + 1));
         rt.shutdown().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_sees_the_rounds_reflect_retry_sends_back_and_retries_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let mut opts = options(dir.path(), vec![recorder(&seen, true, None).max_retries(1)]);
+    // ReflectRetry sends every run back once; then the plugin does, once.
+    opts.reflect_retry = ReflectRetryConfig {
+        max_retries: 1,
+        template: "retry {attempt} of {max}: {reason}".to_string(),
+        validator: Arc::new(|_events: &[RunEvent]| Err("the CSV has no header row".to_string())),
+    };
+    let rt = Runtime::start(opts).await.unwrap();
+    let records = workload::run_tasks(&rt, &env(), 3, 4, 1, |_| {})
+        .await
+        .unwrap();
+    for r in &records {
+        assert_eq!(r.reflect_retries, 2, "task {}", r.task);
+    }
+    {
+        let seen = seen.lock().unwrap();
+        // Three rounds a run, each reported to the plugin, the first one included.
+        assert_eq!(seen.reports.len(), records.len() * 3);
+        let rounds: Vec<u32> = seen.reports.iter().map(|r| r.round).collect();
+        assert_eq!(rounds, [1, 2, 3].repeat(records.len()));
+    }
+    rt.shutdown().await;
 }
 
 /// A plugin whose `after_run` panics on every `every`-th report.
