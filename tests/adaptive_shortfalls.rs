@@ -558,6 +558,7 @@ async fn model_synthesiser_output_is_vetted() {
             scope: SCOPE.into(),
             failures: vec![],
             known_tools: Default::default(),
+            lesson_chars: (12, 300),
         })
         .await
         .is_err()

@@ -196,7 +196,8 @@ async fn a_schema_is_sent_in_the_servers_format() {
         );
     }
     // The synthesiser's requests carry the lessons' schema, its tools those of the batch.
-    let schema = hindsight::learn::adaptive::ModelSynthesiser::schema(&["ocr".to_string()]);
+    let schema =
+        hindsight::learn::adaptive::ModelSynthesiser::schema(&["ocr".to_string()], (12, 300));
     assert_eq!(
         schema["properties"]["lessons"]["items"]["properties"]["tool"]["enum"],
         json!(["ocr"])

@@ -110,6 +110,14 @@ impl<M: Message> Slot<M> {
         }
     }
 
+    /// Sends a message to the current actor, if one is running, without waiting for anything:
+    /// for news the recipient can do without (or recovers by itself when it starts again).
+    pub fn tell(&self, msg: M) {
+        if let Some(actor) = self.current() {
+            let _ = actor.cast(msg);
+        }
+    }
+
     /// Sends a message without waiting for an answer; if the actor is dead, waits for its
     /// successor and sends it there.
     pub async fn cast(&self, msg: M) -> Result<(), CallError> {

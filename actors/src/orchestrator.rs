@@ -535,9 +535,7 @@ impl OrchestratorState {
                 // and may hold callers waiting for it. One that publishes itself later may also
                 // have loaded the run before the write, but the claim is released by then: it
                 // finds the run ended when it claims it.
-                if let Some(current) = orchestrator.current() {
-                    let _ = current.cast(OrchestratorMsg::Settled { run_id });
-                }
+                orchestrator.tell(OrchestratorMsg::Settled { run_id });
             }
         });
     }

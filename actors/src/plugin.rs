@@ -231,6 +231,25 @@ impl<P: Plugin> Actor for PluginHost<P> {
 /// How long a run waits for a plugin's verdict before it goes on without it.
 pub const PLUGIN_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The child spec of a host of the plugin `factory` builds, publishing itself in `slot`.
+pub(crate) fn host_child<P: Plugin>(
+    id: String,
+    factory: PluginFactory<P>,
+    slot: Arc<Slot<PluginMsg>>,
+    chaos: Option<ChaosHook>,
+) -> ChildSpec {
+    ChildSpec::actor(id, None, move || {
+        (
+            PluginHost::<P>::default(),
+            PluginArgs {
+                factory: factory.clone(),
+                slot: slot.clone(),
+                chaos: chaos.clone(),
+            },
+        )
+    })
+}
+
 /// Starts a plugin's host under a supervisor, publishing it in the given slot.
 type StartHost = Arc<dyn Fn(Arc<Slot<PluginMsg>>, Option<ChaosHook>) -> ChildSpec + Send + Sync>;
 
@@ -258,19 +277,8 @@ impl PluginSpec {
     pub fn new<P: Plugin>(name: impl Into<String>, factory: PluginFactory<P>) -> PluginSpec {
         let name = name.into();
         let id = format!("plugin:{name}");
-        let start: StartHost = Arc::new(move |slot, chaos| {
-            let factory = factory.clone();
-            ChildSpec::actor(id.clone(), None, move || {
-                (
-                    PluginHost::<P>::default(),
-                    PluginArgs {
-                        factory: factory.clone(),
-                        slot: slot.clone(),
-                        chaos: chaos.clone(),
-                    },
-                )
-            })
-        });
+        let start: StartHost =
+            Arc::new(move |slot, chaos| host_child(id.clone(), factory.clone(), slot, chaos));
         PluginSpec {
             name,
             max_retries: 0,
@@ -297,14 +305,18 @@ impl PluginSpec {
         self
     }
 
-    /// How many retries per run the plugin may ask for.
-    pub fn max_retries_allowed(&self) -> u32 {
-        self.max_retries
-    }
-
     /// The plugin's name (its host's child id is `plugin:<name>`).
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Where the runs find the plugin: an empty slot its host will publish itself in.
+    pub(crate) fn slot(&self) -> PluginSlot {
+        PluginSlot {
+            name: self.name.clone(),
+            max_retries: self.max_retries,
+            slot: Arc::new(Slot::new("plugin")),
+        }
     }
 
     /// The host's child spec, publishing the host in `slot`.
@@ -322,14 +334,4 @@ pub struct PluginSlot {
     pub max_retries: u32,
     /// Its host.
     pub slot: Arc<Slot<PluginMsg>>,
-}
-
-impl PluginSlot {
-    /// Sends `msg` to the host if it is running; a plugin that is down misses it (a run never
-    /// waits for an observer).
-    pub fn tell(&self, msg: PluginMsg) {
-        if let Some(actor) = self.slot.current() {
-            let _ = actor.cast(msg);
-        }
-    }
 }

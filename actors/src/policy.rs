@@ -697,14 +697,11 @@ impl PolicyState {
         self.distiller_dirty = false;
         // On disk: memory indexes the promoted SOPs and forgets the rolled-back ones. Without
         // waiting for it: a memory down now reads the SOP table when it starts again.
-        if let Some(memory) = self.memory.current() {
-            for event in events {
-                let msg = match event {
-                    SopEvent::Promoted(s) => MemoryMsg::IndexSop(Box::new(s)),
-                    SopEvent::RolledBack(s) => MemoryMsg::ForgetSop(s.sop_id),
-                };
-                let _ = memory.cast(msg);
-            }
+        for event in events {
+            self.memory.tell(match event {
+                SopEvent::Promoted(s) => MemoryMsg::IndexSop(Box::new(s)),
+                SopEvent::RolledBack(s) => MemoryMsg::ForgetSop(s.sop_id),
+            });
         }
         Ok(())
     }

@@ -433,8 +433,8 @@ impl ReflectorState {
         for msg in index.into_iter().chain([MemoryMsg::RetainLessons(active)]) {
             if wait {
                 let _ = self.memory.cast(msg).await;
-            } else if let Some(memory) = self.memory.current() {
-                let _ = memory.cast(msg);
+            } else {
+                self.memory.tell(msg);
             }
         }
         Ok(())

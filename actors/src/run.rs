@@ -229,10 +229,13 @@ struct DriverState {
 }
 
 impl DriverState {
-    /// Records an event of the current round and shows it to the embedder's plugins.
+    /// Records an event of the current round and shows it to the embedder's plugins (one that
+    /// is down misses it: a run never waits for an observer).
     fn event(&mut self, ctx: &TreeCtx, run_id: &str, event: RunEvent) {
         for plugin in &ctx.dir.plugins {
-            plugin.tell(PluginMsg::Event(run_id.to_string(), event.clone()));
+            plugin
+                .slot
+                .tell(PluginMsg::Event(run_id.to_string(), event.clone()));
         }
         self.events.push(event);
     }
@@ -374,7 +377,9 @@ async fn drive(
         .cast(PluginMsg::BeforeRun(Box::new((*task).clone())))
         .await;
     for plugin in &ctx.dir.plugins {
-        plugin.tell(PluginMsg::BeforeRun(Box::new((*task).clone())));
+        plugin
+            .slot
+            .tell(PluginMsg::BeforeRun(Box::new((*task).clone())));
     }
     let mut bundle = ctx
         .dir

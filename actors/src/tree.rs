@@ -14,7 +14,7 @@ use crate::directory::Slot;
 use crate::executor::{Executor, ExecutorArgs, ExecutorMsg};
 use crate::memory::{MemoryActor, MemoryArgs, MemoryMsg};
 use crate::orchestrator::{Orchestrator, OrchestratorArgs, OrchestratorMsg};
-use crate::plugin::{PluginArgs, PluginFactory, PluginHost, PluginMsg, PluginSlot, PluginSpec};
+use crate::plugin::{PluginFactory, PluginMsg, PluginSlot, PluginSpec, host_child};
 use crate::policy::{PolicyActor, PolicyArgs, PolicyMsg};
 use crate::recovery::TriageSetup;
 use crate::reflect_retry::{ReflectRetry, ReflectRetryConfig};
@@ -153,15 +153,7 @@ pub fn build(spec: TreeSpec) -> Tree {
     let ctx = Arc::new(TreeCtx {
         store: spec.store.clone(),
         dir: Directory {
-            plugins: spec
-                .plugins
-                .iter()
-                .map(|p| PluginSlot {
-                    name: p.name().to_string(),
-                    max_retries: p.max_retries_allowed(),
-                    slot: Arc::new(Slot::new("plugin")),
-                })
-                .collect(),
+            plugins: spec.plugins.iter().map(PluginSpec::slot).collect(),
             ..Directory::default()
         },
         live: LiveRuns::default(),
@@ -297,16 +289,12 @@ pub fn build(spec: TreeSpec) -> Tree {
             let (config, store) = (config.clone(), store.clone());
             Box::pin(async move { Ok(ReflectRetry::new(config, store)) })
         });
-        children.push(ChildSpec::actor("reflect_retry", None, move || {
-            (
-                PluginHost::<ReflectRetry>::default(),
-                PluginArgs {
-                    factory: factory.clone(),
-                    slot: slot.clone(),
-                    chaos: chaos.clone(),
-                },
-            )
-        }));
+        children.push(host_child(
+            "reflect_retry".to_string(),
+            factory,
+            slot,
+            chaos,
+        ));
     }
     for (plugin, host) in spec.plugins.iter().zip(&ctx.dir.plugins) {
         children.push(plugin.child(host.slot.clone(), hook(&faults, "plugin")));

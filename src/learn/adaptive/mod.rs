@@ -586,6 +586,10 @@ impl AdaptiveStrategies {
                 scope: scope.to_string(),
                 failures,
                 known_tools,
+                lesson_chars: (
+                    self.state.config.lesson_min_chars,
+                    self.state.config.lesson_max_chars,
+                ),
             },
         })
     }
