@@ -209,6 +209,11 @@ pub struct PolicyConfig {
     pub level_penalty_first: f64,
     /// Nats each further feature a level fixes adds to [`PolicyConfig::level_penalty_first`].
     pub level_penalty_more: f64,
+    /// Share of what a stage's other arms say about which task features matter that each arm
+    /// takes into its own weighing of the pooling levels (0 = none; see the README).
+    pub stage_evidence_share: f64,
+    /// Arms a stage must have for its arms to share that evidence.
+    pub stage_evidence_min_arms: usize,
 }
 
 impl Default for PolicyConfig {
@@ -224,6 +229,8 @@ impl Default for PolicyConfig {
             distill_defer_margin: crate::learn::distill::DistillConfig::default().defer_margin,
             level_penalty_first: bandit.level_penalty_first,
             level_penalty_more: bandit.level_penalty_more,
+            stage_evidence_share: bandit.stage_evidence_share,
+            stage_evidence_min_arms: bandit.stage_evidence_min_arms,
         }
     }
 }
@@ -640,6 +647,10 @@ impl Config {
                 self.policy.level_penalty_first,
             ),
             ("policy.level_penalty_more", self.policy.level_penalty_more),
+            (
+                "policy.stage_evidence_share",
+                self.policy.stage_evidence_share,
+            ),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return bad(key, format!("must be 0 or more, found {v}"));
@@ -943,6 +954,10 @@ mod tests {
             .to_string();
         assert!(e.contains("policy.level_penalty_more"), "{e}");
         assert!(e.contains("must be 0 or more, found -1"), "{e}");
+        let e = Config::parse("[policy]\nstage_evidence_share = -0.5\n", "h.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("policy.stage_evidence_share"), "{e}");
     }
 
     #[test]

@@ -230,6 +230,8 @@ pub async fn runtime_options(
     opts.policy.propensity_draws = config.policy.propensity_samples.max(1) as usize;
     opts.policy.level_penalty_first = config.policy.level_penalty_first;
     opts.policy.level_penalty_more = config.policy.level_penalty_more;
+    opts.policy.stage_evidence_share = config.policy.stage_evidence_share;
+    opts.policy.stage_evidence_min_arms = config.policy.stage_evidence_min_arms;
     opts.distill.every = config.policy.distill_every;
     opts.distill.margin = config.policy.distill_margin;
     opts.distill.defer_margin = config.policy.distill_defer_margin;
@@ -1294,7 +1296,7 @@ mod tests {
     async fn the_policy_section_reaches_the_bandit() {
         let dir = tempfile::tempdir().unwrap();
         let text = format!(
-            "data_dir = {:?}\n[policy]\nprior_strength = 3.0\nlevel_penalty_first = 0.5\nlevel_penalty_more = 1.0\n",
+            "data_dir = {:?}\n[policy]\nprior_strength = 3.0\nlevel_penalty_first = 0.5\nlevel_penalty_more = 1.0\nstage_evidence_share = 0.5\nstage_evidence_min_arms = 3\n",
             dir.path()
         );
         let config = Config::parse(&text, "test.toml").unwrap();
@@ -1303,6 +1305,8 @@ mod tests {
         assert_eq!(opts.policy.pool_strength, 3.0);
         assert_eq!(opts.policy.level_penalty_first, 0.5);
         assert_eq!(opts.policy.level_penalty_more, 1.0);
+        assert_eq!(opts.policy.stage_evidence_share, 0.5);
+        assert_eq!(opts.policy.stage_evidence_min_arms, 3);
     }
 
     #[tokio::test]
