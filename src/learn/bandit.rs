@@ -699,17 +699,13 @@ fn level_evidence(
     j: usize,
     out: &mut [f64],
 ) {
-    for ((o, m), ln) in out.iter_mut().zip(models).zip(&lattice.nodes) {
+    for (i, (o, ln)) in out.iter_mut().zip(&lattice.nodes).enumerate() {
         let handicap = if structure_prior {
             config.level_penalty(ln.mask.count_ones())
         } else {
             0.0
         };
-        *o = m
-            .and_then(|m| m.log_evidence.get(j))
-            .copied()
-            .unwrap_or(0.0)
-            - handicap;
+        *o = arm_evidence(models, i, j) - handicap;
     }
 }
 
@@ -736,17 +732,24 @@ fn shared_evidence(
 ) -> Vec<f64> {
     let n_arms = stages.iter().map(|s| s.arms.len()).sum::<usize>();
     let mut out = vec![0.0; n_arms * n_nodes];
-    let relative = |i: usize, j: usize| arm_evidence(models, i, j) - arm_evidence(models, 0, j);
     for (s, st) in stages.iter().enumerate() {
         let n = st.arms.len();
         if n < min_arms.max(2) {
             continue;
         }
         let arms = offsets[s]..offsets[s] + n;
+        // Each arm's own evidence over the global level's, then the others' mean in its place.
+        for j in arms.clone() {
+            let global = arm_evidence(models, 0, j);
+            for i in 0..n_nodes {
+                out[j * n_nodes + i] = arm_evidence(models, i, j) - global;
+            }
+        }
         for i in 0..n_nodes {
-            let sum: f64 = arms.clone().map(|j| relative(i, j)).sum();
+            let sum: f64 = arms.clone().map(|j| out[j * n_nodes + i]).sum();
             for j in arms.clone() {
-                out[j * n_nodes + i] = (sum - relative(i, j)) / (n - 1) as f64;
+                let own = &mut out[j * n_nodes + i];
+                *own = (sum - *own) / (n - 1) as f64;
             }
         }
     }
