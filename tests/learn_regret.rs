@@ -174,3 +174,38 @@ fn the_regret_splits_into_the_greedy_plans_and_the_departures() {
         assert!(first > 3.0 * last, "{name}: first {first}, last {last}");
     }
 }
+
+/// With `feedback_delay`, tasks are chosen before earlier outcomes are learned (as in the tree
+/// with several tasks in flight): a short delay still learns, a delay as long as the run chooses
+/// every task on the prior alone (no better than random), and every outcome is learned all the
+/// same by the end.
+#[test]
+fn outcomes_in_flight_are_learned_late_and_none_is_lost() {
+    let run_with = |delay: u32| {
+        let cfg = SimRunConfig {
+            feedback_delay: delay,
+            ..SimRunConfig::default()
+        };
+        run_learning_with(
+            &env("bank_statements.toml"),
+            PolicyConfig::default(),
+            &cfg,
+            400,
+            1,
+        )
+        .unwrap()
+    };
+    let (none, _) = run_with(0);
+    let (short, _) = run_with(3);
+    let (all, policy) = run_with(400);
+    eprintln!(
+        "regret ratio: no delay {:.3}, 3 in flight {:.3}, none learned in time {:.3}",
+        none.regret_ratio, short.regret_ratio, all.regret_ratio
+    );
+    assert!(none.regret_ratio < 0.3, "{}", none.regret_ratio);
+    assert!(short.regret_ratio < 0.3, "{}", short.regret_ratio);
+    assert!(all.regret_ratio > 0.7, "{}", all.regret_ratio);
+    // Two stages a task, a fallback or an infrastructure retry on top of some.
+    assert!(policy.learned() >= 2 * 400, "learned {}", policy.learned());
+    assert_eq!(all.infra_failures_learned_from, 0);
+}

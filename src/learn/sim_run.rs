@@ -1,9 +1,10 @@
 //! sim_run: the core-level learning simulation: runs tasks of a simulated environment through
 //! the policy (no actors), with infrastructure retries and one fallback per failed stage, and
 //! computes the learning KPIs of FORMAT.md (regret against the oracle and the random baseline,
-//! per-window series, drift recovery).
+//! per-window series, drift recovery). `feedback_delay` chooses tasks before earlier ones are
+//! learned, as the tree does with several tasks in flight.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
@@ -59,6 +60,10 @@ pub struct SimRunConfig {
     pub trace: bool,
     /// The ranker distilled from the run's log as it goes (as the policy actor does).
     pub distill: DistillConfig,
+    /// Tasks chosen before an earlier task's outcome is learned (0: each outcome is learned
+    /// before the next task is chosen; `k`: as with `k + 1` tasks in flight at once).
+    #[serde(default)]
+    pub feedback_delay: u32,
 }
 
 impl Default for SimRunConfig {
@@ -70,6 +75,7 @@ impl Default for SimRunConfig {
             recovery_tasks: 150,
             trace: false,
             distill: DistillConfig::default(),
+            feedback_delay: 0,
         }
     }
 }
@@ -565,6 +571,8 @@ pub fn run_learning_with(
     let mut trace = Vec::new();
     let mut infra_seen = 0u64;
     let mut greedy_sum = 0.0;
+    // Outcomes not learned yet (at most `feedback_delay` of them).
+    let mut pending: VecDeque<Observation> = VecDeque::new();
     // The distiller fits from its own stream, so that the choices do not depend on its fits.
     let mut fit_rng = fastrand::Rng::with_seed(seed ^ 0xd157_111e);
     let mut distiller = Distiller::new(cfg.distill.clone());
@@ -592,11 +600,15 @@ pub fn run_learning_with(
         random_sum += random;
         let ex = runner.run_task(&policy, index, f, &choice.indices, &mut rng)?;
         let reward = seeded.reward(ex.passed, ex.latency, ex.cost);
-        let summary = policy.update(&Observation {
+        pending.push_back(Observation {
             features: f.clone(),
             stages: ex.obs,
         });
-        infra_seen += u64::from(summary.infra_ignored);
+        while pending.len() > cfg.feedback_delay as usize {
+            if let Some(obs) = pending.pop_front() {
+                infra_seen += u64::from(policy.update(&obs).infra_ignored);
+            }
+        }
         if let Some(first) = ex.first {
             log.push(LogRecord {
                 context: f.clone(),
@@ -647,6 +659,10 @@ pub fn run_learning_with(
             });
             window = Acc::default();
         }
+    }
+    // The outcomes still in flight when the last task was chosen are learned all the same.
+    for obs in pending.drain(..) {
+        infra_seen += u64::from(policy.update(&obs).infra_ignored);
     }
     let exploration_rate_last_100 = share_of_last_100(&recent, false);
     let ranker_share_last_100 = share_of_last_100(&ranked, true);
