@@ -265,7 +265,7 @@ impl Default for PolicyConfig {
             pool_latency_strength: 2.0,
             discount: 0.999,
             sharpen: 4.0,
-            evidence_sharpen: 3.0,
+            evidence_sharpen: 4.0,
             model_discount: 0.995,
             latency_discount: 0.95,
             change_threshold: 10.0,
