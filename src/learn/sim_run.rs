@@ -455,6 +455,13 @@ impl Runner<'_> {
     }
 }
 
+/// Learns `observations` in order; returns the infrastructure failures among them (ignored).
+fn learn(policy: &mut Policy, observations: impl Iterator<Item = Observation>) -> u64 {
+    observations
+        .map(|obs| u64::from(policy.update(&obs).infra_ignored))
+        .sum()
+}
+
 /// Share of the last 100 of `flags` that are `value` (0 when there are none).
 fn share_of_last_100(flags: &[bool], value: bool) -> f64 {
     let last = &flags[flags.len().saturating_sub(100)..];
@@ -604,11 +611,8 @@ pub fn run_learning_with(
             features: f.clone(),
             stages: ex.obs,
         });
-        while pending.len() > cfg.feedback_delay as usize {
-            if let Some(obs) = pending.pop_front() {
-                infra_seen += u64::from(policy.update(&obs).infra_ignored);
-            }
-        }
+        let due = pending.len().saturating_sub(cfg.feedback_delay as usize);
+        infra_seen += learn(&mut policy, pending.drain(..due));
         if let Some(first) = ex.first {
             log.push(LogRecord {
                 context: f.clone(),
@@ -661,9 +665,7 @@ pub fn run_learning_with(
         }
     }
     // The outcomes still in flight when the last task was chosen are learned all the same.
-    for obs in pending.drain(..) {
-        infra_seen += u64::from(policy.update(&obs).infra_ignored);
-    }
+    infra_seen += learn(&mut policy, pending.drain(..));
     let exploration_rate_last_100 = share_of_last_100(&recent, false);
     let ranker_share_last_100 = share_of_last_100(&ranked, true);
     let drift = drift.finish(tasks);
