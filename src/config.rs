@@ -214,6 +214,9 @@ pub struct PolicyConfig {
     pub stage_evidence_share: f64,
     /// Arms a stage must have for its arms to share that evidence.
     pub stage_evidence_min_arms: usize,
+    /// Visits a task's single-feature cell needs before a fallback gives each arm a draw from
+    /// its own counts there (0 = never; see the README).
+    pub fallback_local_visits: f64,
 }
 
 impl Default for PolicyConfig {
@@ -231,6 +234,7 @@ impl Default for PolicyConfig {
             level_penalty_more: bandit.level_penalty_more,
             stage_evidence_share: bandit.stage_evidence_share,
             stage_evidence_min_arms: bandit.stage_evidence_min_arms,
+            fallback_local_visits: bandit.fallback_local_visits,
         }
     }
 }
@@ -650,6 +654,10 @@ impl Config {
             (
                 "policy.stage_evidence_share",
                 self.policy.stage_evidence_share,
+            ),
+            (
+                "policy.fallback_local_visits",
+                self.policy.fallback_local_visits,
             ),
         ] {
             if !(v.is_finite() && v >= 0.0) {
