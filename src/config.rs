@@ -966,6 +966,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("policy.stage_evidence_share"), "{e}");
+        let e = Config::parse("[policy]\nfallback_local_visits = -50.0\n", "h.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("policy.fallback_local_visits"), "{e}");
     }
 
     #[test]
