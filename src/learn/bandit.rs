@@ -162,8 +162,10 @@ pub struct PolicyConfig {
     /// otherwise written off there for the rest of the run: the sharpened posterior never
     /// draws it for a first attempt, and the plain one, pooled with coarser levels, rarely for
     /// a fallback. Its own few counts are a wide posterior, so it gets its second look when a
-    /// leader fails; an arm many tries have shown poor in the cell is a narrow one and does
-    /// not. Core loop, three fallbacks a stage, a feedback delay of three: bank statements and
+    /// leader fails (an arm never tried in the cell draws from `Beta(1, 1)`, a first look); an
+    /// arm many tries have shown poor in the cell is a narrow one and does not. The counts are
+    /// read as stored, not aged by [`ArmStats::counts_at`] to the cell's latest visit as the
+    /// posteriors are (measured so). Core loop, three fallbacks a stage, a feedback delay of three: bank statements and
     /// web research over 256 seeds each 0.127 (53 of 512 runs above 0.2) -> 0.123 (41), the
     /// shipped six (64 seeds) 0.126 -> 0.125, many-arm environments 0.181 -> 0.177 (12 fresh,
     /// 8 seeds) and 0.168 -> 0.165 (12, 12 seeds; 42 -> 35 of 144 above), random ones 0.128
