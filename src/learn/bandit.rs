@@ -197,7 +197,10 @@ pub struct PolicyConfig {
     /// (runs above 0.2: 17 -> 12 of 48), sixteen fresh ones 0.186 -> 0.174, 24 random ones
     /// 0.132 -> 0.130 and 24 fresh ones 0.132 -> 0.128, the six shipped ones 0.131 -> 0.126,
     /// web research and bank statements (seeds 49-112) 0.162 -> 0.161 and 0.091 -> 0.092.
-    /// Not yet the default: not measured in the tree.
+    /// Measured again on the policy with `stage_evidence_share` and `fallback_local_visits`
+    /// (2026-11-27), the gain was gone: the shipped six 0.125 -> 0.123, twelve fresh many-arm
+    /// environments 0.177 -> 0.181, twelve many-arm ones 0.165 -> 0.167, five to eight arms
+    /// 0.157 -> 0.154. Not the default.
     pub rarity_min_parent_fine: f64,
     /// Tries of an arm in a cell at which the data's [`PolicyConfig::sharpen`] reaches its full
     /// weight (0, the default: at once; opt-in): below, each try counts
