@@ -165,12 +165,13 @@ pub struct PolicyConfig {
     /// leader fails (an arm never tried in the cell draws from `Beta(1, 1)`, a first look); an
     /// arm many tries have shown poor in the cell is a narrow one and does not. The counts are
     /// read as stored, not aged by [`ArmStats::counts_at`] to the cell's latest visit as the
-    /// posteriors are (measured so). Core loop, three fallbacks a stage, a feedback delay of three: bank statements and
-    /// web research over 256 seeds each 0.127 (53 of 512 runs above 0.2) -> 0.123 (41), the
-    /// shipped six (64 seeds) 0.126 -> 0.125, many-arm environments 0.181 -> 0.177 (12 fresh,
-    /// 8 seeds) and 0.168 -> 0.165 (12, 12 seeds; 42 -> 35 of 144 above), random ones 0.128
-    /// -> 0.127 (16 fresh) and 0.118 -> 0.119 (12), five to eight arms 0.157 either way; the
-    /// success rate half a point lower (a second look fails more often than the runner-up).
+    /// posteriors are (measured so). Core loop, three fallbacks a stage, a feedback delay of
+    /// three: bank statements and web research over 256 seeds each 0.127 (53 of 512 runs above
+    /// 0.2) -> 0.123 (41), the shipped six (64 seeds) 0.126 -> 0.125, many-arm environments
+    /// 0.181 -> 0.177 (12 fresh, 8 seeds) and 0.168 -> 0.165 (12, 12 seeds; 42 -> 35 of 144
+    /// above), random ones 0.128 -> 0.127 (16 fresh) and 0.118 -> 0.119 (12), five to eight arms
+    /// 0.157 either way; the success rate half a point lower (a second look fails more often
+    /// than the runner-up).
     pub fallback_local_visits: f64,
     /// Sharpening of a cell's prior by its rarity when sampling (4, the default; 0: none): the
     /// pseudo-counts a cell inherits from its parents count `(visits of its busiest parent /
@@ -1051,7 +1052,7 @@ impl Policy {
     fn effective(&self, features: &BTreeMap<String, String>) -> Eff {
         let c = &self.config;
         self.effective_with(
-            features,
+            &Lattice::new(features, c.full_lattice_max_features),
             c.sharpen,
             c.evidence_sharpen,
             c.rarity_sharpen,
@@ -1061,16 +1062,15 @@ impl Policy {
 
     /// [`Policy::effective`] with the posteriors sharpened by `sharpen`, the levels' evidence by
     /// `evidence_sharpen` and the cells' priors by `rarity` (see [`PolicyConfig::sharpen`] and
-    /// [`PolicyConfig::rarity_sharpen`]).
+    /// [`PolicyConfig::rarity_sharpen`]), for a task's `lattice`.
     fn effective_with(
         &self,
-        features: &BTreeMap<String, String>,
+        lattice: &Lattice,
         sharpen: f64,
         evidence_sharpen: f64,
         rarity: f64,
         structure_prior: bool,
     ) -> Eff {
-        let lattice = Lattice::new(features, self.config.full_lattice_max_features);
         let c = &self.config;
         let n_nodes = lattice.nodes.len();
         let found: Vec<Option<&Node>> = lattice
@@ -1097,7 +1097,7 @@ impl Policy {
         let mut logw = vec![0.0; n_nodes];
         let mut cells = vec![Cell::default(); n_nodes];
         let rarity_k = rarity_factors(
-            &lattice,
+            lattice,
             &found,
             rarity,
             (c.rarity_min_parent, c.rarity_min_parent_fine),
@@ -1117,7 +1117,7 @@ impl Policy {
             // Success: Bayesian model averaging over the levels of the hierarchy (which
             // features matter for this arm), weighted by each level's predictive evidence,
             // and by what the stage's other arms say of the level.
-            level_evidence(c, structure_prior, &lattice, &models, j, &mut logw);
+            level_evidence(c, structure_prior, lattice, &models, j, &mut logw);
             if let Some(sh) = shared.get(j * n_nodes..(j + 1) * n_nodes) {
                 for (w, x) in logw.iter_mut().zip(sh) {
                     *w += c.stage_evidence_share * x;
@@ -1127,7 +1127,7 @@ impl Policy {
             let mut total_w = 0.0;
             let base = eff.comps.len();
             let (mut m1, mut m2) = (0.0, 0.0);
-            self.cell_posteriors(&lattice, &found, &logw, c.pool_from_global, j, &mut cells);
+            self.cell_posteriors(lattice, &found, &logw, c.pool_from_global, j, &mut cells);
             for i in 0..n_nodes {
                 let w = ((logw[i] - top) * evidence_sharpen).exp();
                 let Cell {
@@ -1606,8 +1606,9 @@ impl Policy {
     ) -> Option<usize> {
         let st = self.stages.get(stage)?;
         let c = &self.config;
+        let lattice = Lattice::new(features, c.full_lattice_max_features);
         let eff = self.effective_with(
-            features,
+            &lattice,
             c.fallback_sharpen,
             c.fallback_evidence_sharpen,
             0.0,
@@ -1616,7 +1617,7 @@ impl Policy {
         // The task's single-feature cells busy enough that what an arm did there is worth a
         // second look (see [`PolicyConfig::fallback_local_visits`]).
         let busy: Vec<&Node> = if c.fallback_local_visits > 0.0 {
-            Lattice::new(features, c.full_lattice_max_features)
+            lattice
                 .nodes
                 .iter()
                 .filter(|n| n.mask.count_ones() == 1)
