@@ -217,6 +217,9 @@ pub struct PolicyConfig {
     /// Visits a task's single-feature cell needs before a fallback gives each arm a draw from
     /// its own counts there (0 = never; see the README).
     pub fallback_local_visits: f64,
+    /// Posterior samples behind each information-directed choice (0 = Thompson sampling; see
+    /// the README).
+    pub ids_samples: usize,
 }
 
 impl Default for PolicyConfig {
@@ -235,6 +238,7 @@ impl Default for PolicyConfig {
             stage_evidence_share: bandit.stage_evidence_share,
             stage_evidence_min_arms: bandit.stage_evidence_min_arms,
             fallback_local_visits: bandit.fallback_local_visits,
+            ids_samples: bandit.ids_samples,
         }
     }
 }
@@ -664,6 +668,12 @@ impl Config {
                 return bad(key, format!("must be 0 or more, found {v}"));
             }
         }
+        if self.policy.ids_samples > 4096 {
+            return bad(
+                "policy.ids_samples",
+                format!("must be at most 4096, found {}", self.policy.ids_samples),
+            );
+        }
         if !(self.policy.prior_strength.is_finite() && self.policy.prior_strength > 0.0) {
             return bad(
                 "policy.prior_strength",
@@ -970,6 +980,11 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("policy.fallback_local_visits"), "{e}");
+        let e = Config::parse("[policy]\nids_samples = 100000\n", "h.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("policy.ids_samples"), "{e}");
+        assert!(e.contains("at most 4096, found 100000"), "{e}");
     }
 
     #[test]

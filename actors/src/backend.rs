@@ -233,6 +233,7 @@ pub async fn runtime_options(
     opts.policy.stage_evidence_share = config.policy.stage_evidence_share;
     opts.policy.stage_evidence_min_arms = config.policy.stage_evidence_min_arms;
     opts.policy.fallback_local_visits = config.policy.fallback_local_visits;
+    opts.policy.ids_samples = config.policy.ids_samples;
     opts.distill.every = config.policy.distill_every;
     opts.distill.margin = config.policy.distill_margin;
     opts.distill.defer_margin = config.policy.distill_defer_margin;
@@ -1297,7 +1298,7 @@ mod tests {
     async fn the_policy_section_reaches_the_bandit() {
         let dir = tempfile::tempdir().unwrap();
         let text = format!(
-            "data_dir = {:?}\n[policy]\nprior_strength = 3.0\nlevel_penalty_first = 0.5\nlevel_penalty_more = 1.0\nstage_evidence_share = 0.5\nstage_evidence_min_arms = 3\nfallback_local_visits = 0.0\n",
+            "data_dir = {:?}\n[policy]\nprior_strength = 3.0\nlevel_penalty_first = 0.5\nlevel_penalty_more = 1.0\nstage_evidence_share = 0.5\nstage_evidence_min_arms = 3\nfallback_local_visits = 0.0\nids_samples = 8\n",
             dir.path()
         );
         let config = Config::parse(&text, "test.toml").unwrap();
@@ -1309,6 +1310,7 @@ mod tests {
         assert_eq!(opts.policy.stage_evidence_share, 0.5);
         assert_eq!(opts.policy.stage_evidence_min_arms, 3);
         assert_eq!(opts.policy.fallback_local_visits, 0.0);
+        assert_eq!(opts.policy.ids_samples, 8);
     }
 
     #[tokio::test]

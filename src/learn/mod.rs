@@ -1,13 +1,14 @@
-//! learn: the learning algorithms of hindsight: the contextual Thompson-sampling policy over
-//! `(tool, strategy)` arms, its posteriors, task clusters and drift detection, off-policy
-//! evaluation, distillation into a stable ranker, SOP promotion with its statistics, and the
-//! core-level learning simulation.
+//! learn: the learning algorithms of hindsight: the contextual bandit policy over `(tool,
+//! strategy)` arms (information-directed sampling, `ids`, or Thompson sampling), its posteriors,
+//! task clusters and drift detection, off-policy evaluation, distillation into a stable ranker,
+//! SOP promotion with its statistics, and the core-level learning simulation.
 
 pub mod adaptive;
 pub mod bandit;
 pub mod cluster;
 pub mod distill;
 pub mod drift;
+pub mod ids;
 pub mod ope;
 pub mod posterior;
 pub mod reflector;
