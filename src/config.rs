@@ -182,7 +182,7 @@ impl StoreConfig {
     }
 }
 
-/// `[policy]`: the contextual Thompson-sampling bandit.
+/// `[policy]`: the contextual bandit (information-directed or Thompson sampling).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PolicyConfig {

@@ -759,7 +759,7 @@ impl PolicyState {
     }
 
     /// A new plan for `task`. The policy draws a plan (a promoted ranker plans its exploit
-    /// share, Thompson sampling explores); where a stable SOP is in force, the A/B router gives
+    /// share, the policy explores); where a stable SOP is in force, the A/B router gives
     /// the SOP the draws that land on the greedy plan, except a holdout share that stays with
     /// the policy as the baseline. Exploration is never routed away: an SOP promoted before the
     /// cluster's best arm was found would otherwise take the tries that find it. Every run's

@@ -77,7 +77,7 @@ pub struct PolicyConfig {
     pub pool_latency_strength: f64,
     /// Discount of success counts per visit of a node (1 = none).
     pub discount: f64,
-    /// Sharpening of the posteriors that Thompson sampling draws from (each observation counts
+    /// Sharpening of the posteriors the choices draw from (each observation counts
     /// this many times when sampling; the prior does not: 1 = plain Thompson sampling, more =
     /// less exploration of what the data already tells apart).
     pub sharpen: f64,
@@ -1332,7 +1332,7 @@ impl Policy {
 
     /// [`Policy::choose`] with another scorer's plan for the exploit share: whenever the sampled
     /// plan is the greedy (posterior-mean) plan, `exploit` is taken instead (a promoted ranker's
-    /// plan); exploration is Thompson sampling's as always. The propensity is that of the mixed
+    /// plan); exploration is the policy's as always. The propensity is that of the mixed
     /// choice, estimated by resampling it.
     pub fn choose_with(
         &self,
@@ -1349,7 +1349,7 @@ impl Policy {
 
     /// [`Policy::choose`] with its exploit share (the draws that land on the greedy plan) given
     /// to a promoted ranker's plan and a stable SOP's, and without exploring again what is being
-    /// explored already (see [`Routing`]). Exploration stays Thompson sampling's, so a cluster an
+    /// explored already (see [`Routing`]). Exploration stays the policy's, so a cluster an
     /// SOP covers keeps exploring at the policy's own rate (an SOP promoted before a specialist
     /// was found does not starve the specialist of tries). The propensity is that of the whole
     /// mixture, the router's coin included, estimated by resampling it.

@@ -453,7 +453,7 @@ impl TargetPolicy for PolicyGreedyTarget<'_> {
     }
 }
 
-/// The live Thompson-sampling policy as a target: its plan distribution estimated by `draws`
+/// The live policy as a target: its plan distribution (the choices it draws) estimated by `draws`
 /// posterior samples, from an RNG seeded per context (so the estimate is deterministic).
 pub struct PolicyTarget<'a> {
     /// The policy.

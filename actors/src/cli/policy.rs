@@ -211,7 +211,7 @@ fn print_table(report: &Report<'_>) -> Result<(), Failure> {
             if d.ranker {
                 "a distilled ranker plans the exploit share"
             } else {
-                "no ranker in force; Thompson sampling plans"
+                "no ranker in force; the policy plans"
             },
             d.fits,
             d.promotions,
