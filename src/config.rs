@@ -668,10 +668,14 @@ impl Config {
                 return bad(key, format!("must be 0 or more, found {v}"));
             }
         }
-        if self.policy.ids_samples > 4096 {
+        let max_ids = crate::learn::bandit::MAX_IDS_SAMPLES;
+        if self.policy.ids_samples > max_ids {
             return bad(
                 "policy.ids_samples",
-                format!("must be at most 4096, found {}", self.policy.ids_samples),
+                format!(
+                    "must be at most {max_ids}, found {}",
+                    self.policy.ids_samples
+                ),
             );
         }
         if !(self.policy.prior_strength.is_finite() && self.policy.prior_strength > 0.0) {

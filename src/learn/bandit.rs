@@ -686,7 +686,7 @@ const MAX_RARITY_FACTOR: f64 = 1e6;
 
 /// The most posterior samples an information-directed choice may take
 /// ([`PolicyConfig::ids_samples`]).
-const MAX_IDS_SAMPLES: usize = 4096;
+pub const MAX_IDS_SAMPLES: usize = 4096;
 
 /// Per lattice node, the factor its prior counts when sampling: `(visits of its busiest parent
 /// / its own visits)^rarity`, at least 1 (the global node, cells as busy as their parents, and
@@ -914,7 +914,7 @@ fn check_config(c: &PolicyConfig) -> Result<(), PolicyError> {
         return bad("propensity_draws", "must be >= 1");
     }
     if c.ids_samples > MAX_IDS_SAMPLES {
-        return bad("ids_samples", "must be at most 4096");
+        return bad("ids_samples", &format!("must be at most {MAX_IDS_SAMPLES}"));
     }
     if c.full_lattice_max_features > 8 {
         return bad(
