@@ -198,6 +198,27 @@ pub fn adaptive_config(
     Ok(adaptive)
 }
 
+/// Sets what `opts`'s tree learns with from the configuration: `[policy]` (all of it but its
+/// seed, which the caller sets) and `[adaptive]`. The daemon and `hindsight bench learning
+/// --config` both go through here.
+pub fn apply_learning(config: &Config, opts: &mut RuntimeOptions) -> Result<(), StartError> {
+    let policy = &config.policy;
+    opts.policy.discount = policy.discount;
+    opts.policy.pool_strength = policy.prior_strength;
+    opts.policy.propensity_draws = policy.propensity_samples.max(1) as usize;
+    opts.policy.level_penalty_first = policy.level_penalty_first;
+    opts.policy.level_penalty_more = policy.level_penalty_more;
+    opts.policy.stage_evidence_share = policy.stage_evidence_share;
+    opts.policy.stage_evidence_min_arms = policy.stage_evidence_min_arms;
+    opts.policy.fallback_local_visits = policy.fallback_local_visits;
+    opts.policy.ids_samples = policy.ids_samples;
+    opts.distill.every = policy.distill_every;
+    opts.distill.margin = policy.distill_margin;
+    opts.distill.defer_margin = policy.distill_defer_margin;
+    opts.adaptive = adaptive_config(&config.adaptive)?;
+    Ok(())
+}
+
 /// The options of the tree a configuration describes, and the MCP servers it started.
 pub async fn runtime_options(
     config: &Config,
@@ -225,19 +246,7 @@ pub async fn runtime_options(
     opts.compact_every = (config.store.compact_every_minutes > 0).then(|| {
         std::time::Duration::from_secs(config.store.compact_every_minutes.saturating_mul(60))
     });
-    opts.policy.discount = config.policy.discount;
-    opts.policy.pool_strength = config.policy.prior_strength;
-    opts.policy.propensity_draws = config.policy.propensity_samples.max(1) as usize;
-    opts.policy.level_penalty_first = config.policy.level_penalty_first;
-    opts.policy.level_penalty_more = config.policy.level_penalty_more;
-    opts.policy.stage_evidence_share = config.policy.stage_evidence_share;
-    opts.policy.stage_evidence_min_arms = config.policy.stage_evidence_min_arms;
-    opts.policy.fallback_local_visits = config.policy.fallback_local_visits;
-    opts.policy.ids_samples = config.policy.ids_samples;
-    opts.distill.every = config.policy.distill_every;
-    opts.distill.margin = config.policy.distill_margin;
-    opts.distill.defer_margin = config.policy.distill_defer_margin;
-    opts.adaptive = adaptive_config(&config.adaptive)?;
+    apply_learning(config, &mut opts)?;
     if let Some(base_url) = &config.model.base_url {
         // `[model]`: lessons are synthesised by the model (offline when it fails).
         let client =

@@ -223,17 +223,32 @@ pub struct LearningBench {
     pub drift: Option<DriftRecovery>,
     /// Wall time of the workload.
     pub seconds: f64,
+    /// The configuration file whose `[policy]` and `[adaptive]` the tree learned with (`null`:
+    /// the embedded defaults).
+    pub config: Option<String>,
+}
+
+/// Where `hindsight bench learning` takes its learning settings from: a configuration and the
+/// file it was read from.
+#[derive(Debug, Clone, Copy)]
+pub struct LearningSettings<'a> {
+    /// The configuration (its `[policy]`, but the seed, and `[adaptive]` apply).
+    pub config: &'a hindsight::config::Config,
+    /// The file it came from, for the report.
+    pub file: &'a Path,
 }
 
 /// Runs `tasks` tasks of `env` through a fresh tree (durability off: the bench measures learning,
 /// not the disk) and returns the KPIs and every task's record. The tree's store is a temporary
-/// directory, or `keep` (which must be new or empty) when the store is wanted afterwards.
+/// directory, or `keep` (which must be new or empty) when the store is wanted afterwards. The
+/// tree learns with the embedded defaults, or with `settings` when given.
 pub async fn learning(
     env: &SimEnv,
     tasks: u64,
     seed: u64,
     concurrency: usize,
     keep: Option<&Path>,
+    settings: Option<LearningSettings<'_>>,
 ) -> Result<(LearningBench, Vec<TaskRecord>), RuntimeError> {
     let temp;
     let dir = match keep {
@@ -257,6 +272,10 @@ pub async fn learning(
     let mut opts = RuntimeOptions::new(dir, env.clone());
     opts.durability = Durability::None;
     opts.seed = seed;
+    if let Some(s) = settings {
+        crate::backend::apply_learning(s.config, &mut opts)
+            .map_err(|e| RuntimeError::Rejected(format!("{}: {e}", s.file.display())))?;
+    }
     let rt = Runtime::start(opts).await?;
     let t = Instant::now();
     let records = workload::run_tasks(&rt, env, seed, tasks, concurrency, |_| {}).await?;
@@ -291,6 +310,7 @@ pub async fn learning(
             infra_failures_ignored: stats.infra_ignored,
             drift,
             seconds,
+            config: settings.map(|s| s.file.display().to_string()),
         },
         records,
     ))

@@ -259,3 +259,44 @@ fn learning_bench_keeps_its_store_only_in_a_new_directory() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("kept") && err.contains("not empty"), "{err}");
 }
+
+#[test]
+fn learning_bench_learns_with_a_configuration_files_policy_section() {
+    let dir = tempfile::tempdir().unwrap();
+    let bench = |extra: &[&str]| {
+        let mut args = vec!["bench", "learning", "--tasks", "260", "--json"];
+        args.extend_from_slice(extra);
+        hindsight(dir.path(), &args)
+    };
+    let fits = |out: &std::process::Output| -> (u64, Value) {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        (report["ranker"]["fits"].as_u64().unwrap(), report)
+    };
+    // The embedded defaults fit a ranker from 200 experiences on, every 200: one in 260 tasks.
+    let (defaults, report) = fits(&bench(&[]));
+    assert_eq!(defaults, 1, "{report}");
+    assert!(report["config"].is_null(), "{report}");
+    // The file's [policy] fits every 20.
+    let file = dir.path().join("tuned.toml");
+    std::fs::write(&file, "[policy]\ndistill_every = 20\nids_samples = 8\n").unwrap();
+    let (tuned, report) = fits(&bench(&["--config", file.to_str().unwrap()]));
+    assert!(tuned >= 3, "{report}");
+    assert_eq!(report["config"], file.to_str().unwrap(), "{report}");
+    // A bad value: one sentence naming the file and the key, no run.
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[policy]\nids_samples = 100000\n").unwrap();
+    let out = bench(&["--config", bad.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.toml") && err.contains("policy.ids_samples"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(out.stdout.is_empty());
+}

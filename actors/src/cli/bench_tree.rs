@@ -90,9 +90,24 @@ pub struct LearningArgs {
     /// `diary` with `--data DIR`); by default it runs on a temporary store, never on `--data`.
     #[arg(long, value_name = "DIR")]
     pub keep: Option<PathBuf>,
+    /// Learn with this configuration file's `[policy]` (all but its seed: `--seed` is the run's)
+    /// and `[adaptive]` sections instead of the embedded defaults, to measure a setting before
+    /// the daemon runs with it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+}
+
+/// The configuration named by `--config`, if any.
+fn load_config(args: &LearningArgs) -> Result<Option<hindsight::config::Config>, Failure> {
+    args.config
+        .as_deref()
+        .map(|path| {
+            hindsight::config::Config::load(Some(path)).map_err(|e| Failure::new(e.to_string()))
+        })
+        .transpose()
 }
 
 /// One line of the trace.
@@ -116,8 +131,13 @@ struct TraceLine<'a> {
 /// Runs `hindsight bench learning`.
 pub async fn learning(_global: &Global, args: LearningArgs) -> Result<(), Failure> {
     let env = load_env(args.env.as_deref()).map_err(|e| Failure::new(e.to_string()))?;
+    let config = load_config(&args)?;
+    let settings = config
+        .as_ref()
+        .zip(args.config.as_deref())
+        .map(|(config, file)| bench::LearningSettings { config, file });
     if args.runs > 1 {
-        return learning_runs(&env, &args).await;
+        return learning_runs(&env, &args, settings).await;
     }
     let (b, records) = bench::learning(
         &env,
@@ -125,6 +145,7 @@ pub async fn learning(_global: &Global, args: LearningArgs) -> Result<(), Failur
         args.seed,
         args.concurrency.max(1),
         args.keep.as_deref(),
+        settings,
     )
     .await
     .map_err(|e| Failure::new(e.to_string()))?;
@@ -166,6 +187,9 @@ pub async fn learning(_global: &Global, args: LearningArgs) -> Result<(), Failur
     if args.json {
         return print_json(&b);
     }
+    if let Some(file) = &b.config {
+        outln!("learning with [policy] and [adaptive] of {file}")?;
+    }
     let s = &b.summary;
     outln!(
         "{} tasks of `{}`: success {:.1}%, mean reward {:.3} (oracle {:.3}, random {:.3})",
@@ -203,18 +227,35 @@ pub async fn learning(_global: &Global, args: LearningArgs) -> Result<(), Failur
 }
 
 /// `hindsight bench learning --runs R` with R > 1: the runs one after another, then their spread.
-async fn learning_runs(env: &SimEnv, args: &LearningArgs) -> Result<(), Failure> {
+async fn learning_runs(
+    env: &SimEnv,
+    args: &LearningArgs,
+    settings: Option<bench::LearningSettings<'_>>,
+) -> Result<(), Failure> {
     if args.trace.is_some() || args.keep.is_some() {
         return Err(Failure::new(
             "--trace and --keep describe one run: give them without --runs (or with --runs 1)",
         ));
     }
+    if let (Some(file), false) = (&args.config, args.json) {
+        outln!(
+            "learning with [policy] and [adaptive] of {}",
+            file.display()
+        )?;
+    }
     let seeds: Vec<u64> = (0..args.runs).map(|i| args.seed.wrapping_add(i)).collect();
     let mut per_run = Vec::with_capacity(seeds.len());
     for &seed in &seeds {
-        let (b, _) = bench::learning(env, args.tasks, seed, args.concurrency.max(1), None)
-            .await
-            .map_err(|e| Failure::new(format!("run with seed {seed}: {e}")))?;
+        let (b, _) = bench::learning(
+            env,
+            args.tasks,
+            seed,
+            args.concurrency.max(1),
+            None,
+            settings,
+        )
+        .await
+        .map_err(|e| Failure::new(format!("run with seed {seed}: {e}")))?;
         if !args.json {
             outln!(
                 "seed {seed}: regret ratio {:.3}, success {:.1}%{}",
