@@ -220,6 +220,9 @@ pub struct PolicyConfig {
     /// Posterior samples behind each information-directed choice (0 = Thompson sampling; see
     /// the README).
     pub ids_samples: usize,
+    /// Share of first attempts chosen by Thompson sampling all the same (a second look at arms
+    /// written off early; see the README).
+    pub thompson_share: f64,
 }
 
 impl Default for PolicyConfig {
@@ -239,6 +242,7 @@ impl Default for PolicyConfig {
             stage_evidence_min_arms: bandit.stage_evidence_min_arms,
             fallback_local_visits: bandit.fallback_local_visits,
             ids_samples: bandit.ids_samples,
+            thompson_share: bandit.thompson_share,
         }
     }
 }
@@ -668,6 +672,12 @@ impl Config {
                 return bad(key, format!("must be 0 or more, found {v}"));
             }
         }
+        if !(0.0..=1.0).contains(&self.policy.thompson_share) {
+            return bad(
+                "policy.thompson_share",
+                format!("must be from 0 to 1, found {}", self.policy.thompson_share),
+            );
+        }
         let max_ids = crate::learn::bandit::MAX_IDS_SAMPLES;
         if self.policy.ids_samples > max_ids {
             return bad(
@@ -989,6 +999,11 @@ mod tests {
             .to_string();
         assert!(e.contains("policy.ids_samples"), "{e}");
         assert!(e.contains("at most 4096, found 100000"), "{e}");
+        let e = Config::parse("[policy]\nthompson_share = 2.0\n", "h.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("policy.thompson_share"), "{e}");
+        assert!(e.contains("from 0 to 1, found 2"), "{e}");
     }
 
     #[test]

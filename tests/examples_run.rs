@@ -63,10 +63,13 @@ async fn custom_tool_workflow_learns_the_better_arm_per_kind_of_invoice() {
     };
     let early = summary.choices[..15].iter().filter(wrong).count();
     let late = summary.choices[45..].iter().filter(wrong).count();
-    assert!(early >= 2, "the first plans try both readers: {early}");
+    // The first plans try both readers (a wrong reading that fails the check is replanned
+    // with the other, so the policy learns from fallbacks as well and needs few first tries);
+    // the last ones use the better reader more often than the first did.
+    assert!(early >= 1, "the first plans try both readers: {early}");
     assert!(
-        late <= 1,
-        "the last plans use the better reader: {late} wrong"
+        late <= 1 && late < early,
+        "the last plans use the better reader: {late} wrong, against {early} in the first 15"
     );
     // Every run passed: a regex reading of a scan fails the output check and is replanned.
     assert!(summary.choices.iter().all(|c| c.passed));

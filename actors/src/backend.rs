@@ -212,6 +212,7 @@ pub fn apply_learning(config: &Config, opts: &mut RuntimeOptions) -> Result<(), 
     opts.policy.stage_evidence_min_arms = policy.stage_evidence_min_arms;
     opts.policy.fallback_local_visits = policy.fallback_local_visits;
     opts.policy.ids_samples = policy.ids_samples;
+    opts.policy.thompson_share = policy.thompson_share;
     opts.distill.every = policy.distill_every;
     opts.distill.margin = policy.distill_margin;
     opts.distill.defer_margin = policy.distill_defer_margin;
@@ -1307,7 +1308,7 @@ mod tests {
     async fn the_policy_section_reaches_the_bandit() {
         let dir = tempfile::tempdir().unwrap();
         let text = format!(
-            "data_dir = {:?}\n[policy]\nprior_strength = 3.0\nlevel_penalty_first = 0.5\nlevel_penalty_more = 1.0\nstage_evidence_share = 0.5\nstage_evidence_min_arms = 3\nfallback_local_visits = 0.0\nids_samples = 8\n",
+            "data_dir = {:?}\n[policy]\nprior_strength = 3.0\nlevel_penalty_first = 0.5\nlevel_penalty_more = 1.0\nstage_evidence_share = 0.5\nstage_evidence_min_arms = 3\nfallback_local_visits = 0.0\nids_samples = 8\nthompson_share = 0.25\n",
             dir.path()
         );
         let config = Config::parse(&text, "test.toml").unwrap();
@@ -1320,6 +1321,7 @@ mod tests {
         assert_eq!(opts.policy.stage_evidence_min_arms, 3);
         assert_eq!(opts.policy.fallback_local_visits, 0.0);
         assert_eq!(opts.policy.ids_samples, 8);
+        assert_eq!(opts.policy.thompson_share, 0.25);
     }
 
     #[tokio::test]
