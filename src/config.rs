@@ -979,29 +979,26 @@ mod tests {
         );
     }
 
+    /// The error of a `[policy]` section holding `line`.
+    fn policy_error(line: &str) -> String {
+        Config::parse(&format!("[policy]\n{line}\n"), "h.toml")
+            .unwrap_err()
+            .to_string()
+    }
+
     #[test]
     fn a_negative_structure_prior_names_its_key() {
-        let e = Config::parse("[policy]\nlevel_penalty_more = -1.0\n", "h.toml")
-            .unwrap_err()
-            .to_string();
+        let e = policy_error("level_penalty_more = -1.0");
         assert!(e.contains("policy.level_penalty_more"), "{e}");
         assert!(e.contains("must be 0 or more, found -1"), "{e}");
-        let e = Config::parse("[policy]\nstage_evidence_share = -0.5\n", "h.toml")
-            .unwrap_err()
-            .to_string();
+        let e = policy_error("stage_evidence_share = -0.5");
         assert!(e.contains("policy.stage_evidence_share"), "{e}");
-        let e = Config::parse("[policy]\nfallback_local_visits = -50.0\n", "h.toml")
-            .unwrap_err()
-            .to_string();
+        let e = policy_error("fallback_local_visits = -50.0");
         assert!(e.contains("policy.fallback_local_visits"), "{e}");
-        let e = Config::parse("[policy]\nids_samples = 100000\n", "h.toml")
-            .unwrap_err()
-            .to_string();
+        let e = policy_error("ids_samples = 100000");
         assert!(e.contains("policy.ids_samples"), "{e}");
         assert!(e.contains("at most 4096, found 100000"), "{e}");
-        let e = Config::parse("[policy]\nthompson_share = 2.0\n", "h.toml")
-            .unwrap_err()
-            .to_string();
+        let e = policy_error("thompson_share = 2.0");
         assert!(e.contains("policy.thompson_share"), "{e}");
         assert!(e.contains("from 0 to 1, found 2"), "{e}");
     }

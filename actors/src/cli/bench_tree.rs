@@ -136,6 +136,12 @@ pub async fn learning(_global: &Global, args: LearningArgs) -> Result<(), Failur
         .as_ref()
         .zip(args.config.as_deref())
         .map(|(config, file)| bench::LearningSettings { config, file });
+    if let (Some(file), false) = (&args.config, args.json) {
+        outln!(
+            "learning with [policy] and [adaptive] of {}",
+            file.display()
+        )?;
+    }
     if args.runs > 1 {
         return learning_runs(&env, &args, settings).await;
     }
@@ -187,9 +193,6 @@ pub async fn learning(_global: &Global, args: LearningArgs) -> Result<(), Failur
     if args.json {
         return print_json(&b);
     }
-    if let Some(file) = &b.config {
-        outln!("learning with [policy] and [adaptive] of {file}")?;
-    }
     let s = &b.summary;
     outln!(
         "{} tasks of `{}`: success {:.1}%, mean reward {:.3} (oracle {:.3}, random {:.3})",
@@ -236,12 +239,6 @@ async fn learning_runs(
         return Err(Failure::new(
             "--trace and --keep describe one run: give them without --runs (or with --runs 1)",
         ));
-    }
-    if let (Some(file), false) = (&args.config, args.json) {
-        outln!(
-            "learning with [policy] and [adaptive] of {}",
-            file.display()
-        )?;
     }
     let seeds: Vec<u64> = (0..args.runs).map(|i| args.seed.wrapping_add(i)).collect();
     let mut per_run = Vec::with_capacity(seeds.len());
