@@ -1,0 +1,131 @@
+//! Tests of the backend's configuration mapping.
+
+use super::*;
+
+#[tokio::test]
+async fn the_policy_section_reaches_the_bandit() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "data_dir = {:?}\n[policy]\nprior_strength = 3.0\nlevel_penalty_first = 0.5\nlevel_penalty_more = 1.0\nstage_evidence_share = 0.5\nstage_evidence_min_arms = 3\nfallback_local_visits = 0.0\nids_samples = 8\nthompson_share = 0.25\n",
+        dir.path()
+    );
+    let config = Config::parse(&text, "test.toml").unwrap();
+    let (opts, servers) = runtime_options(&config).await.unwrap();
+    assert!(servers.is_empty());
+    assert_eq!(opts.policy.pool_strength, 3.0);
+    assert_eq!(opts.policy.level_penalty_first, 0.5);
+    assert_eq!(opts.policy.level_penalty_more, 1.0);
+    assert_eq!(opts.policy.stage_evidence_share, 0.5);
+    assert_eq!(opts.policy.stage_evidence_min_arms, 3);
+    assert_eq!(opts.policy.fallback_local_visits, 0.0);
+    assert_eq!(opts.policy.ids_samples, 8);
+    assert_eq!(opts.policy.thompson_share, 0.25);
+}
+
+#[tokio::test]
+async fn the_daemon_applies_the_run_ttl_at_start() {
+    use hindsight::{Run, RunState};
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config {
+        data_dir: dir.path().to_path_buf(),
+        store: hindsight::config::StoreConfig {
+            durability: DurabilityConfig::None,
+            run_ttl_days: 1,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    {
+        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        let now = hindsight::now_ms();
+        for (id, updated) in [("old", now - 2 * 86_400_000), ("recent", now - 1000)] {
+            let mut run = Run::new(format!("run-{id}"), &Task::default(), updated);
+            run.task_id = id.into();
+            run.state = RunState::Succeeded;
+            store.finish_run(&run).await.unwrap();
+            store
+                .put(crate::orchestrator::TASKS, id, &Task::default())
+                .await
+                .unwrap();
+        }
+    }
+    let backend = TreeBackend::start(&config).await.unwrap();
+    let store = backend.store();
+    assert_eq!(store.get_run("run-old").unwrap(), None);
+    assert!(store.get_run("run-recent").unwrap().is_some());
+    assert_eq!(
+        store
+            .get::<Task>(crate::orchestrator::TASKS, "old")
+            .unwrap(),
+        None
+    );
+    backend.shutdown().await;
+}
+
+#[test]
+fn the_adaptive_section_maps_onto_the_reflectors_settings() {
+    let section = hindsight::config::AdaptiveConfig {
+        synthesis_threshold: 3,
+        failure_retention: 9,
+        max_strategies: 4,
+        scope: hindsight::config::ScopeConfig::PerTenant,
+        ttl_days: 2,
+        corrections_per_hour: 6,
+    };
+    let a = adaptive_config(&section).unwrap();
+    assert_eq!(a.scope, hindsight::learn::adaptive::ScopeMode::PerTenant);
+    assert_eq!(
+        (a.synthesis_threshold, a.failure_retention, a.max_strategies),
+        (3, 9, 4)
+    );
+    assert_eq!(a.strategy_ttl_ms, 2 * 86_400_000);
+    assert_eq!(
+        (a.corrections_per_window, a.correction_window_ms),
+        (6, 3_600_000)
+    );
+
+    let bad = hindsight::config::AdaptiveConfig {
+        corrections_per_hour: 0,
+        ..section
+    };
+    match adaptive_config(&bad) {
+        Err(StartError::Config { key, .. }) => assert_eq!(key, "adaptive.corrections_per_hour"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn namespaces_keep_tenants_apart() {
+    let run = tenant_run_id("acme", "t1");
+    assert!(run_in_tenant("acme", &run));
+    assert!(!run_in_tenant("acm", &run));
+    assert!(!run_in_tenant("globex", &run));
+    assert!(scope_in_tenant("acme", "user:acme/bob"));
+    assert!(scope_in_tenant("acme", "tenant:acme"));
+    assert!(!scope_in_tenant("acme", "tenant:acmex"));
+    assert!(!scope_in_tenant("acme", "user:acmex/bob"));
+    assert!(!scope_in_tenant("acme", "shared"));
+}
+
+#[test]
+fn infrastructure_classes_are_not_learned_from() {
+    for class in [
+        ErrorClass::Timeout,
+        ErrorClass::RateLimit,
+        ErrorClass::TransientNetwork,
+    ] {
+        assert_eq!(category_of(class), FailureCategory::Infrastructure);
+    }
+    assert_eq!(
+        category_of(ErrorClass::SchemaMismatch),
+        FailureCategory::Strategy
+    );
+}
+
+#[test]
+fn propensities_sum_to_one_and_favour_the_better_arm() {
+    let p = stage_propensities(&[(0.9, 0.05), (0.2, 0.05), (0.5, 0.3)], 2000, 3);
+    assert!((p.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+    assert!(p[0] > 0.8, "{p:?}");
+    assert!(p[1] < 0.01, "{p:?}");
+}
