@@ -269,30 +269,7 @@ impl Backend for TreeBackend {
             .iter()
             .find(|s| s.name == request.stage)
             .ok_or_else(|| BackendError::Internal("stage vanished".into()))?;
-        if !stage.arms.iter().any(|a| a.tool == request.tool) {
-            return Err(BackendError::Invalid {
-                field: "tool".into(),
-                reason: format!(
-                    "stage `{}` has no tool `{}`; its tools are {}",
-                    stage.name,
-                    request.tool,
-                    tools_of(stage).join(", ")
-                ),
-            });
-        }
-        if !stage
-            .arms
-            .iter()
-            .any(|a| a.tool == request.tool && a.strategy == request.strategy)
-        {
-            return Err(BackendError::Invalid {
-                field: "strategy".into(),
-                reason: format!(
-                    "tool `{}` has no strategy `{}` at stage `{}`",
-                    request.tool, request.strategy, stage.name
-                ),
-            });
-        }
+        check_arm(stage, &request.tool, &request.strategy, "")?;
         if request.passed && request.error_class.is_some() {
             return Err(BackendError::Invalid {
                 field: "error_class".into(),

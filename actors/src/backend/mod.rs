@@ -364,30 +364,7 @@ impl TreeBackend {
                     ),
                 });
             };
-            if !stage.arms.iter().any(|a| a.tool == arm.tool) {
-                return Err(BackendError::Invalid {
-                    field: format!("plan[{i}].tool"),
-                    reason: format!(
-                        "stage `{}` has no tool `{}`; its tools are {}",
-                        stage.name,
-                        arm.tool,
-                        tools_of(stage).join(", ")
-                    ),
-                });
-            }
-            if !stage
-                .arms
-                .iter()
-                .any(|a| a.tool == arm.tool && a.strategy == arm.strategy)
-            {
-                return Err(BackendError::Invalid {
-                    field: format!("plan[{i}].strategy"),
-                    reason: format!(
-                        "tool `{}` has no strategy `{}` at stage `{}`",
-                        arm.tool, arm.strategy, stage.name
-                    ),
-                });
-            }
+            check_arm(stage, &arm.tool, &arm.strategy, &format!("plan[{i}]."))?;
             arms.push(ArmChoice {
                 stage: arm.stage.clone(),
                 tool: arm.tool.clone(),
@@ -456,10 +433,40 @@ impl TreeBackend {
     }
 }
 
-fn tools_of(stage: &crate::workflow::WorkflowStage) -> Vec<String> {
-    let mut tools: Vec<String> = stage.arms.iter().map(|a| a.tool.clone()).collect();
-    tools.dedup();
-    tools
+/// Whether `stage` has the arm `(tool, strategy)`; if not, the error names the field at fault
+/// (`{prefix}tool` or `{prefix}strategy`) and what the stage offers.
+fn check_arm(
+    stage: &crate::workflow::WorkflowStage,
+    tool: &str,
+    strategy: &str,
+    prefix: &str,
+) -> BackendResult<()> {
+    if !stage.arms.iter().any(|a| a.tool == tool) {
+        let mut tools: Vec<&str> = stage.arms.iter().map(|a| a.tool.as_str()).collect();
+        tools.dedup();
+        return Err(BackendError::Invalid {
+            field: format!("{prefix}tool"),
+            reason: format!(
+                "stage `{}` has no tool `{tool}`; its tools are {}",
+                stage.name,
+                tools.join(", ")
+            ),
+        });
+    }
+    if !stage
+        .arms
+        .iter()
+        .any(|a| a.tool == tool && a.strategy == strategy)
+    {
+        return Err(BackendError::Invalid {
+            field: format!("{prefix}strategy"),
+            reason: format!(
+                "tool `{tool}` has no strategy `{strategy}` at stage `{}`",
+                stage.name
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// The Thompson-sampling share of each arm of one stage, from Gaussian approximations of the

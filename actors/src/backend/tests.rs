@@ -1,4 +1,4 @@
-//! Tests of the backend's configuration mapping.
+//! Tests of the backend: the configuration mapping, tenant namespaces, stage propensities and the checks of a request's arms.
 
 use super::*;
 
@@ -128,4 +128,39 @@ fn propensities_sum_to_one_and_favour_the_better_arm() {
     assert!((p.iter().sum::<f64>() - 1.0).abs() < 1e-9);
     assert!(p[0] > 0.8, "{p:?}");
     assert!(p[1] < 0.01, "{p:?}");
+}
+
+#[test]
+fn an_arm_the_stage_lacks_is_refused_naming_the_field_and_the_choices() {
+    use crate::workflow::{WorkflowArm, WorkflowStage};
+    let arm = |tool: &str, strategy: &str| WorkflowArm {
+        tool: tool.into(),
+        strategy: strategy.into(),
+        params: Default::default(),
+    };
+    let stage = WorkflowStage {
+        name: "extract".into(),
+        arms: vec![
+            arm("ocr", "fast"),
+            arm("ocr", "accurate"),
+            arm("vision", "llm"),
+        ],
+    };
+    assert!(check_arm(&stage, "ocr", "accurate", "").is_ok());
+    let invalid = |r: BackendResult<()>| match r {
+        Err(BackendError::Invalid { field, reason }) => (field, reason),
+        other => panic!("expected Invalid, got {other:?}"),
+    };
+    let (field, reason) = invalid(check_arm(&stage, "pdf", "fast", "plan[2]."));
+    assert_eq!(field, "plan[2].tool");
+    assert_eq!(
+        reason,
+        "stage `extract` has no tool `pdf`; its tools are ocr, vision"
+    );
+    let (field, reason) = invalid(check_arm(&stage, "vision", "fast", ""));
+    assert_eq!(field, "strategy");
+    assert_eq!(
+        reason,
+        "tool `vision` has no strategy `fast` at stage `extract`"
+    );
 }
