@@ -1,4 +1,5 @@
-//! Tests of the backend: the configuration mapping, tenant namespaces, stage propensities and the checks of a request's arms.
+//! Tests of the backend: the configuration mapping, tenant namespaces, stage propensities and
+//! the checks of a request's arms.
 
 use super::*;
 
