@@ -1,6 +1,30 @@
 //! handlers: the HTTP API's operations over the running tree ([`Backend`] for [`TreeBackend`]).
 
-use super::*;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use hindsight::Task;
+use hindsight::learn::bandit::{Arm, Observation, StageObservation, StageOutcome};
+
+use crate::api::types::{
+    ExecuteRequest, ExecuteResponse, FeedbackRequest, FeedbackResponse, Health, MemoryBundle,
+    MemoryItem, MemoryRetrieveRequest, OrchestrateResponse, PlanResponse, PolicySuggestRequest,
+    PolicySuggestResponse, PolicyUpdateRequest, PolicyUpdateResponse, RankedArm, RunView,
+    StageArms, TaskRequest, TenantSop, ValidateRequest, ValidateResponse,
+};
+use crate::api::{Backend, BackendError, BackendResult, Principal};
+use crate::memory::{MemoryMsg, Query};
+use crate::metrics::Metrics;
+use crate::orchestrator::OrchestratorMsg;
+use crate::policy::PolicyMsg;
+use crate::reflector::{FeedbackRefused, ReflectorMsg};
+use crate::validator::ValidatorMsg;
+
+use super::{
+    TreeBackend, call_error, category_of, check_arm, slot_status, stage_propensities,
+    tenant_task_id,
+};
 
 impl Backend for TreeBackend {
     async fn orchestrate(

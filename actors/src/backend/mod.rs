@@ -1,5 +1,6 @@
-//! The daemon's [`Backend`]: the HTTP API over a running supervision tree ([`TreeBackend`]),
-//! started from a [`Config`], with tenant isolation by namespacing (the rules are in `tenant.rs`).
+//! The daemon's [`Backend`](crate::api::Backend): the HTTP API over a running supervision tree
+//! ([`TreeBackend`]), started from a [`Config`], with tenant isolation by namespacing (the rules
+//! are in `tenant.rs`).
 
 mod handlers;
 mod options;
@@ -8,36 +9,25 @@ mod tenant;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use hindsight::config::{Config, DurabilityConfig};
-use hindsight::learn::bandit::{Arm, Observation, StageObservation, StageOutcome};
-use hindsight::store::{Durability, Store, StoreOptions, idempotency};
-use hindsight::tools::ToolRegistry;
+use hindsight::config::Config;
+use hindsight::store::{Store, StoreOptions, idempotency};
 use hindsight::tools::mcp::McpServer;
 use hindsight::{ArmChoice, ErrorClass, FailureCategory, Lesson, Sop, Step, Task};
 use ractor::ActorStatus;
 use sha2::{Digest, Sha256};
 
-use crate::api::types::{
-    ExecuteRequest, ExecuteResponse, FeedbackRequest, FeedbackResponse, Health, MemoryBundle,
-    MemoryItem, MemoryRetrieveRequest, OrchestrateResponse, PlanResponse, PolicySuggestRequest,
-    PolicySuggestResponse, PolicyUpdateRequest, PolicyUpdateResponse, RankedArm, RunView,
-    StageArms, TaskRequest, TenantSop, ValidateRequest, ValidateResponse,
-};
-use crate::api::{Backend, BackendError, BackendResult, Principal};
+use crate::api::types::TaskRequest;
+use crate::api::{BackendError, BackendResult};
 use crate::directory::{CallError, Slot};
-use crate::memory::{MemoryMsg, Query};
 use crate::metrics::Metrics;
 use crate::orchestrator::OrchestratorMsg;
-use crate::policy::{PolicyMsg, SOPS};
-use crate::reflector::{FeedbackRefused, ReflectorMsg};
+use crate::policy::SOPS;
+use crate::reflector::ReflectorMsg;
 use crate::run::{RunOutcome, TreeCtx};
-use crate::runtime::{Runtime, RuntimeError, RuntimeOptions, Submitter, WorkflowSource};
-use crate::validator::ValidatorMsg;
+use crate::runtime::{Runtime, RuntimeError, Submitter};
 
 pub use options::{StartError, adaptive_config, apply_learning, runtime_options};
 pub use tenant::{run_in_tenant, scope_in_tenant, sop_in_tenant, tenant_run_id, tenant_task_id};

@@ -1,7 +1,15 @@
 //! options: the tree a configuration describes: its runtime options (workflow, durability,
 //! learning, model, triage, chaos, MCP servers), and why it could not be started.
 
-use super::*;
+use std::path::Path;
+use std::sync::Arc;
+
+use hindsight::config::{Config, DurabilityConfig};
+use hindsight::store::Durability;
+use hindsight::tools::ToolRegistry;
+use hindsight::tools::mcp::McpServer;
+
+use crate::runtime::{RuntimeError, RuntimeOptions, WorkflowSource};
 
 /// Why the backend could not start.
 #[derive(Debug, thiserror::Error)]

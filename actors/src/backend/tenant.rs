@@ -11,7 +11,9 @@
 //!   the graph's aggregate statistics over the shared workflow (`strategy`, `failure_mode`) are
 //!   returned to every tenant.
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet};
+
+use hindsight::{ArmChoice, Sop, Task};
 
 /// The namespaced task id of a tenant's task.
 pub fn tenant_task_id(tenant: &str, task_id: &str) -> String {

@@ -1,6 +1,8 @@
 //! Tests of the backend: the configuration mapping, tenant namespaces, stage propensities and
 //! the checks of a request's arms.
 
+use hindsight::config::DurabilityConfig;
+
 use super::*;
 
 #[tokio::test]

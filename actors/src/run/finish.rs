@@ -1,6 +1,16 @@
 //! finish: the end of a run: its final state, the experience logged, the learners fed.
 
-use super::*;
+use std::sync::Arc;
+
+use hindsight::store::WriteOp;
+use hindsight::{ExperienceTuple, RunResult, RunState, Task, now_ms};
+use serde_json::Value;
+
+use crate::memory::MemoryMsg;
+use crate::policy::PolicyMsg;
+use crate::reflector::ReflectorMsg;
+
+use super::{DriveError, DriverState, LOGGED, RunOutcome, TreeCtx};
 
 /// Ends the run: the experience is logged durably, the learners are fed, a diary note written.
 pub(super) async fn finish(

@@ -12,24 +12,20 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use hindsight::learn::bandit::Arm;
-use hindsight::store::{KvTable, Store, WriteOp};
+use hindsight::store::{KvTable, Store};
 use hindsight::{
-    ArmChoice, Checkpoint, ErrorClass, ExperienceTuple, FailureCategory, FailureType,
-    RecoveryAction, Run, RunResult, RunState, Step, Task, Trajectory, now_ms,
+    ArmChoice, Checkpoint, ErrorClass, FailureType, Run, RunState, Step, Task, now_ms,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::directory::CallError;
-use crate::executor::{CallOutcome, ExecutorMsg, StageCall};
 use crate::memory::MemoryMsg;
 use crate::orchestrator::{OrchestratorMsg, RunPatch};
 use crate::plugin::{PLUGIN_TIMEOUT, PluginMsg, RunEvent, RunReport, Verdict};
-use crate::policy::{PlanChoice, PolicyMsg};
-use crate::recovery::AttemptFailure;
+use crate::policy::PlanChoice;
 use crate::reflector::ReflectorMsg;
 use crate::tree::{Directory, TreeConfig};
-use crate::validator::ValidatorMsg;
 use crate::workflow::Workflow;
 
 use finish::finish;

@@ -1,9 +1,18 @@
 //! round: one round of a run: plan (or take the plan given), execute, validate, the plugins'
 //! verdict, triage and repair, and what the first attempt teaches the policy.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use hindsight::{ArmChoice, FailureType, RecoveryAction, RunState, Task};
+
+use crate::orchestrator::RunPatch;
+use crate::plugin::{PLUGIN_TIMEOUT, PluginMsg, RunEvent, RunReport, Verdict};
+use crate::policy::{PlanChoice, PolicyMsg};
+
 use super::stages::execute_stages;
 use super::validate::validate;
-use super::*;
+use super::{DriveError, DriverState, RecoveryRecord, TreeCtx, checkpoint, transition};
 
 /// The embedder's plugins' answer to a round: the first `Retry` of a plugin that has retries
 /// left (counted in `st`) when `may_retry` (ReflectRetry accepted the round), else `Accept`.

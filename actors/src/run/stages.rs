@@ -1,7 +1,17 @@
 //! stages: executing a plan stage by stage through the executor, with a checkpoint after each
 //! step and an idempotency key for each call.
 
-use super::*;
+use std::sync::Arc;
+
+use hindsight::{ErrorClass, FailureCategory, Step, Task, Trajectory, now_ms};
+use serde_json::Value;
+
+use crate::executor::{CallOutcome, ExecutorMsg, StageCall};
+use crate::plugin::RunEvent;
+use crate::policy::PlanChoice;
+use crate::recovery::AttemptFailure;
+
+use super::{DriveError, DriverState, TreeCtx, checkpoint};
 
 /// The idempotency key of one stage call of one attempt.
 pub(crate) fn idempotency_key(run_id: &str, attempt: u32, stage: &str) -> String {

@@ -1,7 +1,15 @@
 //! validate: the validator's verdict on a round's outputs, and the stages it marks valid or not.
 
+use hindsight::{ErrorClass, FailureCategory};
+use serde_json::Value;
+
+use crate::plugin::RunEvent;
+use crate::policy::PlanChoice;
+use crate::recovery::AttemptFailure;
+use crate::validator::ValidatorMsg;
+
 use super::stages::attempt_trajectory;
-use super::*;
+use super::{DriveError, DriverState, TreeCtx};
 
 /// Validates every output of the attempt, marks each producing step `valid` or `invalid` (what
 /// the learners read), and returns the first invalid stage as the failure.

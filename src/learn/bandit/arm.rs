@@ -1,6 +1,6 @@
 //! arm: the arms a policy chooses among: `(tool, strategy)` pairs, per stage.
 
-use super::*;
+use serde::{Deserialize, Serialize};
 
 /// A `(tool, strategy)` pair.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

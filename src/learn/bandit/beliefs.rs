@@ -2,7 +2,13 @@
 //! Bayesian model averaging over its levels (weighted by their predictive evidence, the stage's
 //! other arms' and the structure prior), sharpened by rarity; plan values and the greedy plan.
 
-use super::*;
+use std::collections::BTreeMap;
+
+use crate::learn::cluster::Lattice;
+use crate::learn::posterior::sample_beta;
+use crate::record::ArmChoice;
+
+use super::{ModelEvidence, Node, Policy, PolicyConfig, StageArms};
 
 /// Effective per-arm beliefs for one task: a mixture of Betas (one per hierarchy level) for
 /// success, point estimates of latency and cost.

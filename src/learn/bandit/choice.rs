@@ -3,7 +3,15 @@
 //! rankings and fallbacks within a stage.
 
 use super::beliefs::Eff;
-use super::*;
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::learn::cluster::{Lattice, cluster_key};
+use crate::learn::posterior::sample_beta;
+use crate::record::ArmChoice;
+
+use super::{Arm, Node, Policy};
 
 /// One stage of a chosen plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -142,6 +150,8 @@ impl Policy {
     /// or the departure from it that information-directed sampling prefers (the plan with the
     /// highest sampled expected reward under Thompson sampling, [`PolicyConfig::ids_samples`]
     /// 0), and estimates its propensity by resampling.
+    ///
+    /// [`PolicyConfig::ids_samples`]: super::PolicyConfig::ids_samples
     pub fn choose(&self, features: &BTreeMap<String, String>, rng: &mut fastrand::Rng) -> Choice {
         self.choose_with(features, None, rng)
     }
@@ -254,6 +264,9 @@ impl Policy {
     /// greedy plan in one stage at most, see [`PolicyConfig::one_stage_exploration_from`]);
     /// when it is the greedy plan, the SOP's plan with the SOP's share, else the ranker's plan
     /// in its place.
+    ///
+    /// [`PolicyConfig::ids_samples`]: super::PolicyConfig::ids_samples
+    /// [`PolicyConfig::one_stage_exploration_from`]: super::PolicyConfig::one_stage_exploration_from
     pub(super) fn mixed_draw(
         &self,
         eff: &Eff,
@@ -295,6 +308,8 @@ impl Policy {
     /// One information-directed choice into `out` (see [`PolicyConfig::ids_samples`]): the
     /// greedy plan or one of its departures in a single stage, from `ids_samples` draws of the
     /// plain posteriors (`p` is scratch).
+    ///
+    /// [`PolicyConfig::ids_samples`]: super::PolicyConfig::ids_samples
     pub(super) fn ids_draw(
         &self,
         eff: &Eff,
@@ -424,6 +439,9 @@ impl Policy {
     /// [`PolicyConfig::fallback_sharpen`], each arm's draw raised to its draws from its own
     /// counts in the task's busy single-feature cells ([`PolicyConfig::fallback_local_visits`]);
     /// `None` when every arm was tried.
+    ///
+    /// [`PolicyConfig::fallback_local_visits`]: super::PolicyConfig::fallback_local_visits
+    /// [`PolicyConfig::fallback_sharpen`]: super::PolicyConfig::fallback_sharpen
     pub fn fallback(
         &self,
         features: &BTreeMap<String, String>,

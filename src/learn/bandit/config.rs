@@ -1,7 +1,9 @@
 //! config: what a policy is set up with: the reward function, the bandit's settings (each with
 //! the measurements that chose its default), and their checks.
 
-use super::*;
+use serde::{Deserialize, Serialize};
+
+use super::PolicyError;
 
 /// The reward function of FORMAT.md:
 /// `success - latency * min(1, L / sla_ms) - cost * min(1, C / max_cost)` when the task passes.
@@ -180,7 +182,9 @@ pub struct PolicyConfig {
     /// a fallback. Its own few counts are a wide posterior, so it gets its second look when a
     /// leader fails (an arm never tried in the cell draws from `Beta(1, 1)`, a first look); an
     /// arm many tries have shown poor in the cell is a narrow one and does not. The counts are
-    /// read as stored, not aged by [`ArmStats::counts_at`] to the cell's latest visit as the
+    /// read as stored, not aged by
+    /// [`ArmStats::counts_at`](crate::learn::posterior::ArmStats::counts_at) to the cell's
+    /// latest visit as the
     /// posteriors are (measured so). Core loop, three fallbacks a stage, a feedback delay of
     /// three: bank statements and web research over 256 seeds each 0.127 (53 of 512 runs above
     /// 0.2) -> 0.123 (41), the shipped six (64 seeds) 0.126 -> 0.125, many-arm environments

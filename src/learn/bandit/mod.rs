@@ -15,15 +15,12 @@ mod update;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::learn::cluster::{Lattice, cluster_key, key_hash};
-use crate::learn::drift::BernoulliGlr;
-use crate::learn::posterior::{ArmStats, sample_beta};
+use crate::learn::posterior::ArmStats;
 use crate::record::ArmChoice;
-use crate::taxonomy::FailureCategory;
 
 pub use arm::{Arm, StageArms};
 pub use beliefs::Beliefs;

@@ -1,6 +1,11 @@
 //! snapshot: a policy's persistent state, versioned, and its restoration after a restart.
 
-use super::*;
+use serde::{Deserialize, Serialize};
+
+use crate::learn::cluster::key_hash;
+use crate::learn::posterior::ArmStats;
+
+use super::{ModelEvidence, Node, Policy, PolicyConfig, PolicyError, StageArms};
 
 /// The format version of [`PolicySnapshot`] this build writes and reads (2: the configuration
 /// is stored as JSON text; 3: the change detector is a likelihood-ratio test).

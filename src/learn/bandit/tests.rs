@@ -1,5 +1,9 @@
 //! Tests of the policy: choices, updates, pooling, drift, snapshots.
 
+use std::collections::BTreeMap;
+
+use crate::taxonomy::FailureCategory;
+
 use super::*;
 
 fn feats(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {

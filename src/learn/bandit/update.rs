@@ -3,7 +3,16 @@
 //! evidence, and change detection with forgetting for drift.
 
 use super::beliefs::{Cell, level_evidence};
-use super::*;
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::learn::cluster::Lattice;
+use crate::learn::drift::BernoulliGlr;
+use crate::learn::posterior::ArmStats;
+use crate::taxonomy::FailureCategory;
+
+use super::{Arm, Change, ModelEvidence, Node, Policy};
 
 /// How one stage of an attempt ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
