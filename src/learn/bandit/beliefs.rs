@@ -288,16 +288,7 @@ impl Policy {
     ) -> Eff {
         let c = &self.config;
         let n_nodes = lattice.nodes.len();
-        let found: Vec<Option<&Node>> = lattice
-            .nodes
-            .iter()
-            .map(|n| self.nodes.get(&n.hash))
-            .collect();
-        let models: Vec<Option<&ModelEvidence>> = lattice
-            .nodes
-            .iter()
-            .map(|n| self.models.get(&n.signature))
-            .collect();
+        let (found, models) = self.lattice_state(lattice);
         let mut eff = Eff {
             n_nodes,
             optimistic: c.optimistic,

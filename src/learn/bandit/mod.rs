@@ -19,6 +19,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::learn::cluster::Lattice;
 use crate::learn::posterior::ArmStats;
 use crate::record::ArmChoice;
 
@@ -77,6 +78,25 @@ struct Change {
 }
 
 impl Policy {
+    /// Per node of `lattice`, its cell's counts and its level's evidence (`None` where there are
+    /// none yet).
+    fn lattice_state(
+        &self,
+        lattice: &Lattice,
+    ) -> (Vec<Option<&Node>>, Vec<Option<&ModelEvidence>>) {
+        let found = lattice
+            .nodes
+            .iter()
+            .map(|n| self.nodes.get(&n.hash))
+            .collect();
+        let models = lattice
+            .nodes
+            .iter()
+            .map(|n| self.models.get(&n.signature))
+            .collect();
+        (found, models)
+    }
+
     /// A policy with no evidence over `stages`.
     pub fn new(config: PolicyConfig, stages: Vec<StageArms>) -> Result<Policy, PolicyError> {
         check_config(&config)?;

@@ -114,16 +114,7 @@ impl Policy {
         let c = self.config.clone();
         // Each level's predictive probability of success for each item, before this update.
         let preds: Vec<Vec<f64>> = {
-            let found: Vec<Option<&Node>> = lattice
-                .nodes
-                .iter()
-                .map(|n| self.nodes.get(&n.hash))
-                .collect();
-            let models: Vec<Option<&ModelEvidence>> = lattice
-                .nodes
-                .iter()
-                .map(|n| self.models.get(&n.signature))
-                .collect();
+            let (found, models) = self.lattice_state(&lattice);
             let mut cells = vec![Cell::default(); lattice.nodes.len()];
             let mut logw = vec![0.0; lattice.nodes.len()];
             items
