@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use serde_json::json;
 
+use super::tables::{OPEN_RUNS, OPEN_RUNS_INDEXED};
 use super::*;
 use crate::record::{ArmChoice, RunResult, RunState};
 use crate::taxonomy::{ErrorClass, Step};
