@@ -1,6 +1,7 @@
 //! Human corrections: the request, its preparation (authentication, rate limit, multi-pass
 //! sanitising, injection scan, PII redaction), verification against the scope's failure
-//! evidence through a [`Verifier`], and the typed errors. A rejected correction is never stored.
+//! evidence through a [`Verifier`], the typed errors, and the state's two halves of a correction
+//! (prepare, then commit once verified). A rejected correction is never stored.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -8,9 +9,14 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::failure::FailureRecord;
-use super::synth::mentions;
+use super::synth::{self, mentions};
+use super::{AdaptiveStrategies, RateLimiter};
+use crate::guard::injection::scan_injection;
 use crate::guard::pii::PiiKind;
+use crate::guard::pii::redact;
+use crate::guard::sanitize::sanitize;
 use crate::model::{ChatMessage, ChatRequest, LanguageModel, ModelError, ModelFuture, Role};
+use crate::record::Lesson;
 
 /// A correction submitted by a human through the API.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -269,4 +275,145 @@ pub enum CorrectionError {
         /// The verifier's reason.
         reason: String,
     },
+}
+
+impl AdaptiveStrategies {
+    /// First half of a correction: refuses an unauthenticated one, counts it against the
+    /// principal's rate limit, sanitises it (multi-pass, NFKC, invisible characters removed),
+    /// refuses injection patterns, redacts PII, checks its length and attaches the scope's
+    /// failure evidence for the verifier.
+    pub fn prepare_correction(
+        &mut self,
+        correction: &Correction,
+        now_ms: u64,
+    ) -> Result<PreparedCorrection, CorrectionError> {
+        let principal = correction
+            .principal
+            .as_deref()
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .ok_or(CorrectionError::Unauthenticated)?
+            .to_string();
+        self.state
+            .limiter
+            .check_and_record(&principal, now_ms)
+            .map_err(|retry_after_ms| CorrectionError::RateLimited {
+                principal: principal.clone(),
+                retry_after_ms,
+            })?;
+        if let Some(f) = scan_injection(&correction.text).into_iter().next() {
+            return Err(CorrectionError::Injection {
+                rule: f.rule,
+                excerpt: f.excerpt,
+            });
+        }
+        let clean = sanitize(&correction.text);
+        if let Some(f) = scan_injection(&clean).into_iter().next() {
+            return Err(CorrectionError::Injection {
+                rule: f.rule,
+                excerpt: f.excerpt,
+            });
+        }
+        let red = redact(&clean);
+        let chars = red.text.chars().count();
+        let cfg = &self.state.config;
+        if chars < cfg.lesson_min_chars || chars > cfg.lesson_max_chars {
+            return Err(CorrectionError::Length {
+                chars,
+                min: cfg.lesson_min_chars,
+                max: cfg.lesson_max_chars,
+            });
+        }
+        let evidence = self
+            .scope(&correction.scope)
+            .map(|s| s.evidence.iter().chain(s.pending.iter()).cloned().collect())
+            .unwrap_or_default();
+        Ok(PreparedCorrection {
+            principal,
+            scope: correction.scope.clone(),
+            tool: correction.tool.as_deref().map(sanitize),
+            text: red.text,
+            redacted: red.found,
+            evidence,
+            run_id: correction.run_id.clone(),
+        })
+    }
+
+    /// Second half: stores a verified correction as a lesson at `correction_confidence`; a
+    /// rejected one is an error and nothing is stored.
+    pub fn commit_correction(
+        &mut self,
+        prepared: PreparedCorrection,
+        verdict: Verdict,
+        now_ms: u64,
+    ) -> Result<Lesson, CorrectionError> {
+        let (tool, mut evidence) = match verdict {
+            Verdict::Rejected { reason } => return Err(CorrectionError::Rejected { reason }),
+            Verdict::Verified {
+                tool,
+                evidence_run_ids,
+            } => (tool.or(prepared.tool.clone()), evidence_run_ids),
+        };
+        if let Some(r) = &prepared.run_id
+            && !evidence.contains(r)
+        {
+            evidence.push(r.clone());
+        }
+        let id = self.next_id();
+        let preconditions = {
+            let s = self.scope(&prepared.scope);
+            let fails: Vec<&FailureRecord> = s
+                .map(|s| {
+                    s.evidence
+                        .iter()
+                        .chain(s.pending.iter())
+                        .filter(|f| tool.as_ref().is_none_or(|t| &f.tool == t))
+                        .filter(|f| evidence.contains(&f.run_id))
+                        .collect()
+                })
+                .unwrap_or_default();
+            synth::common_features(fails)
+        };
+        let lesson = Lesson {
+            lesson_id: format!("correction-{id}"),
+            preconditions,
+            tool,
+            action: prepared.text,
+            confidence: self.state.config.correction_confidence,
+            evidence,
+            source: "correction".into(),
+            scope: prepared.scope.clone(),
+            created_ms: now_ms,
+            reinforced_ms: now_ms,
+            superseded_by: None,
+        };
+        let max = self.state.config.max_strategies;
+        let s = self.state.scopes.entry(prepared.scope).or_default();
+        s.lessons.push(lesson.clone());
+        if s.lessons.len() > max {
+            s.lessons.sort_by(|a, b| {
+                b.confidence
+                    .total_cmp(&a.confidence)
+                    .then(b.reinforced_ms.cmp(&a.reinforced_ms))
+            });
+            s.lessons.truncate(max);
+        }
+        Ok(lesson)
+    }
+
+    /// A whole correction with the offline verifier (prepare, check, commit).
+    pub fn submit_correction_offline(
+        &mut self,
+        correction: &Correction,
+        now_ms: u64,
+    ) -> Result<Lesson, CorrectionError> {
+        let prepared = self.prepare_correction(correction, now_ms)?;
+        let verdict = OfflineVerifier.check(&prepared);
+        self.commit_correction(prepared, verdict, now_ms)
+    }
+
+    /// The correction rate limiter (persisted in the snapshot).
+    pub fn limiter(&self) -> &RateLimiter {
+        &self.state.limiter
+    }
 }

@@ -1,0 +1,89 @@
+//! relevance: the lessons a task sees, ranked by its tools, its features and (weakly) its
+//! goal's words, and the fenced block they are injected in.
+
+use std::collections::BTreeSet;
+
+use super::{AdaptiveStrategies, RelevanceQuery, ScoredLesson, render_strategy_context};
+use crate::record::Lesson;
+
+/// Lowercased words of a text, for the minor word-overlap signal.
+fn word_set(text: &str) -> BTreeSet<String> {
+    text.to_lowercase()
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| w.len() > 2)
+        .map(str::to_string)
+        .collect()
+}
+
+impl AdaptiveStrategies {
+    /// The most relevant active lessons of a scope for a task, best first (at most `top_k`).
+    /// Relevance comes from the task's tools (a lesson about a planned tool), its features (a
+    /// lesson whose preconditions hold; a lesson with a contradicted precondition is never
+    /// returned) and, weakly, the goal's words; it is multiplied by the confidence. Lessons
+    /// below the floor, expired or superseded are never returned.
+    pub fn relevant(
+        &self,
+        scope: &str,
+        query: RelevanceQuery<'_>,
+        now_ms: u64,
+    ) -> Vec<ScoredLesson> {
+        let cfg = &self.state.config;
+        let goal_words = word_set(query.goal);
+        let mut scored: Vec<ScoredLesson> = self
+            .lessons(scope)
+            .iter()
+            .filter(|l| l.superseded_by.is_none())
+            .filter(|l| l.confidence >= cfg.min_confidence - 1e-9)
+            .filter(|l| {
+                cfg.strategy_ttl_ms == 0
+                    || now_ms.saturating_sub(l.reinforced_ms) <= cfg.strategy_ttl_ms
+            })
+            .filter_map(|l| {
+                let mut matched = 0usize;
+                for (k, v) in &l.preconditions {
+                    match query.features.get(k) {
+                        Some(x) if x == v => matched += 1,
+                        Some(_) => return None,
+                        None => {}
+                    }
+                }
+                let tool_score = match &l.tool {
+                    Some(t) if query.tools.iter().any(|q| q == t) => 2.0,
+                    _ => 0.0,
+                };
+                let feature_score = matched as f64 / (l.preconditions.len().max(1)) as f64;
+                let lesson_words = word_set(&l.action);
+                let inter = goal_words.intersection(&lesson_words).count() as f64;
+                let union = goal_words.union(&lesson_words).count().max(1) as f64;
+                let word_score = 0.5 * inter / union;
+                let raw = tool_score + feature_score + word_score;
+                (raw > 0.0).then(|| ScoredLesson {
+                    lesson: l.clone(),
+                    score: raw * l.confidence,
+                })
+            })
+            .collect();
+        scored.sort_by(|a, b| {
+            b.score
+                .total_cmp(&a.score)
+                .then(a.lesson.lesson_id.cmp(&b.lesson.lesson_id))
+        });
+        scored.truncate(cfg.top_k);
+        scored
+    }
+
+    /// The fenced `<strategy_context>` block for a task (see [`render_strategy_context`]).
+    pub fn context_for(
+        &self,
+        scope: &str,
+        query: RelevanceQuery<'_>,
+        now_ms: u64,
+    ) -> Option<String> {
+        let lessons: Vec<Lesson> = self
+            .relevant(scope, query, now_ms)
+            .into_iter()
+            .map(|s| s.lesson)
+            .collect();
+        render_strategy_context(&lessons)
+    }
+}
