@@ -291,20 +291,9 @@ impl Default for ReflectRetryConfig {
     }
 }
 
-/// Whose lessons a run sees.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ScopeConfig {
-    /// Lessons belong to the user (the default).
-    #[default]
-    PerUser,
-    /// Lessons are shared within a tenant.
-    PerTenant,
-    /// Lessons are shared by everyone.
-    Shared,
-    /// Lessons belong to the session.
-    PerSession,
-}
+/// Whose lessons a run sees (`per_user`, the default, `per_tenant`, `shared` or
+/// `per_session`): the adaptive strategies' own scope mode.
+pub use crate::learn::adaptive::ScopeMode as ScopeConfig;
 
 /// `[adaptive]`: lessons synthesised from failures.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

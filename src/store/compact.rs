@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 
 use redb::{ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle};
+use serde::de::DeserializeOwned;
 
 use super::error::read_err;
 use super::read::{decode, decode_idempotent};
@@ -74,39 +75,17 @@ impl Store {
         {
             if let Some(ttl) = self.inner.options.diary_ttl_ms {
                 let cutoff = now_ms.saturating_sub(ttl);
-                let mut t = txn.open_table(DIARY).map_err(|e| fail(&e))?;
-                let (mut removed, mut damaged) = (0, 0);
-                t.retain(|_, v| match envelope::decode::<NewDiaryEntry>(v) {
-                    Ok(e) if e.time_ms < cutoff => {
-                        removed += 1;
-                        false
-                    }
-                    Ok(_) => true,
-                    Err(_) => {
-                        damaged += 1;
-                        true
-                    }
-                })
-                .map_err(|e| fail(&e))?;
+                let (removed, damaged) =
+                    remove_older(&txn, DIARY, cutoff, |e: &NewDiaryEntry| e.time_ms)
+                        .map_err(|e| fail(&e))?;
                 report.diary_removed = removed;
                 report.damaged_kept += damaged;
             }
             if let Some(ttl) = self.inner.options.experience_ttl_ms {
                 let cutoff = now_ms.saturating_sub(ttl);
-                let mut t = txn.open_table(EXPERIENCE).map_err(|e| fail(&e))?;
-                let (mut removed, mut damaged) = (0, 0);
-                t.retain(|_, v| match envelope::decode::<StoredExperience>(v) {
-                    Ok(e) if e.time_ms() < cutoff => {
-                        removed += 1;
-                        false
-                    }
-                    Ok(_) => true,
-                    Err(_) => {
-                        damaged += 1;
-                        true
-                    }
-                })
-                .map_err(|e| fail(&e))?;
+                let (removed, damaged) =
+                    remove_older(&txn, EXPERIENCE, cutoff, StoredExperience::time_ms)
+                        .map_err(|e| fail(&e))?;
                 report.experience_removed = removed;
                 report.damaged_kept += damaged;
             }
@@ -167,6 +146,30 @@ impl Store {
         }
         txn.commit().map_err(|e| fail(e.to_string()))
     }
+}
+
+/// Removes from `table` the records whose time (`time_of`) is before `cutoff`; a record that
+/// cannot be decoded is kept (its age cannot be read). Returns `(removed, damaged kept)`.
+fn remove_older<T: DeserializeOwned>(
+    txn: &redb::WriteTransaction,
+    table: TableDefinition<u64, &[u8]>,
+    cutoff: u64,
+    time_of: impl Fn(&T) -> u64,
+) -> Result<(u64, u64), redb::Error> {
+    let mut t = txn.open_table(table)?;
+    let (mut removed, mut damaged) = (0, 0);
+    t.retain(|_, v| match envelope::decode::<T>(v) {
+        Ok(e) if time_of(&e) < cutoff => {
+            removed += 1;
+            false
+        }
+        Ok(_) => true,
+        Err(_) => {
+            damaged += 1;
+            true
+        }
+    })?;
+    Ok((removed, damaged))
 }
 
 /// Builds the open-runs index once, for a store written before it existed: every run record

@@ -39,15 +39,9 @@ pub(super) fn config_error(key: impl Into<String>, reason: impl Into<String>) ->
 pub fn adaptive_config(
     section: &hindsight::config::AdaptiveConfig,
 ) -> Result<hindsight::learn::adaptive::AdaptiveConfig, StartError> {
-    use hindsight::config::ScopeConfig;
-    use hindsight::learn::adaptive::{AdaptiveConfig, AdaptiveError, ScopeMode};
+    use hindsight::learn::adaptive::{AdaptiveConfig, AdaptiveError};
     let adaptive = AdaptiveConfig {
-        scope: match section.scope {
-            ScopeConfig::PerUser => ScopeMode::PerUser,
-            ScopeConfig::PerTenant => ScopeMode::PerTenant,
-            ScopeConfig::Shared => ScopeMode::Shared,
-            ScopeConfig::PerSession => ScopeMode::PerSession,
-        },
+        scope: section.scope,
         synthesis_threshold: section.synthesis_threshold as usize,
         failure_retention: section.failure_retention as usize,
         max_strategies: section.max_strategies as usize,
