@@ -1,0 +1,345 @@
+//! niches: specialists and the arms unlucky early: second looks by fallbacks, niches behind
+//! failures elsewhere, and rare cells.
+
+use super::*;
+
+/// A specialist that failed once in its niche (one success, one failure) against a
+/// generalist known to succeed 78% of the time there: the policy still tries it now and then.
+/// (3% of the draws here). Plain Thompson sampling sharpened 8 times (the old default) did
+/// so under 1% of the time.
+#[test]
+fn a_specialist_unlucky_once_in_its_niche_is_tried_again() {
+    let stages = vec![StageArms {
+        stage: "search".into(),
+        arms: vec![Arm::new("web", "top10"), Arm::new("scholar", "citations")],
+    }];
+    let science = feats(&[("topic", "science")]);
+    let teach = |p: &mut Policy| {
+        for i in 0..100 {
+            let ok = (i * 7) % 100 < 78;
+            search_obs(p, &science, Arm::new("web", "top10"), ok);
+        }
+        for ok in [true, false] {
+            search_obs(p, &science, Arm::new("scholar", "citations"), ok);
+        }
+    };
+    let share = |config: PolicyConfig| {
+        let mut p = Policy::new(config, stages.clone()).unwrap();
+        teach(&mut p);
+        draw_share(&p, &science, &[1], 9)
+    };
+    let now = share(PolicyConfig::default());
+    let old = share(PolicyConfig {
+        optimistic: false,
+        sharpen: 8.0,
+        ..PolicyConfig::default()
+    });
+    assert!(now >= 0.02, "now {now}");
+    assert!(now >= 3.0 * old, "now {now}, old {old}");
+}
+
+/// After the leader failed on a task, the fallback is drawn from the plain posterior: an arm
+/// with 3 successes and 2 failures in the niche gets the second look its evidence allows
+/// (9% of the fallbacks here, against an arm known to succeed 80% of the time), where the
+/// sharpened posterior of the first attempt would give it 1%.
+#[test]
+fn a_fallback_gives_an_arm_unlucky_early_the_look_its_evidence_allows() {
+    let stages = search_stage(&["leader", "known", "unsure"]);
+    let niche = feats(&[("topic", "news")]);
+    let teach = |p: &mut Policy| {
+        for (arm, successes, failures) in [("leader", 60, 2), ("known", 40, 10), ("unsure", 3, 2)] {
+            search_spread(p, &niche, arm, successes, failures);
+        }
+    };
+    let share = |config: PolicyConfig| {
+        let mut p = Policy::new(config, stages.clone()).unwrap();
+        teach(&mut p);
+        fallback_share(&p, &niche, 2, 5)
+    };
+    // Without the second look from the cell's own counts (tested on its own below), which
+    // would lift "unsure" under either sharpening.
+    let plain = PolicyConfig {
+        fallback_local_visits: 0.0,
+        ..PolicyConfig::default()
+    };
+    let now = share(plain.clone());
+    let sharpened = share(PolicyConfig {
+        fallback_sharpen: 4.0,
+        fallback_evidence_sharpen: 3.0,
+        ..plain
+    });
+    assert!(
+        (0.06..0.3).contains(&now),
+        "now {now}, sharpened {sharpened}"
+    );
+    assert!(now >= 3.0 * sharpened, "now {now}, sharpened {sharpened}");
+}
+
+#[test]
+fn a_fallback_takes_a_second_look_at_an_arm_unlucky_in_a_busy_cell() {
+    // "law" is poor off its niche (4 of 20 in each other topic) and was tried twice in its
+    // busy niche, once failing; pooled with the other topics it looks poor there too.
+    let stages = search_stage(&["web", "law", "crawler"]);
+    let legal = feats(&[("topic", "legal")]);
+    let share = |config: PolicyConfig| {
+        let mut p = Policy::new(config, stages.clone()).unwrap();
+        for topic in ["news", "product", "science"] {
+            let f = feats(&[("topic", topic)]);
+            for (arm, successes, failures) in [("web", 50, 10), ("law", 4, 16), ("crawler", 30, 20)]
+            {
+                search_spread(&mut p, &f, arm, successes, failures);
+            }
+        }
+        for (arm, successes, failures) in [("web", 40, 10), ("law", 1, 1), ("crawler", 10, 10)] {
+            search_spread(&mut p, &legal, arm, successes, failures);
+        }
+        fallback_share(&p, &legal, 1, 9)
+    };
+    let second_look = share(PolicyConfig::default());
+    let pooled_only = share(PolicyConfig {
+        fallback_local_visits: 0.0,
+        ..PolicyConfig::default()
+    });
+    assert!(
+        second_look >= 0.15 && second_look >= 2.0 * pooled_only,
+        "with the second look {second_look}, pooled only {pooled_only}"
+    );
+}
+
+/// A fallback is drawn from the levels' evidence alone, without the structure prior: after
+/// the leader failed in a niche where a specialist (poor elsewhere) succeeded twice, the
+/// specialist gets the fallback as often as with no prior at all (8.1% of the draws here),
+/// where drawing with the prior would give it 5.6% and the rest to an arm that is fair
+/// everywhere.
+#[test]
+fn a_fallback_looks_for_a_niche_without_the_structure_prior() {
+    let stages = search_stage(&["leader", "fair", "special"]);
+    let niche = feats(&[("depth", "quick"), ("lang", "en"), ("topic", "d")]);
+    let share = |config: PolicyConfig| {
+        let mut p = Policy::new(config, stages.clone()).unwrap();
+        for topic in ["a", "b", "c"] {
+            for depth in ["quick", "deep"] {
+                let f = feats(&[("depth", depth), ("lang", "en"), ("topic", topic)]);
+                search_spread(&mut p, &f, "leader", 16, 4);
+                search_spread(&mut p, &f, "fair", 12, 8);
+                search_spread(&mut p, &f, "special", 1, 5);
+            }
+        }
+        search_spread(&mut p, &niche, "leader", 3, 2);
+        search_spread(&mut p, &niche, "special", 2, 0);
+        fallback_share(&p, &niche, 2, 9)
+    };
+    let prior = PolicyConfig {
+        level_penalty_first: 0.5,
+        level_penalty_more: 1.0,
+        ..PolicyConfig::default()
+    };
+    let exempt = share(prior.clone());
+    let flat = share(PolicyConfig {
+        level_penalty_first: 0.0,
+        level_penalty_more: 0.0,
+        ..prior.clone()
+    });
+    let with_prior = share(PolicyConfig {
+        level_penalty_in_fallback: true,
+        ..prior
+    });
+    assert_eq!(exempt, flat, "the fallback ignores the structure prior");
+    assert!(
+        exempt > 1.25 * with_prior,
+        "fallback share of the specialist: {exempt} without the prior, {with_prior} with it"
+    );
+}
+
+#[test]
+fn a_specialists_successes_elsewhere_do_not_lift_it_where_it_failed() {
+    // law_db is chosen on legal questions, where it works, and fails the three times it
+    // was tried on product questions. Its global counts say 0.95; on product it is poor.
+    let estimate = |pool_from_global: bool| {
+        let config = PolicyConfig {
+            pool_from_global,
+            ..PolicyConfig::default()
+        };
+        let stages = vec![StageArms {
+            stage: "search".into(),
+            arms: vec![Arm::new("law_db", "statutes"), Arm::new("web", "top10")],
+        }];
+        let mut p = Policy::new(config, stages).unwrap();
+        let obs = |topic: &str, ok: bool| {
+            let f = feats(&[("language", "en"), ("topic", topic)]);
+            stage_obs(
+                f,
+                "search",
+                Arm::new("law_db", "statutes"),
+                ok,
+                3000.0,
+                0.03,
+            )
+        };
+        for i in 0..63 {
+            if i % 20 == 19 {
+                p.update(&obs("product", false));
+            } else {
+                p.update(&obs("legal", true));
+            }
+        }
+        let product = feats(&[("language", "en"), ("topic", "product")]);
+        let r = p.rank_stage(&product, 0);
+        r.iter().find(|x| x.0 == 0).map(|x| x.1).unwrap()
+    };
+    let own = estimate(false);
+    let pooled = estimate(true);
+    assert!(own < 0.15, "law_db on product: {own}");
+    assert!(pooled > own + 0.05, "pooled {pooled} vs own {own}");
+}
+
+#[test]
+fn failures_outside_its_niche_do_not_hide_the_niche() {
+    // "special" works on topic d only; "general" is fair everywhere. The policy first sees
+    // topics a-c (where trying "special" fails), then topic d: it must still find "special"
+    // there. Over 20 seeds it does 19 times, with or without `rarity_sharpen`. (First
+    // attempts alone, with no fallback, found it 17 times before `rarity_sharpen` and 2
+    // times with it: topic d's cell is far rarer than its parent when it appears, so its
+    // first attempts stay near the parent's estimate, and the fallback after "general"
+    // fails is what gives "special" its look there.)
+    let stages = search_stage(&["general", "special"]);
+    let mut wins = 0;
+    for seed in 0..20 {
+        let mut p = Policy::new(PolicyConfig::default(), stages.clone()).unwrap();
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let run = |p: &mut Policy, topic: &str, rng: &mut fastrand::Rng| {
+            let f = feats(&[
+                ("depth", if rng.bool() { "quick" } else { "deep" }),
+                ("topic", topic),
+            ]);
+            let c = p.choose(&f, rng);
+            let ps = |a: usize| match (a, topic) {
+                (0, _) => 0.75,
+                (_, "d") => 0.95,
+                _ => 0.1,
+            };
+            // As the runtime does: a failed stage falls back to another arm.
+            let mut tried = vec![c.indices[0]];
+            let mut stages_seen = Vec::new();
+            loop {
+                let a = tried[tried.len() - 1];
+                let ok = rng.f64() < ps(a);
+                let arm = stages[0].arms[a].clone();
+                let o = stage_obs(f.clone(), "search", arm, ok, 1000.0, 0.001);
+                stages_seen.extend(o.stages);
+                if ok || tried.len() > 1 {
+                    break;
+                }
+                match p.fallback(&f, 0, &tried, rng) {
+                    Some(next) => tried.push(next),
+                    None => break,
+                }
+            }
+            p.update(&Observation {
+                features: f,
+                stages: stages_seen,
+            });
+        };
+        for i in 0..60 {
+            run(&mut p, ["a", "b", "c"][i % 3], &mut rng);
+        }
+        for _ in 0..60 {
+            run(&mut p, "d", &mut rng);
+        }
+        let d = feats(&[("depth", "quick"), ("topic", "d")]);
+        wins += usize::from(p.greedy(&d).0[0] == 1);
+    }
+    assert!(wins >= 16, "the niche was found in {wins} of 20 runs");
+}
+
+/// A cell far rarer than its parent explores around the parent's estimate: an arm its
+/// parents know to be poor is seldom tried there, where without `rarity_sharpen` its broad
+/// cell prior sends it a share of the draws (0 of 4,000 draws against 5%). The means (the
+/// greedy plan) are the same.
+#[test]
+fn a_rare_cell_explores_less_than_a_busy_one_and_keeps_its_means() {
+    let poor_share = |config: PolicyConfig| {
+        let (p, rare) = rare_cell_policy(config, 200);
+        (draw_share(&p, &rare, &[1], 3), p.greedy(&rare))
+    };
+    let (with, greedy_with) = poor_share(thompson());
+    let (without, greedy_without) = poor_share(PolicyConfig {
+        rarity_sharpen: 0.0,
+        ..thompson()
+    });
+    assert!(without > 0.02, "without rarity {without}");
+    assert!(with < without / 3.0, "with {with}, without {without}");
+    assert_eq!(greedy_with, greedy_without);
+}
+
+/// With `rarity_min_parent_fine` below the floor, a rare cell fixing two features is held
+/// to its parents' estimate early (its busiest parent has had 61 visits here), where the
+/// default floor lets it explore as if new. Measured at an evidence sharpening of 3: at the
+/// default 4 the levels' weights alone leave the poor arm about 1% of the draws there, with
+/// either floor.
+#[test]
+fn a_lower_floor_for_the_finer_cells_holds_them_back_earlier() {
+    let poor_share = |fine: f64| {
+        let config = PolicyConfig {
+            rarity_min_parent_fine: fine,
+            evidence_sharpen: 3.0,
+            ..thompson()
+        };
+        let busy = feats(&[("kind", "common"), ("lang", "en")]);
+        let rare = feats(&[("kind", "common"), ("lang", "fr")]);
+        let (p, rare) = rare_cell_policy_in(config, 30, busy, rare);
+        draw_share(&p, &rare, &[1], 3)
+    };
+    let (held, free) = (poor_share(20.0), poor_share(200.0));
+    assert!(held < free * 0.8, "floor 20: {held}, floor 200: {free}");
+}
+
+/// Rarity holds a cell back only once its busiest parent has had `rarity_min_parent`
+/// visits: after 80 tasks (160 visits) a rare cell explores exactly as without rarity, and
+/// after 200 tasks (400 visits) it explores less.
+#[test]
+fn rarity_waits_until_the_parent_has_seen_enough() {
+    let poor_share = |rounds: usize, rarity: f64| {
+        let config = PolicyConfig {
+            rarity_sharpen: rarity,
+            ..thompson()
+        };
+        let (p, rare) = rare_cell_policy(config, rounds);
+        draw_share(&p, &rare, &[1], 3)
+    };
+    let (early, early_without) = (poor_share(80, 4.0), poor_share(80, 0.0));
+    assert!(
+        early > 0.02 && early == early_without,
+        "{early} {early_without}"
+    );
+    let (later, later_without) = (poor_share(200, 4.0), poor_share(200, 0.0));
+    assert!(later < later_without / 3.0, "{later} {later_without}");
+}
+
+/// The data's sharpening grows with the tries: an arm with 3 successes in its first 5
+/// tries, against one known to succeed 80% of the time, keeps a share of the first
+/// attempts that sharpening each try 4 times over at once (`sharpen_ramp` 0) takes away.
+#[test]
+fn a_few_unlucky_first_tries_do_not_write_an_arm_off() {
+    let stages = search_stage(&["known", "unsure"]);
+    let niche = feats(&[("topic", "news")]);
+    let share = |ramp: f64| {
+        let mut p = Policy::new(
+            PolicyConfig {
+                sharpen_ramp: ramp,
+                ..PolicyConfig::default()
+            },
+            stages.clone(),
+        )
+        .unwrap();
+        for (arm, successes, failures) in [("known", 40, 10), ("unsure", 3, 2)] {
+            search_spread(&mut p, &niche, arm, successes, failures);
+        }
+        draw_share(&p, &niche, &[1], 5)
+    };
+    let (ramped, at_once) = (share(25.0), share(0.0));
+    assert!(
+        ramped >= 2.0 * at_once && ramped > 0.03,
+        "{ramped} {at_once}"
+    );
+}
