@@ -189,17 +189,7 @@ impl Store {
 
     /// Diary entries with a sequence number greater than `seq`, oldest first.
     pub fn diary_since(&self, seq: u64) -> Result<Vec<Result<DiaryEntry, StoreError>>, StoreError> {
-        let txn = self.read_txn()?;
-        let t = txn.open_table(DIARY).map_err(read_err("diary"))?;
-        let mut out = Vec::new();
-        for entry in t
-            .range(seq.saturating_add(1)..)
-            .map_err(read_err("diary"))?
-        {
-            let (k, v) = entry.map_err(read_err("diary"))?;
-            out.push(decode_diary(k.value(), v.value()));
-        }
-        Ok(out)
+        self.rows_after(DIARY, seq, decode_diary)
     }
 
     /// The whole experience log, oldest first, each with its sequence number.
@@ -209,16 +199,26 @@ impl Store {
 
     /// Experience tuples with a sequence number greater than `seq`, oldest first.
     pub fn experience_since(&self, seq: u64) -> Result<Entries<u64, ExperienceTuple>, StoreError> {
+        self.rows_after(EXPERIENCE, seq, |seq, bytes| {
+            (seq, decode_experience(seq, bytes))
+        })
+    }
+
+    /// The rows of a sequence-numbered table after `seq`, oldest first, each as `row` makes it
+    /// of its sequence number and bytes (read errors name the table).
+    fn rows_after<T>(
+        &self,
+        table: TableDefinition<u64, &[u8]>,
+        seq: u64,
+        row: impl Fn(u64, &[u8]) -> T,
+    ) -> Result<Vec<T>, StoreError> {
+        let name = table.name();
         let txn = self.read_txn()?;
-        let t = txn.open_table(EXPERIENCE).map_err(read_err("experience"))?;
+        let t = txn.open_table(table).map_err(read_err(name))?;
         let mut out = Vec::new();
-        for entry in t
-            .range(seq.saturating_add(1)..)
-            .map_err(read_err("experience"))?
-        {
-            let (k, v) = entry.map_err(read_err("experience"))?;
-            let seq = k.value();
-            out.push((seq, decode_experience(seq, v.value())));
+        for entry in t.range(seq.saturating_add(1)..).map_err(read_err(name))? {
+            let (k, v) = entry.map_err(read_err(name))?;
+            out.push(row(k.value(), v.value()));
         }
         Ok(out)
     }
