@@ -223,6 +223,11 @@ pub struct PolicyConfig {
     /// Share of first attempts chosen by Thompson sampling all the same (a second look at arms
     /// written off early; see the README).
     pub thompson_share: f64,
+    /// Nats of evidence the change detector needs before it says an arm got worse in a
+    /// cluster (lower follows a drift sooner and forgets a good arm by mistake more often).
+    pub change_threshold: f64,
+    /// Nats of evidence the change detector needs before it says an arm got better.
+    pub change_threshold_up: f64,
 }
 
 impl Default for PolicyConfig {
@@ -243,6 +248,8 @@ impl Default for PolicyConfig {
             fallback_local_visits: bandit.fallback_local_visits,
             ids_samples: bandit.ids_samples,
             thompson_share: bandit.thompson_share,
+            change_threshold: bandit.change_threshold,
+            change_threshold_up: bandit.change_threshold_up,
         }
     }
 }
@@ -661,6 +668,17 @@ impl Config {
                 return bad(key, format!("must be 0 or more, found {v}"));
             }
         }
+        for (key, v) in [
+            ("policy.change_threshold", self.policy.change_threshold),
+            (
+                "policy.change_threshold_up",
+                self.policy.change_threshold_up,
+            ),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return bad(key, format!("must be a number of nats above 0, found {v}"));
+            }
+        }
         if !(0.0..=1.0).contains(&self.policy.thompson_share) {
             return bad(
                 "policy.thompson_share",
@@ -973,6 +991,22 @@ mod tests {
         Config::parse(&format!("[policy]\n{line}\n"), "h.toml")
             .unwrap_err()
             .to_string()
+    }
+
+    #[test]
+    fn a_change_threshold_must_be_above_zero() {
+        let e = policy_error("change_threshold = 0.0");
+        assert!(e.contains("policy.change_threshold"), "{e}");
+        assert!(
+            e.contains("must be a number of nats above 0, found 0"),
+            "{e}"
+        );
+        let e = policy_error("change_threshold_up = -3.0");
+        assert!(e.contains("policy.change_threshold_up"), "{e}");
+        let c = Config::parse("[policy]\nchange_threshold = 7.5\n", "h.toml").unwrap();
+        assert_eq!(c.policy.change_threshold, 7.5);
+        let defaults = crate::learn::bandit::PolicyConfig::default();
+        assert_eq!(c.policy.change_threshold_up, defaults.change_threshold_up);
     }
 
     #[test]

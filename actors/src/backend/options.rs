@@ -80,6 +80,8 @@ pub fn apply_learning(config: &Config, opts: &mut RuntimeOptions) -> Result<(), 
     opts.policy.fallback_local_visits = policy.fallback_local_visits;
     opts.policy.ids_samples = policy.ids_samples;
     opts.policy.thompson_share = policy.thompson_share;
+    opts.policy.change_threshold = policy.change_threshold;
+    opts.policy.change_threshold_up = policy.change_threshold_up;
     opts.distill.every = policy.distill_every;
     opts.distill.margin = policy.distill_margin;
     opts.distill.defer_margin = policy.distill_defer_margin;

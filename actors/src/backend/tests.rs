@@ -9,7 +9,7 @@ use super::*;
 async fn the_policy_section_reaches_the_bandit() {
     let dir = tempfile::tempdir().unwrap();
     let text = format!(
-        "data_dir = {:?}\n[policy]\nprior_strength = 3.0\nlevel_penalty_first = 0.5\nlevel_penalty_more = 1.0\nstage_evidence_share = 0.5\nstage_evidence_min_arms = 3\nfallback_local_visits = 0.0\nids_samples = 8\nthompson_share = 0.25\n",
+        "data_dir = {:?}\n[policy]\nprior_strength = 3.0\nlevel_penalty_first = 0.5\nlevel_penalty_more = 1.0\nstage_evidence_share = 0.5\nstage_evidence_min_arms = 3\nfallback_local_visits = 0.0\nids_samples = 8\nthompson_share = 0.25\nchange_threshold = 8.5\nchange_threshold_up = 6.0\n",
         dir.path()
     );
     let config = Config::parse(&text, "test.toml").unwrap();
@@ -23,6 +23,8 @@ async fn the_policy_section_reaches_the_bandit() {
     assert_eq!(opts.policy.fallback_local_visits, 0.0);
     assert_eq!(opts.policy.ids_samples, 8);
     assert_eq!(opts.policy.thompson_share, 0.25);
+    assert_eq!(opts.policy.change_threshold, 8.5);
+    assert_eq!(opts.policy.change_threshold_up, 6.0);
 }
 
 #[tokio::test]
