@@ -10,6 +10,7 @@
 //! and FORMAT.md's expected reward counts those failures against the arm). An environment that
 //! wants arm-specific transient faults uses `p_infra`.
 
+mod baselines;
 mod model;
 mod parse;
 pub mod rng;
@@ -57,6 +58,8 @@ pub struct Baselines {
 pub struct SimEnv {
     spec: Arc<SimSpec>,
     seed: u64,
+    /// Baselines already walked, shared by the clones (they do not depend on the seed).
+    memo: Arc<baselines::Memo>,
 }
 
 impl SimEnv {
@@ -75,6 +78,7 @@ impl SimEnv {
         Ok(SimEnv {
             spec: Arc::new(parse::parse_spec(text, file_name)?),
             seed: 0,
+            memo: Arc::default(),
         })
     }
 
@@ -239,11 +243,12 @@ impl SimEnv {
     /// The oracle and the random baseline of a task in one pass over every plan
     /// ([`SimEnv::oracle`], [`SimEnv::random_baseline`]). Each arm's numbers are worked out once
     /// per task and the plans are walked in file order with running products and sums, so that
-    /// no plan is ever built: a million plans take milliseconds, not a gigabyte. The figures are
-    /// the ones [`SimEnv::expected_reward`] gives each plan, to the bit.
+    /// no plan is ever built: a million plans take milliseconds, not a gigabyte. Tasks whose
+    /// arms have the same numbers in force (the same features, on the same side of every drift
+    /// point) share one walk. The figures are the ones [`SimEnv::expected_reward`] gives each
+    /// plan, to the bit.
     pub fn baselines(&self, index: u64, features: &BTreeMap<String, String>) -> Baselines {
         let stages = &self.spec.stages;
-        let reward = &self.spec.reward;
         // Per stage, per arm: (p_success * p_valid, latency, cost).
         let numbers: Vec<Vec<(f64, f64, f64)>> = stages
             .iter()
@@ -257,61 +262,9 @@ impl SimEnv {
                     .collect()
             })
             .collect();
-        if numbers.iter().any(Vec::is_empty) {
-            return Baselines {
-                oracle_plan: Vec::new(),
-                oracle: f64::NEG_INFINITY,
-                random: 0.0,
-            };
-        }
-        let k = stages.len();
-        // prefix[d] = (p_pass, latency, cost) over stages 0..d of the current plan.
-        let mut prefix = vec![(1.0, 0.0, 0.0); k + 1];
-        let mut at = vec![0usize; k];
-        let fill = |prefix: &mut [(f64, f64, f64)], at: &[usize], from: usize| {
-            for d in from..k {
-                let (p, l, c) = prefix[d];
-                let (ap, al, ac) = numbers[d][at[d]];
-                prefix[d + 1] = (p * ap, l + al, c + ac);
-            }
-        };
-        fill(&mut prefix, &at, 0);
-        let (mut best, mut best_at) = (f64::NEG_INFINITY, at.clone());
-        let (mut sum, mut count) = (0.0, 0u64);
-        'plans: loop {
-            let (p, l, c) = prefix[k];
-            let value = (p * reward.gross(l, c)).clamp(0.0, 1.0);
-            if value > best {
-                best = value;
-                best_at.clone_from(&at);
-            }
-            sum += value;
-            count += 1;
-            // The next plan in file order: the last stage turns fastest.
-            let mut d = k;
-            loop {
-                if d == 0 {
-                    break 'plans;
-                }
-                d -= 1;
-                at[d] += 1;
-                if at[d] < numbers[d].len() {
-                    break;
-                }
-                at[d] = 0;
-            }
-            fill(&mut prefix, &at, d);
-        }
-        let oracle_plan = best_at
-            .iter()
-            .zip(stages)
-            .map(|(&j, s)| (s.arms[j].tool.clone(), s.arms[j].strategy.clone()))
-            .collect();
-        Baselines {
-            oracle_plan,
-            oracle: best,
-            random: sum / count as f64,
-        }
+        self.memo.get_or_walk(numbers, |numbers| {
+            baselines::walk(stages, &self.spec.reward, numbers)
+        })
     }
 
     /// The reward of a finished task (FORMAT.md).

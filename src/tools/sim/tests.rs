@@ -298,6 +298,39 @@ fn baselines_are_the_brute_force_ones_to_the_bit() {
     }
 }
 
+/// Tasks with the same numbers in force share one walk over the plans, and what they share is
+/// what a walk of their own would give, to the bit, on both sides of the drift point.
+#[test]
+fn tasks_with_the_same_numbers_share_one_walk() {
+    let env = bank().with_seed(5);
+    let mut combos = std::collections::BTreeSet::new();
+    for index in 0..1000 {
+        let f = env.draw_task(5, index).features;
+        let b = env.baselines(index, &f);
+        // A fresh parse has an empty memo: its answer is a walk of this task's own.
+        let own = bank().baselines(index, &f);
+        assert_eq!(b, own, "task {index}");
+        combos.insert((f, index >= 600));
+    }
+    let walks = env.memo.walks();
+    assert!(
+        walks <= combos.len() as u64,
+        "{walks} walks, {} combinations",
+        combos.len()
+    );
+    assert!(walks < 100, "{walks} walks for 1000 tasks");
+    // The drift changes the baselines of the tasks it applies to: those are walked again.
+    let f = feats(&[
+        ("filetype", "pdf"),
+        ("size_bucket", "0-10MB"),
+        ("tenant", "B"),
+    ]);
+    let before = env.baselines(599, &f);
+    let after = env.baselines(600, &f);
+    assert_eq!(after, bank().baselines(600, &f));
+    assert_ne!(before, after);
+}
+
 /// Ten arms in each of six stages are a million plans: the baselines walk them without
 /// building one (the plan list alone would take about a gigabyte).
 #[test]
