@@ -258,9 +258,10 @@ impl Default for PolicyConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TriageConfig {
-    /// Recovery attempts per failure type before escalation.
+    /// Recoveries per ReflectRetry round before the run is escalated.
     pub max_recovery_attempts: u32,
-    /// Attempts per run, all causes together.
+    /// Attempts per run, all causes together (the first, each recovery, each round sent back
+    /// by ReflectRetry or a plugin).
     pub max_total_attempts: u32,
     /// A failure-policy file; absent = the built-in policy.
     pub policy_file: Option<PathBuf>,
@@ -270,7 +271,7 @@ impl Default for TriageConfig {
     fn default() -> Self {
         TriageConfig {
             max_recovery_attempts: 3,
-            max_total_attempts: 5,
+            max_total_attempts: 12,
             policy_file: None,
         }
     }

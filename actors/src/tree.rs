@@ -64,6 +64,12 @@ impl Default for Directory {
 pub struct TreeConfig {
     /// Recoveries per ReflectRetry round before the run is escalated.
     pub max_recovery_attempts: u32,
+    /// Attempts per run, all causes together (the first, each recovery, each round ReflectRetry
+    /// or a plugin sent back): a recovery past it escalates the run, a round past it is not
+    /// started and the last result stands. 0 = no cap; the default, 12, is every attempt the
+    /// other defaults allow (three rounds of four), so it binds only when an embedder's plugins
+    /// add rounds.
+    pub max_total_attempts: u32,
     /// How long a stage's call (retries included) may take before the run gives up on it.
     pub stage_timeout: Duration,
     /// The failure classifier and policy.
@@ -76,6 +82,7 @@ impl Default for TreeConfig {
     fn default() -> Self {
         TreeConfig {
             max_recovery_attempts: 3,
+            max_total_attempts: 12,
             stage_timeout: Duration::from_secs(120),
             triage: Arc::new(TriageSetup::default()),
             guard: hindsight::guard::GuardConfig::default(),

@@ -317,3 +317,51 @@ async fn a_failing_or_panicking_plugin_never_fails_a_run() {
     assert_eq!(rt.restarts(), crasher_restarts, "restarts: {restarts:?}");
     rt.shutdown().await;
 }
+
+/// `max_total_attempts` caps a run's attempts whatever asks for them: a plugin that sends every
+/// round back gets as many rounds as the cap leaves (the last result stands), and all of them
+/// without a cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_total_attempts_cap_holds_against_a_plugin_that_always_sends_runs_back() {
+    let env = env();
+    for cap in [3u32, 1, 0] {
+        let dir = tempfile::tempdir().unwrap();
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let mut opts = options(dir.path(), vec![recorder(&seen, true, None).max_retries(6)]);
+        opts.reflect_retry.max_retries = 0;
+        opts.tree.max_total_attempts = cap;
+        let rt = Runtime::start(opts).await.unwrap();
+        let records = workload::run_tasks(&rt, &env, 3, 6, 2, |_| {})
+            .await
+            .unwrap();
+        assert_eq!(records.len(), 6);
+        for r in &records {
+            // An escalated run lists the recovery it was refused.
+            let refused = u32::from(r.state == "escalated");
+            let attempts = 1 + r.recoveries.len() as u32 + r.reflect_retries - refused;
+            if cap == 1 {
+                // One attempt: no round is sent back, and a run that needed a recovery ends
+                // escalated instead of making a second attempt.
+                assert_eq!(r.reflect_retries, 0, "task {}", r.task);
+                assert!(
+                    r.recoveries.is_empty() || r.state == "escalated",
+                    "task {}",
+                    r.task
+                );
+            } else if cap > 0 {
+                assert!(attempts <= cap, "task {}: {attempts} attempts", r.task);
+            } else {
+                assert_eq!(r.reflect_retries, 6, "task {} without a cap", r.task);
+            }
+        }
+        if cap > 1 {
+            assert!(
+                records
+                    .iter()
+                    .any(|r| r.recoveries.is_empty() && r.reflect_retries == cap - 1),
+                "a run without recoveries gets every round the cap leaves"
+            );
+        }
+        rt.shutdown().await;
+    }
+}

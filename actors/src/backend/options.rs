@@ -136,6 +136,7 @@ pub async fn runtime_options(
         )));
     }
     opts.tree.max_recovery_attempts = config.triage.max_recovery_attempts;
+    opts.tree.max_total_attempts = config.triage.max_total_attempts;
     opts.tree.guard = config.guard.clone();
     if let Some(path) = &config.triage.policy_file {
         let setup = crate::recovery::TriageSetup::load(path)

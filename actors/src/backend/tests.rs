@@ -28,6 +28,26 @@ async fn the_policy_section_reaches_the_bandit() {
 }
 
 #[tokio::test]
+async fn the_triage_caps_reach_the_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "data_dir = {:?}\n[triage]\nmax_recovery_attempts = 2\nmax_total_attempts = 4\n",
+        dir.path()
+    );
+    let config = Config::parse(&text, "test.toml").unwrap();
+    let (opts, _) = runtime_options(&config).await.unwrap();
+    assert_eq!(opts.tree.max_recovery_attempts, 2);
+    assert_eq!(opts.tree.max_total_attempts, 4);
+    let (defaults, _) = runtime_options(&Config::parse("", "empty.toml").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        defaults.tree.max_total_attempts,
+        crate::tree::TreeConfig::default().max_total_attempts
+    );
+}
+
+#[tokio::test]
 async fn the_daemon_applies_the_run_ttl_at_start() {
     use hindsight::{Run, RunState};
     let dir = tempfile::tempdir().unwrap();

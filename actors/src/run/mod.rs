@@ -452,8 +452,11 @@ async fn drive(
             Verdict::Accept => theirs,
             retry => retry,
         };
+        // Every attempt the run may still make is spent: the last result stands.
+        let total = ctx.config.max_total_attempts;
+        let spent = total > 0 && st.attempt + 1 >= total;
         match verdict {
-            Verdict::Retry { reflection, .. } if state != RunState::Aborted => {
+            Verdict::Retry { reflection, .. } if state != RunState::Aborted && !spent => {
                 st.reflect_retries += 1;
                 st.round += 1;
                 st.recoveries_in_round = 0;

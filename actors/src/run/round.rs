@@ -172,6 +172,16 @@ pub(super) async fn run_round(
                 )),
             ));
         }
+        let total = ctx.config.max_total_attempts;
+        if total > 0 && st.attempt >= total {
+            return Ok((
+                RunState::Escalated,
+                Some(format!(
+                    "max_total_attempts ({total}) reached; last failure {} at stage {}: {}",
+                    decision.failure, plan.arms[failure.stage].stage, failure.message
+                )),
+            ));
+        }
         let failed_arm = plan.arms[failure.stage].clone();
         match decision.action {
             RecoveryAction::Retry {
