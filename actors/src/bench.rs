@@ -223,8 +223,8 @@ pub struct LearningBench {
     pub drift: Option<DriftRecovery>,
     /// Wall time of the workload.
     pub seconds: f64,
-    /// The configuration file whose `[policy]` and `[adaptive]` the tree learned with (`null`:
-    /// the embedded defaults).
+    /// The configuration file whose `[policy]`, `[adaptive]` and `[triage]` caps the tree learned
+    /// with (`null`: the embedded defaults).
     pub config: Option<String>,
 }
 
@@ -232,7 +232,8 @@ pub struct LearningBench {
 /// file it was read from.
 #[derive(Debug, Clone, Copy)]
 pub struct LearningSettings<'a> {
-    /// The configuration (its `[policy]`, but the seed, and `[adaptive]` apply).
+    /// The configuration (its `[policy]`, but the seed, `[adaptive]` and the `[triage]` caps
+    /// apply).
     pub config: &'a hindsight::config::Config,
     /// The file it came from, for the report.
     pub file: &'a Path,

@@ -66,7 +66,8 @@ pub fn adaptive_config(
 }
 
 /// Sets what `opts`'s tree learns with from the configuration: `[policy]` (all of it but its
-/// seed, which the caller sets) and `[adaptive]`. The daemon and `hindsight bench learning
+/// seed, which the caller sets), `[adaptive]` and the `[triage]` caps (how many attempts a run
+/// may make is how many outcomes it gives the policy). The daemon and `hindsight bench learning
 /// --config` both go through here.
 pub fn apply_learning(config: &Config, opts: &mut RuntimeOptions) -> Result<(), StartError> {
     let policy = &config.policy;
@@ -86,6 +87,8 @@ pub fn apply_learning(config: &Config, opts: &mut RuntimeOptions) -> Result<(), 
     opts.distill.margin = policy.distill_margin;
     opts.distill.defer_margin = policy.distill_defer_margin;
     opts.adaptive = adaptive_config(&config.adaptive)?;
+    opts.tree.max_recovery_attempts = config.triage.max_recovery_attempts;
+    opts.tree.max_total_attempts = config.triage.max_total_attempts;
     Ok(())
 }
 
@@ -135,8 +138,6 @@ pub async fn runtime_options(
             Arc::new(client),
         )));
     }
-    opts.tree.max_recovery_attempts = config.triage.max_recovery_attempts;
-    opts.tree.max_total_attempts = config.triage.max_total_attempts;
     opts.tree.guard = config.guard.clone();
     if let Some(path) = &config.triage.policy_file {
         let setup = crate::recovery::TriageSetup::load(path)

@@ -90,9 +90,9 @@ pub struct LearningArgs {
     /// `diary` with `--data DIR`); by default it runs on a temporary store, never on `--data`.
     #[arg(long, value_name = "DIR")]
     pub keep: Option<PathBuf>,
-    /// Learn with this configuration file's `[policy]` (all but its seed: `--seed` is the run's)
-    /// and `[adaptive]` sections instead of the embedded defaults, to measure a setting before
-    /// the daemon runs with it.
+    /// Learn with this configuration file's `[policy]` (all but its seed: `--seed` is the run's),
+    /// `[adaptive]` sections and `[triage]` caps instead of the embedded defaults, to measure a
+    /// setting before the daemon runs with it.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Print one JSON object.
