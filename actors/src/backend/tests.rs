@@ -5,16 +5,22 @@ use hindsight::config::DurabilityConfig;
 
 use super::*;
 
-#[tokio::test]
-async fn the_policy_section_reaches_the_bandit() {
+/// The runtime options of a configuration holding `sections` (its data directory a fresh one).
+async fn options_of(sections: &str) -> crate::runtime::RuntimeOptions {
     let dir = tempfile::tempdir().unwrap();
-    let text = format!(
-        "data_dir = {:?}\n[policy]\nprior_strength = 3.0\nlevel_penalty_first = 0.5\nlevel_penalty_more = 1.0\nstage_evidence_share = 0.5\nstage_evidence_min_arms = 3\nfallback_local_visits = 0.0\nids_samples = 8\nthompson_share = 0.25\nchange_threshold = 8.5\nchange_threshold_up = 6.0\n",
-        dir.path()
-    );
+    let text = format!("data_dir = {:?}\n{sections}", dir.path());
     let config = Config::parse(&text, "test.toml").unwrap();
     let (opts, servers) = runtime_options(&config).await.unwrap();
     assert!(servers.is_empty());
+    opts
+}
+
+#[tokio::test]
+async fn the_policy_section_reaches_the_bandit() {
+    let opts = options_of(
+        "[policy]\nprior_strength = 3.0\nlevel_penalty_first = 0.5\nlevel_penalty_more = 1.0\nstage_evidence_share = 0.5\nstage_evidence_min_arms = 3\nfallback_local_visits = 0.0\nids_samples = 8\nthompson_share = 0.25\nchange_threshold = 8.5\nchange_threshold_up = 6.0\n",
+    )
+    .await;
     assert_eq!(opts.policy.pool_strength, 3.0);
     assert_eq!(opts.policy.level_penalty_first, 0.5);
     assert_eq!(opts.policy.level_penalty_more, 1.0);
@@ -29,18 +35,10 @@ async fn the_policy_section_reaches_the_bandit() {
 
 #[tokio::test]
 async fn the_triage_caps_reach_the_tree() {
-    let dir = tempfile::tempdir().unwrap();
-    let text = format!(
-        "data_dir = {:?}\n[triage]\nmax_recovery_attempts = 2\nmax_total_attempts = 4\n",
-        dir.path()
-    );
-    let config = Config::parse(&text, "test.toml").unwrap();
-    let (opts, _) = runtime_options(&config).await.unwrap();
+    let opts = options_of("[triage]\nmax_recovery_attempts = 2\nmax_total_attempts = 4\n").await;
     assert_eq!(opts.tree.max_recovery_attempts, 2);
     assert_eq!(opts.tree.max_total_attempts, 4);
-    let (defaults, _) = runtime_options(&Config::parse("", "empty.toml").unwrap())
-        .await
-        .unwrap();
+    let defaults = options_of("").await;
     assert_eq!(
         defaults.tree.max_total_attempts,
         crate::tree::TreeConfig::default().max_total_attempts

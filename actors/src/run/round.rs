@@ -162,22 +162,22 @@ pub(super) async fn run_round(
         );
         st.recoveries_in_round += 1;
         st.attempt += 1;
-        let cap = ctx.config.max_recovery_attempts;
-        if st.recoveries_in_round > cap {
+        let (cap, total) = (
+            ctx.config.max_recovery_attempts,
+            ctx.config.max_total_attempts,
+        );
+        let over = if st.recoveries_in_round > cap {
+            Some(format!("max_recovery_attempts ({cap}) exceeded"))
+        } else if total > 0 && st.attempt >= total {
+            Some(format!("max_total_attempts ({total}) reached"))
+        } else {
+            None
+        };
+        if let Some(over) = over {
             return Ok((
                 RunState::Escalated,
                 Some(format!(
-                    "max_recovery_attempts ({cap}) exceeded; last failure {} at stage {}: {}",
-                    decision.failure, plan.arms[failure.stage].stage, failure.message
-                )),
-            ));
-        }
-        let total = ctx.config.max_total_attempts;
-        if total > 0 && st.attempt >= total {
-            return Ok((
-                RunState::Escalated,
-                Some(format!(
-                    "max_total_attempts ({total}) reached; last failure {} at stage {}: {}",
+                    "{over}; last failure {} at stage {}: {}",
                     decision.failure, plan.arms[failure.stage].stage, failure.message
                 )),
             ));

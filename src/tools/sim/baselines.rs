@@ -21,26 +21,23 @@ pub(super) struct Memo {
 
 impl Memo {
     /// The baselines of `numbers` (per stage, per arm: pass probability, latency, cost), from
-    /// the memo or from `walk` (then kept). A poisoned lock only costs the memo, not the answer.
+    /// the memo or walked (then kept). A poisoned lock only costs the memo, not the answer.
     pub(super) fn get_or_walk(
         &self,
-        numbers: Vec<Vec<(f64, f64, f64)>>,
-        walk: impl FnOnce(&[Vec<(f64, f64, f64)>]) -> Baselines,
+        stages: &[Stage],
+        reward: &RewardConfig,
+        numbers: &[Vec<(f64, f64, f64)>],
     ) -> Baselines {
+        // One environment's memo: its stages' arm counts never change, so the bits suffice.
         let key: Vec<u64> = numbers
             .iter()
-            .flat_map(|stage| {
-                std::iter::once(stage.len() as u64).chain(
-                    stage
-                        .iter()
-                        .flat_map(|&(p, l, c)| [p.to_bits(), l.to_bits(), c.to_bits()]),
-                )
-            })
+            .flatten()
+            .flat_map(|&(p, l, c)| [p.to_bits(), l.to_bits(), c.to_bits()])
             .collect();
         if let Some(b) = self.walked.lock().ok().and_then(|m| m.get(&key).cloned()) {
             return b;
         }
-        let b = walk(&numbers);
+        let b = walk(stages, reward, numbers);
         self.walks.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut m) = self.walked.lock() {
             if m.len() >= MEMO_CAPACITY {
@@ -50,9 +47,7 @@ impl Memo {
         }
         b
     }
-}
 
-impl Memo {
     /// Walks made so far (each a miss of the memo).
     #[cfg(test)]
     pub(super) fn walks(&self) -> u64 {
@@ -63,11 +58,7 @@ impl Memo {
 /// The oracle and the random baseline over every plan of `numbers` (per stage, per arm: pass
 /// probability, latency, cost), walked in file order with running products and sums so that no
 /// plan is ever built.
-pub(super) fn walk(
-    stages: &[Stage],
-    reward: &RewardConfig,
-    numbers: &[Vec<(f64, f64, f64)>],
-) -> Baselines {
+fn walk(stages: &[Stage], reward: &RewardConfig, numbers: &[Vec<(f64, f64, f64)>]) -> Baselines {
     if numbers.iter().any(Vec::is_empty) {
         return Baselines {
             oracle_plan: Vec::new(),
