@@ -9,7 +9,8 @@
 //! `--wide` draws six to ten arms per stage instead (the "many arms" of the issue, at its far end);
 //! `--arms 15,20` draws each stage's number of arms from the list given; `--up` makes the drift
 //! upward (the drifting arm becomes nearly perfect for its feature value: an arm long written off
-//! may become the best).
+//! may become the best); `--features 5,6,7` draws each environment's number of features from
+//! the list given (most of them noise, as a task's metadata often is).
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -18,6 +19,8 @@ use std::path::Path;
 pub const ARMS: &[u64] = &[3, 4, 5, 6];
 /// Arms per stage with `--wide`.
 pub const WIDE_ARMS: &[u64] = &[6, 7, 8, 10];
+/// Features per environment, drawn from these.
+pub const FEATURES: &[u64] = &[2, 3, 3, 4];
 
 /// The environment of `seed`, as TOML text (the same text for the same seed, on every build).
 pub fn generate(seed: u64) -> String {
@@ -33,11 +36,18 @@ pub fn generate_with(seed: u64, arm_counts: &[u64]) -> String {
 /// (`p_success` and `p_valid` 0.99) for its feature value instead of breaking, so that an arm
 /// long written off may become the best.
 pub fn generate_drift(seed: u64, arm_counts: &[u64], up: bool) -> String {
+    generate_env(seed, arm_counts, FEATURES, up)
+}
+
+/// [`generate_drift`] with the number of features drawn from `feature_counts` (the same text
+/// as `generate_drift` when it is [`FEATURES`]). With five or more, most features are noise
+/// that no arm's odds turn on, as a task's metadata often is.
+pub fn generate_env(seed: u64, arm_counts: &[u64], feature_counts: &[u64], up: bool) -> String {
     let mut r = fastrand::Rng::with_seed(seed);
     let pick = |r: &mut fastrand::Rng, xs: &[u64]| xs[r.usize(..xs.len())];
     let round2 = |x: f64| (x * 100.0).round() / 100.0;
     let n_stages = pick(&mut r, &[3, 3, 4, 5]);
-    let n_features = pick(&mut r, &[2, 3, 3, 4]);
+    let n_features = pick(&mut r, feature_counts);
     let features: Vec<(String, Vec<String>, Vec<u64>)> = (0..n_features)
         .map(|i| {
             let k = pick(&mut r, &[2, 3, 4]);
@@ -138,11 +148,32 @@ pub fn generate_drift(seed: u64, arm_counts: &[u64], up: bool) -> String {
     out
 }
 
+/// A comma-separated list of counts, each from `min` to `max`, for the option `flag`.
+fn counts(flag: &str, list: &str, (min, max): (u64, u64), what: &str) -> Result<Vec<u64>, String> {
+    list.split(',')
+        .map(|n| match n.trim().parse::<u64>() {
+            Ok(k) if (min..=max).contains(&k) => Ok(k),
+            _ => Err(format!(
+                "{flag}: `{n}` is not a number of {what} ({min} to {max})"
+            )),
+        })
+        .collect()
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let up = args.iter().any(|a| a == "--up");
     args.retain(|a| a != "--up");
-    let usage = "usage: random_env DIR FIRST LAST [--wide | --arms N,M,...] [--up]";
+    let usage =
+        "usage: random_env DIR FIRST LAST [--wide | --arms N,M,...] [--features N,M,...] [--up]";
+    let feature_counts = match args.iter().position(|a| a == "--features") {
+        Some(i) => {
+            let list = args.get(i + 1).ok_or(usage)?.clone();
+            args.drain(i..i + 2);
+            counts("--features", &list, (1, 31), "features")?
+        }
+        None => FEATURES.to_vec(),
+    };
     let dir = args.first().ok_or(usage)?;
     let first: u64 = args.get(1).ok_or(usage)?.parse()?;
     let last: u64 = args.get(2).ok_or(usage)?.parse()?;
@@ -151,13 +182,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (None, _) => ARMS,
         (Some("--wide"), None) => WIDE_ARMS,
         (Some("--arms"), Some(list)) => {
-            listed = list
-                .split(',')
-                .map(|n| match n.trim().parse::<u64>() {
-                    Ok(k) if k >= 2 => Ok(k),
-                    _ => Err(format!("--arms: `{n}` is not a number of arms (2 or more)")),
-                })
-                .collect::<Result<_, _>>()?;
+            listed = counts("--arms", list, (2, u64::MAX), "arms")?;
             &listed
         }
         _ => return Err(usage.into()),
@@ -165,7 +190,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::create_dir_all(dir)?;
     for seed in first..=last {
         let path = Path::new(dir).join(format!("g{seed}.toml"));
-        std::fs::write(&path, generate_drift(seed, arm_counts, up))?;
+        std::fs::write(&path, generate_env(seed, arm_counts, &feature_counts, up))?;
         println!("{}", path.display());
     }
     Ok(())

@@ -6,6 +6,12 @@ use std::collections::BTreeMap;
 /// The name of the global node (no feature fixed).
 pub const GLOBAL_KEY: &str = "*";
 
+/// The most features a node of a sparse lattice fixes, short of the exact cluster (see
+/// [`Lattice::new`]): with many features the full lattice would have too many nodes, but an
+/// arm's odds often turn on one feature or on two together (a file type at a size), and
+/// without the pairs the exact cluster is the only node that sees them, one task in many.
+pub const SPARSE_ORDER: u32 = 2;
+
 /// FNV-1a, 64 bits: a stable hash (the same on every build) for node keys.
 fn fnv(bytes: &[u8], mut h: u64) -> u64 {
     for &b in bytes {
@@ -40,7 +46,7 @@ pub struct Lattice {
 
 impl Lattice {
     /// The hierarchy for `features`: every subset when there are at most `full_max` features,
-    /// else the global node, the single features and the exact cluster.
+    /// else every subset of at most [`SPARSE_ORDER`] features and the exact cluster.
     pub fn new(features: &BTreeMap<String, String>, full_max: usize) -> Lattice {
         let pairs: Vec<(&str, &str)> = features
             .iter()
@@ -53,8 +59,16 @@ impl Lattice {
             all.sort_by_key(|m| (m.count_ones(), *m));
             all
         } else {
+            // The global node, the single features and the pairs, in the same order as the full
+            // lattice's (by size, then mask), then the exact cluster.
             let mut v = vec![0u32];
             v.extend((0..k).map(|i| 1u32 << i));
+            for i in 0..k {
+                for j in i + 1..k {
+                    v.push((1u32 << i) | (1u32 << j));
+                }
+            }
+            v.sort_by_key(|m| (m.count_ones(), *m));
             v.push(((1u64 << k) - 1) as u32);
             v
         };
@@ -216,8 +230,27 @@ mod tests {
     fn wide_features_use_a_sparse_lattice() {
         let f = feats(&[("a", "1"), ("b", "2"), ("c", "3"), ("d", "4"), ("e", "5")]);
         let lat = Lattice::new(&f, 4);
-        assert_eq!(lat.nodes.len(), 7);
-        assert_eq!(lat.nodes[6].parents.len(), 5);
+        // Global, five singles, ten pairs, the exact cluster.
+        assert_eq!(lat.nodes.len(), 1 + 5 + 10 + 1);
+        let exact = &lat.nodes[16];
+        assert_eq!(exact.mask, 0b11111);
+        assert_eq!(exact.parents.len(), 10);
+        for (i, n) in lat.nodes.iter().enumerate().take(16) {
+            assert!(n.mask.count_ones() <= SPARSE_ORDER);
+            // A pair's parents are its two single features; a single's, the global node.
+            let want = if n.mask == 0 {
+                0
+            } else if n.mask.count_ones() == 1 {
+                1
+            } else {
+                2
+            };
+            assert_eq!(n.parents.len(), want, "node {i}");
+            for &p in &n.parents {
+                assert!(p < i);
+            }
+            assert_eq!(n.hash, key_hash(&lat.key(&f, i)), "node {i}");
+        }
         let empty = Lattice::new(&BTreeMap::new(), 4);
         assert_eq!(empty.nodes.len(), 1);
     }

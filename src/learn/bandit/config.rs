@@ -94,7 +94,8 @@ pub struct PolicyConfig {
     /// Observations the detector needs before a change point to put one there.
     pub change_min_before: u32,
     /// The finest levels of the hierarchy that run change detection (1 = the exact cluster
-    /// only, 2 = also the nodes with one feature less).
+    /// only, 2 = also the nodes of the next size down the task's lattice, and so on; a sparse
+    /// lattice's sizes are the exact cluster's, two, one and none).
     pub change_levels: u32,
     /// Pseudo-observations kept (at the recent success rate) when a change is detected; the
     /// node's finer clusters forget the arm the same way.

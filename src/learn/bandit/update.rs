@@ -134,11 +134,21 @@ impl Policy {
                 .collect()
         };
         let mut fired: Vec<Change> = Vec::new();
-        let k = obs.features.len().min(31) as u32;
+        // Change detection on the finest `change_levels` levels of this lattice only: coarser
+        // nodes mix clusters whose share moves as the policy learns, which would look like
+        // change. Levels are counted over the node sizes the lattice has, so that a sparse
+        // lattice (many features) detects at its single features and pairs too, not at the
+        // exact cluster alone, which sees too few tasks to find a change in time.
+        let mut sizes: Vec<u32> = lattice.nodes.iter().map(|n| n.mask.count_ones()).collect();
+        sizes.sort_unstable_by(|a, b| b.cmp(a));
+        sizes.dedup();
+        let finest = sizes
+            .get((c.change_levels as usize).saturating_sub(1))
+            .or(sizes.last())
+            .copied()
+            .unwrap_or(0);
         for (i, ln) in lattice.nodes.iter().enumerate() {
-            // Change detection on the finest levels only: coarser nodes mix clusters whose share
-            // moves as the policy learns, which would look like change.
-            let detect = ln.mask.count_ones() + c.change_levels > k;
+            let detect = c.change_levels > 0 && ln.mask.count_ones() >= finest;
             let n_arms = self.n_arms;
             let node = self.nodes.entry(ln.hash).or_insert_with(|| Node {
                 key: lattice.key(&obs.features, i),
