@@ -112,8 +112,11 @@ pub struct PolicyConfig {
     pub propensity_draws: usize,
     /// Plans enumerated exhaustively up to this number; coordinate ascent beyond.
     pub max_enumerate: usize,
-    /// Every feature subset is a pooling node up to this many features; beyond, only the
-    /// global node, single features and the exact cluster.
+    /// Every feature subset is a pooling node up to this many features; beyond, the subsets of
+    /// at most [`SPARSE_ORDER`](crate::learn::cluster::SPARSE_ORDER) features and the exact
+    /// cluster. The default, 3, gives every task the same shape of hierarchy (none, one or two
+    /// features, and the exact cluster): with four features the triples are nearly as sparse
+    /// as the exact cluster and only dilute the levels' average.
     pub full_lattice_max_features: usize,
     /// A cell with one feature fixed starts from the global node's estimate (true) or from the
     /// configured prior (false, the default: an arm's global counts come from where it was
@@ -322,7 +325,7 @@ impl Default for PolicyConfig {
             unknown_weight: 0.5,
             propensity_draws: 32,
             max_enumerate: 4096,
-            full_lattice_max_features: 4,
+            full_lattice_max_features: 3,
             pool_from_global: false,
             pool_by_evidence: true,
             optimistic: true,
