@@ -10,7 +10,8 @@
 //! `--arms 15,20` draws each stage's number of arms from the list given; `--up` makes the drift
 //! upward (the drifting arm becomes nearly perfect for its feature value: an arm long written off
 //! may become the best); `--features 5,6,7` draws each environment's number of features from
-//! the list given (most of them noise, as a task's metadata often is).
+//! the list given (most of them noise, as a task's metadata often is), `--values 8,12` each
+//! feature's number of values (each value seen rarely).
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -21,6 +22,20 @@ pub const ARMS: &[u64] = &[3, 4, 5, 6];
 pub const WIDE_ARMS: &[u64] = &[6, 7, 8, 10];
 /// Features per environment, drawn from these.
 pub const FEATURES: &[u64] = &[2, 3, 3, 4];
+/// Values per feature, drawn from these.
+pub const VALUES: &[u64] = &[2, 3, 4];
+
+/// The shape of the environments [`generate_env`] draws: each stage's number of arms, each
+/// environment's number of features and each feature's number of values come from these lists.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape<'a> {
+    /// Arms per stage.
+    pub arms: &'a [u64],
+    /// Features per environment.
+    pub features: &'a [u64],
+    /// Values per feature.
+    pub values: &'a [u64],
+}
 
 /// The environment of `seed`, as TOML text (the same text for the same seed, on every build).
 pub fn generate(seed: u64) -> String {
@@ -36,21 +51,28 @@ pub fn generate_with(seed: u64, arm_counts: &[u64]) -> String {
 /// (`p_success` and `p_valid` 0.99) for its feature value instead of breaking, so that an arm
 /// long written off may become the best.
 pub fn generate_drift(seed: u64, arm_counts: &[u64], up: bool) -> String {
-    generate_env(seed, arm_counts, FEATURES, up)
+    let shape = Shape {
+        arms: arm_counts,
+        features: FEATURES,
+        values: VALUES,
+    };
+    generate_env(seed, shape, up)
 }
 
-/// [`generate_drift`] with the number of features drawn from `feature_counts` (the same text
-/// as `generate_drift` when it is [`FEATURES`]). With five or more, most features are noise
-/// that no arm's odds turn on, as a task's metadata often is.
-pub fn generate_env(seed: u64, arm_counts: &[u64], feature_counts: &[u64], up: bool) -> String {
+/// [`generate_drift`] in any [`Shape`] (the same text as `generate_drift` with [`FEATURES`]
+/// and [`VALUES`]). With five features or more, most are noise that no arm's odds turn on, as
+/// a task's metadata often is; with many values, each value is seen rarely (a tenant among
+/// twelve).
+pub fn generate_env(seed: u64, shape: Shape<'_>, up: bool) -> String {
+    let arm_counts = shape.arms;
     let mut r = fastrand::Rng::with_seed(seed);
     let pick = |r: &mut fastrand::Rng, xs: &[u64]| xs[r.usize(..xs.len())];
     let round2 = |x: f64| (x * 100.0).round() / 100.0;
     let n_stages = pick(&mut r, &[3, 3, 4, 5]);
-    let n_features = pick(&mut r, feature_counts);
+    let n_features = pick(&mut r, shape.features);
     let features: Vec<(String, Vec<String>, Vec<u64>)> = (0..n_features)
         .map(|i| {
-            let k = pick(&mut r, &[2, 3, 4]);
+            let k = pick(&mut r, shape.values);
             let values = (0..k).map(|j| format!("v{i}{j}")).collect();
             let weights = (0..k).map(|_| r.u64(1..=5)).collect();
             (format!("f{i}"), values, weights)
@@ -165,15 +187,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let up = args.iter().any(|a| a == "--up");
     args.retain(|a| a != "--up");
     let usage =
-        "usage: random_env DIR FIRST LAST [--wide | --arms N,M,...] [--features N,M,...] [--up]";
-    let feature_counts = match args.iter().position(|a| a == "--features") {
-        Some(i) => {
-            let list = args.get(i + 1).ok_or(usage)?.clone();
-            args.drain(i..i + 2);
-            counts("--features", &list, (1, 31), "features")?
+        "usage: random_env DIR FIRST LAST [--wide | --arms N,M,...] [--features N,M,...] [--values N,M,...] [--up]";
+    let mut option = |flag: &str, range: (u64, u64), what: &str, default: &[u64]| {
+        match args.iter().position(|a| a == flag) {
+            Some(i) => {
+                let list = args.get(i + 1).ok_or(usage)?.clone();
+                args.drain(i..i + 2);
+                counts(flag, &list, range, what)
+            }
+            None => Ok(default.to_vec()),
         }
-        None => FEATURES.to_vec(),
     };
+    let feature_counts = option("--features", (1, 31), "features", FEATURES)?;
+    let value_counts = option("--values", (1, 1000), "values", VALUES)?;
     let dir = args.first().ok_or(usage)?;
     let first: u64 = args.get(1).ok_or(usage)?.parse()?;
     let last: u64 = args.get(2).ok_or(usage)?.parse()?;
@@ -190,7 +216,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::create_dir_all(dir)?;
     for seed in first..=last {
         let path = Path::new(dir).join(format!("g{seed}.toml"));
-        std::fs::write(&path, generate_env(seed, arm_counts, &feature_counts, up))?;
+        let shape = Shape {
+            arms: arm_counts,
+            features: &feature_counts,
+            values: &value_counts,
+        };
+        std::fs::write(&path, generate_env(seed, shape, up))?;
         println!("{}", path.display());
     }
     Ok(())
