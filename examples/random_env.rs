@@ -182,24 +182,34 @@ fn counts(flag: &str, list: &str, (min, max): (u64, u64), what: &str) -> Result<
         .collect()
 }
 
+/// Removes `flag` and the list after it from `args` and parses the list (see [`counts`]);
+/// `default` when the flag is absent.
+fn take_counts(
+    args: &mut Vec<String>,
+    flag: &str,
+    range: (u64, u64),
+    what: &str,
+    default: &[u64],
+) -> Result<Vec<u64>, String> {
+    let Some(i) = args.iter().position(|a| a == flag) else {
+        return Ok(default.to_vec());
+    };
+    let list = args
+        .get(i + 1)
+        .cloned()
+        .ok_or_else(|| format!("{flag} needs a list of numbers: N,M,..."))?;
+    args.drain(i..i + 2);
+    counts(flag, &list, range, what)
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let up = args.iter().any(|a| a == "--up");
     args.retain(|a| a != "--up");
-    let usage =
-        "usage: random_env DIR FIRST LAST [--wide | --arms N,M,...] [--features N,M,...] [--values N,M,...] [--up]";
-    let mut option = |flag: &str, range: (u64, u64), what: &str, default: &[u64]| {
-        match args.iter().position(|a| a == flag) {
-            Some(i) => {
-                let list = args.get(i + 1).ok_or(usage)?.clone();
-                args.drain(i..i + 2);
-                counts(flag, &list, range, what)
-            }
-            None => Ok(default.to_vec()),
-        }
-    };
-    let feature_counts = option("--features", (1, 31), "features", FEATURES)?;
-    let value_counts = option("--values", (1, 1000), "values", VALUES)?;
+    let usage = "usage: random_env DIR FIRST LAST [--wide | --arms N,M,...] \
+                 [--features N,M,...] [--values N,M,...] [--up]";
+    let feature_counts = take_counts(&mut args, "--features", (1, 31), "features", FEATURES)?;
+    let value_counts = take_counts(&mut args, "--values", (1, 1000), "values", VALUES)?;
     let dir = args.first().ok_or(usage)?;
     let first: u64 = args.get(1).ok_or(usage)?.parse()?;
     let last: u64 = args.get(2).ok_or(usage)?.parse()?;
