@@ -3,7 +3,7 @@
 //! evidence, and change detection with forgetting for drift.
 
 use super::beliefs::{Cell, level_evidence};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -62,6 +62,31 @@ pub struct UpdateSummary {
     pub unknown_arm: u32,
     /// Changes detected (evidence forgotten) across the cluster nodes.
     pub changes_detected: u32,
+}
+
+/// The evidence a level starts with when it first appears (per arm): its lowest parent's. A
+/// level with none scores 0, the best that a sum of log-likelihoods can, so a level that appears
+/// late (a new feature in the tasks, a daemon restarted with a wider hierarchy) would otherwise
+/// outweigh the levels that have been predicting all along until its own sum caught up.
+fn new_level_evidence(
+    models: &HashMap<u64, ModelEvidence>,
+    lattice: &Lattice,
+    i: usize,
+    n_arms: usize,
+) -> Vec<f64> {
+    let parents: Vec<&ModelEvidence> = lattice.nodes[i]
+        .parents
+        .iter()
+        .filter_map(|&p| models.get(&lattice.nodes[p].signature))
+        .collect();
+    (0..n_arms)
+        .map(|j| {
+            parents
+                .iter()
+                .filter_map(|m| m.log_evidence.get(j).copied())
+                .fold(0.0, f64::min)
+        })
+        .collect()
 }
 
 impl Policy {
@@ -147,6 +172,16 @@ impl Policy {
             .or(sizes.last())
             .copied()
             .unwrap_or(0);
+        // The evidence new levels start from, read before this update changes any.
+        let mut starts: Vec<Option<Vec<f64>>> = lattice
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, ln)| {
+                (!self.models.contains_key(&ln.signature))
+                    .then(|| new_level_evidence(&self.models, &lattice, i, self.n_arms))
+            })
+            .collect();
         for (i, ln) in lattice.nodes.iter().enumerate() {
             let detect = c.change_levels > 0 && ln.mask.count_ones() >= finest;
             let n_arms = self.n_arms;
@@ -164,7 +199,7 @@ impl Policy {
                 .entry(ln.signature)
                 .or_insert_with(|| ModelEvidence {
                     signature: lattice.signature(&obs.features, i),
-                    log_evidence: vec![0.0; n_arms],
+                    log_evidence: starts[i].take().unwrap_or_else(|| vec![0.0; n_arms]),
                 });
             for (item, &(j, x, weight_fail, lat, cost)) in items.iter().enumerate() {
                 let Some(a) = node.arms.get_mut(j) else {

@@ -267,3 +267,56 @@ fn a_stages_arms_share_which_features_matter() {
     );
     assert_eq!(small, alone, "a stage below the minimum shares nothing");
 }
+
+#[test]
+fn a_feature_that_appears_late_starts_no_better_than_the_levels_it_refines() {
+    // A long-lived daemon's tasks gain a feature (a `region` field, say). Its levels are new:
+    // with no evidence they would score 0, the best a sum of log-likelihoods can, and outweigh
+    // every level that has been predicting all along. They start from their lowest parent's.
+    let mut p = policy();
+    let old = feats(&[("filetype", "pdf"), ("tenant", "A")]);
+    let mut rng = fastrand::Rng::with_seed(3);
+    for _ in 0..200 {
+        let ok = rng.f64() < 0.8;
+        p.update(&stage_obs(
+            old.clone(),
+            "normalize",
+            Arm::new("a", "s"),
+            ok,
+            200.0,
+            0.001,
+        ));
+    }
+    let new = feats(&[("filetype", "pdf"), ("region", "eu"), ("tenant", "A")]);
+    p.update(&stage_obs(
+        new,
+        "normalize",
+        Arm::new("a", "s"),
+        true,
+        200.0,
+        0.001,
+    ));
+    let a = p.arm_index("normalize", &Arm::new("a", "s")).unwrap();
+    let snap = p.snapshot();
+    let level = |name: &str| {
+        snap.levels
+            .iter()
+            .find(|l| l.0 == name)
+            .map(|l| l.1[a])
+            .unwrap_or_else(|| panic!("level {name} in {:?}", snap.levels))
+    };
+    let global = level("*");
+    assert!(
+        global < -50.0,
+        "the global level has predicted 200 outcomes: {global}"
+    );
+    // The new single-feature level refines the global node; the new pair refines `filetype`
+    // and `region`; both start at their lowest parent's evidence and have one outcome more.
+    assert!(level("region") < global + 1.0, "region {}", level("region"));
+    assert!(
+        level("filetype|region") < level("filetype") + 1.0,
+        "filetype|region {} against filetype {}",
+        level("filetype|region"),
+        level("filetype")
+    );
+}
