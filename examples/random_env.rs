@@ -64,7 +64,6 @@ pub fn generate_drift(seed: u64, arm_counts: &[u64], up: bool) -> String {
 /// a task's metadata often is; with many values, each value is seen rarely (a tenant among
 /// twelve).
 pub fn generate_env(seed: u64, shape: Shape<'_>, up: bool) -> String {
-    let arm_counts = shape.arms;
     let mut r = fastrand::Rng::with_seed(seed);
     let pick = |r: &mut fastrand::Rng, xs: &[u64]| xs[r.usize(..xs.len())];
     let round2 = |x: f64| (x * 100.0).round() / 100.0;
@@ -109,7 +108,7 @@ pub fn generate_env(seed: u64, shape: Shape<'_>, up: bool) -> String {
     let mut drifting: Option<(u64, u64)> = None;
     for s in 0..n_stages {
         let _ = writeln!(out, "\n[[stage]]\nname = \"s{s}\"");
-        let n_arms = pick(&mut r, arm_counts);
+        let n_arms = pick(&mut r, shape.arms);
         let best = r.u64(..n_arms);
         for a in 0..n_arms {
             let _ = writeln!(
@@ -223,14 +222,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         _ => return Err(usage.into()),
     };
+    let shape = Shape {
+        arms: arm_counts,
+        features: &feature_counts,
+        values: &value_counts,
+    };
     std::fs::create_dir_all(dir)?;
     for seed in first..=last {
         let path = Path::new(dir).join(format!("g{seed}.toml"));
-        let shape = Shape {
-            arms: arm_counts,
-            features: &feature_counts,
-            values: &value_counts,
-        };
         std::fs::write(&path, generate_env(seed, shape, up))?;
         println!("{}", path.display());
     }

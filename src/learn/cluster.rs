@@ -54,24 +54,15 @@ impl Lattice {
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
         let k = pairs.len();
-        let masks: Vec<u32> = if k <= full_max {
-            let mut all: Vec<u32> = (0..(1u32 << k)).collect();
-            all.sort_by_key(|m| (m.count_ones(), *m));
-            all
+        let order = if k <= full_max {
+            k as u32
         } else {
-            // The global node, the single features and the pairs, in the same order as the full
-            // lattice's (by size, then mask), then the exact cluster.
-            let mut v = vec![0u32];
-            v.extend((0..k).map(|i| 1u32 << i));
-            for i in 0..k {
-                for j in i + 1..k {
-                    v.push((1u32 << i) | (1u32 << j));
-                }
-            }
-            v.sort_by_key(|m| (m.count_ones(), *m));
-            v.push(((1u64 << k) - 1) as u32);
-            v
+            SPARSE_ORDER
         };
+        let mut masks = subsets_up_to(k, order);
+        if (order as usize) < k {
+            masks.push(((1u64 << k) - 1) as u32);
+        }
         let mut nodes: Vec<LatticeNode> = Vec::with_capacity(masks.len());
         for &mask in &masks {
             let hash = mask_hash(&pairs, mask);
@@ -105,6 +96,24 @@ impl Lattice {
         Lattice { nodes }
     }
 
+    /// The size (features fixed) of this lattice's `level`-th finest level: 1 = the exact
+    /// cluster's, 2 = the next size down the lattice has, and so on; the coarsest size when it
+    /// has fewer levels.
+    pub fn level_size(&self, level: u32) -> u32 {
+        // Nodes are ordered by size, so the distinct sizes come finest first from the end.
+        let (mut last, mut seen) = (None, 0);
+        for size in self.nodes.iter().rev().map(|n| n.mask.count_ones()) {
+            if last != Some(size) {
+                last = Some(size);
+                seen += 1;
+                if seen == level {
+                    return size;
+                }
+            }
+        }
+        last.unwrap_or(0)
+    }
+
     /// The readable signature of node `i` (the feature names it fixes: `"filetype|tenant"`,
     /// `"*"` for global).
     pub fn signature(&self, features: &BTreeMap<String, String>, i: usize) -> String {
@@ -126,6 +135,23 @@ impl Lattice {
         let mask = self.nodes.get(i).map(|n| n.mask).unwrap_or(0);
         mask_key(features, mask)
     }
+}
+
+/// Every subset of the `k` features fixing at most `order` of them, as masks ordered by size,
+/// then mask (so that a node's parents come before it).
+fn subsets_up_to(k: usize, order: u32) -> Vec<u32> {
+    let mut all = vec![0u32];
+    let mut frontier = vec![0u32];
+    for _ in 0..order.min(k as u32) {
+        // Each subset of the last size, grown by one feature above its highest.
+        frontier = frontier
+            .iter()
+            .flat_map(|&m| (u32::BITS - m.leading_zeros()..k as u32).map(move |b| m | (1 << b)))
+            .collect();
+        all.extend(&frontier);
+    }
+    all.sort_by_key(|m| (m.count_ones(), *m));
+    all
 }
 
 /// The readable key of a feature subset.
@@ -251,7 +277,11 @@ mod tests {
             }
             assert_eq!(n.hash, key_hash(&lat.key(&f, i)), "node {i}");
         }
+        // Its levels, finest first: the exact cluster, the pairs, the singles, the global node.
+        let sizes: Vec<u32> = (1..=5).map(|l| lat.level_size(l)).collect();
+        assert_eq!(sizes, [5, 2, 1, 0, 0]);
         let empty = Lattice::new(&BTreeMap::new(), 4);
         assert_eq!(empty.nodes.len(), 1);
+        assert_eq!(empty.level_size(1), 0);
     }
 }

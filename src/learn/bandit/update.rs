@@ -164,24 +164,28 @@ impl Policy {
         // change. Levels are counted over the node sizes the lattice has, so that a sparse
         // lattice (many features) detects at its single features and pairs too, not at the
         // exact cluster alone, which sees too few tasks to find a change in time.
-        let mut sizes: Vec<u32> = lattice.nodes.iter().map(|n| n.mask.count_ones()).collect();
-        sizes.sort_unstable_by(|a, b| b.cmp(a));
-        sizes.dedup();
-        let finest = sizes
-            .get((c.change_levels as usize).saturating_sub(1))
-            .or(sizes.last())
-            .copied()
-            .unwrap_or(0);
-        // The evidence new levels start from, read before this update changes any.
-        let mut starts: Vec<Option<Vec<f64>>> = lattice
+        let finest = lattice.level_size(c.change_levels);
+        // Levels seen for the first time start from their lowest parent's evidence as it stood
+        // before this update (nothing is allocated when every level is known).
+        let new_levels: Vec<(usize, Vec<f64>)> = lattice
             .nodes
             .iter()
             .enumerate()
-            .map(|(i, ln)| {
-                (!self.models.contains_key(&ln.signature))
-                    .then(|| new_level_evidence(&self.models, &lattice, i, self.n_arms))
+            .filter(|(_, ln)| !self.models.contains_key(&ln.signature))
+            .map(|(i, _)| {
+                (
+                    i,
+                    new_level_evidence(&self.models, &lattice, i, self.n_arms),
+                )
             })
             .collect();
+        for (i, log_evidence) in new_levels {
+            let model = ModelEvidence {
+                signature: lattice.signature(&obs.features, i),
+                log_evidence,
+            };
+            self.models.insert(lattice.nodes[i].signature, model);
+        }
         for (i, ln) in lattice.nodes.iter().enumerate() {
             let detect = c.change_levels > 0 && ln.mask.count_ones() >= finest;
             let n_arms = self.n_arms;
@@ -199,7 +203,7 @@ impl Policy {
                 .entry(ln.signature)
                 .or_insert_with(|| ModelEvidence {
                     signature: lattice.signature(&obs.features, i),
-                    log_evidence: starts[i].take().unwrap_or_else(|| vec![0.0; n_arms]),
+                    log_evidence: vec![0.0; n_arms],
                 });
             for (item, &(j, x, weight_fail, lat, cost)) in items.iter().enumerate() {
                 let Some(a) = node.arms.get_mut(j) else {
