@@ -11,7 +11,8 @@
 //! upward (the drifting arm becomes nearly perfect for its feature value: an arm long written off
 //! may become the best); `--features 5,6,7` draws each environment's number of features from
 //! the list given (most of them noise, as a task's metadata often is), `--values 8,12` each
-//! feature's number of values (each value seen rarely).
+//! feature's number of values (each value seen rarely), `--stages 6,7` each environment's
+//! number of stages (long pipelines, where a task passes only if every stage does).
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -24,6 +25,8 @@ pub const WIDE_ARMS: &[u64] = &[6, 7, 8, 10];
 pub const FEATURES: &[u64] = &[2, 3, 3, 4];
 /// Values per feature, drawn from these.
 pub const VALUES: &[u64] = &[2, 3, 4];
+/// Stages per environment, drawn from these.
+pub const STAGES: &[u64] = &[3, 3, 4, 5];
 
 /// The shape of the environments [`generate_env`] draws: each stage's number of arms, each
 /// environment's number of features and each feature's number of values come from these lists.
@@ -35,6 +38,8 @@ pub struct Shape<'a> {
     pub features: &'a [u64],
     /// Values per feature.
     pub values: &'a [u64],
+    /// Stages per environment.
+    pub stages: &'a [u64],
 }
 
 /// The environment of `seed`, as TOML text (the same text for the same seed, on every build).
@@ -55,19 +60,20 @@ pub fn generate_drift(seed: u64, arm_counts: &[u64], up: bool) -> String {
         arms: arm_counts,
         features: FEATURES,
         values: VALUES,
+        stages: STAGES,
     };
     generate_env(seed, shape, up)
 }
 
-/// [`generate_drift`] in any [`Shape`] (the same text as `generate_drift` with [`FEATURES`]
-/// and [`VALUES`]). With five features or more, most are noise that no arm's odds turn on, as
+/// [`generate_drift`] in any [`Shape`] (the same text as `generate_drift` with [`FEATURES`],
+/// [`VALUES`] and [`STAGES`]). With five features or more, most are noise that no arm's odds turn on, as
 /// a task's metadata often is; with many values, each value is seen rarely (a tenant among
 /// twelve).
 pub fn generate_env(seed: u64, shape: Shape<'_>, up: bool) -> String {
     let mut r = fastrand::Rng::with_seed(seed);
     let pick = |r: &mut fastrand::Rng, xs: &[u64]| xs[r.usize(..xs.len())];
     let round2 = |x: f64| (x * 100.0).round() / 100.0;
-    let n_stages = pick(&mut r, &[3, 3, 4, 5]);
+    let n_stages = pick(&mut r, shape.stages);
     let n_features = pick(&mut r, shape.features);
     let features: Vec<(String, Vec<String>, Vec<u64>)> = (0..n_features)
         .map(|i| {
@@ -206,9 +212,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let up = args.iter().any(|a| a == "--up");
     args.retain(|a| a != "--up");
     let usage = "usage: random_env DIR FIRST LAST [--wide | --arms N,M,...] \
-                 [--features N,M,...] [--values N,M,...] [--up]";
+                 [--features N,M,...] [--values N,M,...] [--stages N,M,...] [--up]";
     let feature_counts = take_counts(&mut args, "--features", (1, 31), "features", FEATURES)?;
     let value_counts = take_counts(&mut args, "--values", (1, 1000), "values", VALUES)?;
+    let stage_counts = take_counts(&mut args, "--stages", (1, 64), "stages", STAGES)?;
     let dir = args.first().ok_or(usage)?;
     let first: u64 = args.get(1).ok_or(usage)?.parse()?;
     let last: u64 = args.get(2).ok_or(usage)?.parse()?;
@@ -226,6 +233,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         arms: arm_counts,
         features: &feature_counts,
         values: &value_counts,
+        stages: &stage_counts,
     };
     std::fs::create_dir_all(dir)?;
     for seed in first..=last {
