@@ -28,8 +28,9 @@ pub const VALUES: &[u64] = &[2, 3, 4];
 /// Stages per environment, drawn from these.
 pub const STAGES: &[u64] = &[3, 3, 4, 5];
 
-/// The shape of the environments [`generate_env`] draws: each stage's number of arms, each
-/// environment's number of features and each feature's number of values come from these lists.
+/// The shape of the environments [`generate_env`] draws: each environment's number of stages
+/// and of features, each stage's number of arms and each feature's number of values come from
+/// these lists.
 #[derive(Debug, Clone, Copy)]
 pub struct Shape<'a> {
     /// Arms per stage.
@@ -66,9 +67,9 @@ pub fn generate_drift(seed: u64, arm_counts: &[u64], up: bool) -> String {
 }
 
 /// [`generate_drift`] in any [`Shape`] (the same text as `generate_drift` with [`FEATURES`],
-/// [`VALUES`] and [`STAGES`]). With five features or more, most are noise that no arm's odds turn on, as
-/// a task's metadata often is; with many values, each value is seen rarely (a tenant among
-/// twelve).
+/// [`VALUES`] and [`STAGES`]). With five features or more, most are noise that no arm's odds
+/// turn on, as a task's metadata often is; with many values, each value is seen rarely (a
+/// tenant among twelve).
 pub fn generate_env(seed: u64, shape: Shape<'_>, up: bool) -> String {
     let mut r = fastrand::Rng::with_seed(seed);
     let pick = |r: &mut fastrand::Rng, xs: &[u64]| xs[r.usize(..xs.len())];
