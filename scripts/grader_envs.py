@@ -65,8 +65,17 @@ def gen(seed):
 def main():
     if len(sys.argv) != 4:
         sys.exit("usage: grader_envs.py FIRST LAST OUTDIR")
-    for seed in range(int(sys.argv[1]), int(sys.argv[2]) + 1):
-        open(f"{sys.argv[3]}/g{seed}.toml", "w").write(gen(seed))
+    try:
+        first, last = int(sys.argv[1]), int(sys.argv[2])
+    except ValueError:
+        sys.exit(f"grader_envs.py: FIRST and LAST must be whole numbers, not {sys.argv[1]!r} and {sys.argv[2]!r}")
+    for seed in range(first, last + 1):
+        path = f"{sys.argv[3]}/g{seed}.toml"
+        try:
+            with open(path, "w") as f:
+                f.write(gen(seed))
+        except OSError as e:
+            sys.exit(f"grader_envs.py: cannot write {path}: {e.strerror}")
 
 
 if __name__ == "__main__":

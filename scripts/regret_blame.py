@@ -23,12 +23,22 @@ import tomllib
 def main():
     if len(sys.argv) not in (3, 5):
         sys.exit("usage: regret_blame.py ENV.toml TRACE.jsonl [FIRST LAST]")
-    with open(sys.argv[1], "rb") as f:
-        env = tomllib.load(f)
-    lo, hi = (int(sys.argv[3]), int(sys.argv[4])) if len(sys.argv) == 5 else (0, 1 << 62)
-    reward = {"success": 1.0, "latency": 0.2, "cost": 0.1, "max_cost": 0.1, **env.get("reward", {})}
-    sla = env["sla_ms"]
-    stages = env["stage"]
+    try:
+        with open(sys.argv[1], "rb") as f:
+            env = tomllib.load(f)
+        lo, hi = (int(sys.argv[3]), int(sys.argv[4])) if len(sys.argv) == 5 else (0, 1 << 62)
+        reward = {"success": 1.0, "latency": 0.2, "cost": 0.1, "max_cost": 0.1,
+                  **env.get("reward", {})}
+        sla = env["sla_ms"]
+        stages = env["stage"]
+    except OSError as e:
+        sys.exit(f"regret_blame.py: cannot read {sys.argv[1]}: {e.strerror}")
+    except tomllib.TOMLDecodeError as e:
+        sys.exit(f"regret_blame.py: {sys.argv[1]} is not TOML: {e}")
+    except KeyError as e:
+        sys.exit(f"regret_blame.py: {sys.argv[1]} has no {e.args[0]} (see FORMAT.md)")
+    except ValueError:
+        sys.exit("regret_blame.py: FIRST and LAST must be whole numbers")
 
     def numbers(s, a, feats, task):
         arm = stages[s]["arm"][a]
@@ -58,20 +68,30 @@ def main():
     blame, count = collections.Counter(), collections.Counter()
     regret = greedy_regret = 0.0
     tasks = 0
-    with open(sys.argv[2]) as f:
-        for line in f:
-            row = json.loads(line)
-            task = row["task"]
+    try:
+        trace = open(sys.argv[2])
+    except OSError as e:
+        sys.exit(f"regret_blame.py: cannot read {sys.argv[2]}: {e.strerror}")
+    with trace as f:
+        for number, line in enumerate(f, 1):
+            try:
+                row = json.loads(line)
+                task, feats, r = int(row["task"]), dict(row["features"]), float(row["regret"])
+                g = float(row.get("greedy_regret", r))
+                chosen = [names[s].index(arm) for s, arm in enumerate(row["plan"])]
+                if len(chosen) != len(stages):
+                    raise ValueError("a plan of another length")
+            except (ValueError, TypeError, KeyError, IndexError) as e:
+                sys.exit(f"regret_blame.py: {sys.argv[2]} line {number} is not a trace line of "
+                         f"{sys.argv[1]}: {e}")
             if not lo <= task < hi:
                 continue
             tasks += 1
-            regret += row["regret"]
-            greedy_regret += row.get("greedy_regret", row["regret"])
-            feats = row["features"]
+            regret += r
+            greedy_regret += g
             nums = [[numbers(s, a, feats, task) for a in range(len(st["arm"]))]
                     for s, st in enumerate(stages)]
             best = max(plans, key=lambda plan: value(plan, nums))
-            chosen = [names[s].index(arm) for s, arm in enumerate(row["plan"])]
             for s, a in enumerate(chosen):
                 if a != best[s]:
                     alt = list(best)
