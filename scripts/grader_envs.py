@@ -10,7 +10,8 @@ uniform in 0.45-0.97 with validity 0.85-1, latency and cost drawn wide, and 0-2 
 feature value (a niche at 0.9-0.99 or a weakness at 0.05-0.4); each stage's best arm at
 `p_infra` 0.3-0.6 on top of `[infra]` faults at 2-10%; one drift at task 600 on a stage's best
 arm to 0.1-0.4 (on one feature value in 70% of files, on every task otherwise). The same seeds
-give the same files (Python's `random.Random`).
+give the same files (Python's `random.Random`): seeds 1-16 are `tests/fixtures/grader/`, which
+`tests/learn_independent.rs` learns.
 """
 import random
 import sys
