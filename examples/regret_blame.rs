@@ -14,6 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::error::Error;
+use std::io::Write;
 use std::path::Path;
 
 use hindsight::tools::sim::SimEnv;
@@ -37,6 +38,13 @@ type Blame = BTreeMap<(String, String, String), (f64, u64)>;
 fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        // Output cut short by its reader (`| head`): not an error.
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            std::process::ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("regret_blame: {e}");
             std::process::ExitCode::FAILURE
@@ -121,15 +129,20 @@ fn run() -> Result<(), Box<dyn Error>> {
             entry.1 += 1;
         }
     }
-    println!(
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
         "{tasks} tasks: regret {regret:.2}, of which exploration {:.2} (the greedy plans alone \
          would have cost {greedy_regret:.2})",
         regret - greedy_regret
-    );
+    )?;
     let mut rows: Vec<_> = blame.into_iter().collect();
     rows.sort_by(|a, b| b.1.0.total_cmp(&a.1.0));
     for ((stage, best, chosen), (lost, n)) in rows.into_iter().take(15) {
-        println!("{lost:7.2} over {n:4} tasks: {stage}: {best} -> {chosen}");
+        writeln!(
+            out,
+            "{lost:7.2} over {n:4} tasks: {stage}: {best} -> {chosen}"
+        )?;
     }
     Ok(())
 }
