@@ -217,6 +217,9 @@ pub struct PolicyConfig {
     /// Visits a task's single-feature cell needs before a fallback gives each arm a draw from
     /// its own counts there (0 = never; see the README).
     pub fallback_local_visits: f64,
+    /// Standard deviations over its posterior mean at which a fallback ranks each arm not
+    /// tried yet (0 = a posterior draw instead; see the README).
+    pub fallback_upper_sd: f64,
     /// Posterior samples behind each information-directed choice (0 = Thompson sampling; see
     /// the README).
     pub ids_samples: usize,
@@ -246,6 +249,7 @@ impl Default for PolicyConfig {
             stage_evidence_share: bandit.stage_evidence_share,
             stage_evidence_min_arms: bandit.stage_evidence_min_arms,
             fallback_local_visits: bandit.fallback_local_visits,
+            fallback_upper_sd: bandit.fallback_upper_sd,
             ids_samples: bandit.ids_samples,
             thompson_share: bandit.thompson_share,
             change_threshold: bandit.change_threshold,
@@ -664,6 +668,7 @@ impl Config {
                 "policy.fallback_local_visits",
                 self.policy.fallback_local_visits,
             ),
+            ("policy.fallback_upper_sd", self.policy.fallback_upper_sd),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return bad(key, format!("must be 0 or more, found {v}"));
@@ -1019,6 +1024,8 @@ mod tests {
         assert!(e.contains("policy.stage_evidence_share"), "{e}");
         let e = policy_error("fallback_local_visits = -50.0");
         assert!(e.contains("policy.fallback_local_visits"), "{e}");
+        let e = policy_error("fallback_upper_sd = -2.0");
+        assert!(e.contains("policy.fallback_upper_sd"), "{e}");
         let e = policy_error("ids_samples = 100000");
         assert!(e.contains("policy.ids_samples"), "{e}");
         assert!(e.contains("at most 4096, found 100000"), "{e}");

@@ -79,6 +79,7 @@ pub fn apply_learning(config: &Config, opts: &mut RuntimeOptions) -> Result<(), 
     opts.policy.stage_evidence_share = policy.stage_evidence_share;
     opts.policy.stage_evidence_min_arms = policy.stage_evidence_min_arms;
     opts.policy.fallback_local_visits = policy.fallback_local_visits;
+    opts.policy.fallback_upper_sd = policy.fallback_upper_sd;
     opts.policy.ids_samples = policy.ids_samples;
     opts.policy.thompson_share = policy.thompson_share;
     opts.policy.change_threshold = policy.change_threshold;

@@ -18,7 +18,7 @@ async fn options_of(sections: &str) -> crate::runtime::RuntimeOptions {
 #[tokio::test]
 async fn the_policy_section_reaches_the_bandit() {
     let opts = options_of(
-        "[policy]\nprior_strength = 3.0\nlevel_penalty_first = 0.5\nlevel_penalty_more = 1.0\nstage_evidence_share = 0.5\nstage_evidence_min_arms = 3\nfallback_local_visits = 0.0\nids_samples = 8\nthompson_share = 0.25\nchange_threshold = 8.5\nchange_threshold_up = 6.0\n",
+        "[policy]\nprior_strength = 3.0\nlevel_penalty_first = 0.5\nlevel_penalty_more = 1.0\nstage_evidence_share = 0.5\nstage_evidence_min_arms = 3\nfallback_local_visits = 0.0\nfallback_upper_sd = 0.0\nids_samples = 8\nthompson_share = 0.25\nchange_threshold = 8.5\nchange_threshold_up = 6.0\n",
     )
     .await;
     assert_eq!(opts.policy.pool_strength, 3.0);
@@ -27,6 +27,7 @@ async fn the_policy_section_reaches_the_bandit() {
     assert_eq!(opts.policy.stage_evidence_share, 0.5);
     assert_eq!(opts.policy.stage_evidence_min_arms, 3);
     assert_eq!(opts.policy.fallback_local_visits, 0.0);
+    assert_eq!(opts.policy.fallback_upper_sd, 0.0);
     assert_eq!(opts.policy.ids_samples, 8);
     assert_eq!(opts.policy.thompson_share, 0.25);
     assert_eq!(opts.policy.change_threshold, 8.5);

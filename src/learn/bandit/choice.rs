@@ -434,14 +434,16 @@ impl Policy {
         out
     }
 
-    /// A fallback arm for a stage that failed: Thompson sampling over the stage's arms not in
-    /// `tried` (by standalone sampled value) from the posteriors sharpened by
-    /// [`PolicyConfig::fallback_sharpen`], each arm's draw raised to its draws from its own
-    /// counts in the task's busy single-feature cells ([`PolicyConfig::fallback_local_visits`]);
-    /// `None` when every arm was tried.
+    /// A fallback arm for a stage that failed: the best by standalone value of the stage's arms
+    /// not in `tried`, each valued at an upper bound of its success (mean plus
+    /// [`PolicyConfig::fallback_upper_sd`] standard deviations; a posterior draw when that is 0)
+    /// under the posteriors sharpened by [`PolicyConfig::fallback_sharpen`], raised to its draws
+    /// from its own counts in the task's busy single-feature cells
+    /// ([`PolicyConfig::fallback_local_visits`]); `None` when every arm was tried.
     ///
     /// [`PolicyConfig::fallback_local_visits`]: super::PolicyConfig::fallback_local_visits
     /// [`PolicyConfig::fallback_sharpen`]: super::PolicyConfig::fallback_sharpen
+    /// [`PolicyConfig::fallback_upper_sd`]: super::PolicyConfig::fallback_upper_sd
     pub fn fallback(
         &self,
         features: &BTreeMap<String, String>,
@@ -478,7 +480,11 @@ impl Policy {
                 continue;
             }
             let j = self.offsets[stage] + a;
-            let mut p = eff.sample(j, rng);
+            let mut p = if c.fallback_upper_sd > 0.0 {
+                eff.mean[j] + c.fallback_upper_sd * eff.var[j].sqrt()
+            } else {
+                eff.sample(j, rng)
+            };
             for x in busy.iter().filter_map(|n| n.arms.get(j)) {
                 p = p.max(sample_beta(rng, 1.0 + x.successes, 1.0 + x.failures));
             }

@@ -51,18 +51,27 @@ fn an_arm_long_written_off_is_taken_up_when_it_becomes_the_best() {
     assert!(ids >= 40, "information-directed: {ids} of 50");
     let mixed = upward_drift_share(PolicyConfig::default(), 550);
     assert!(mixed >= 40, "with the Thompson share: {mixed} of 50");
-    let now = upward_drift_share(thompson(), 500);
-    let symmetric = upward_drift_share(
-        PolicyConfig {
-            change_threshold_up: 10.0,
-            change_keep_up: 2.0,
-            ..thompson()
-        },
-        500,
-    );
+    // The detectors compared with fallbacks drawn from the posterior: a fallback by upper
+    // bound (the default) looks at the arm written off whatever the detector says (below).
+    let drawn = PolicyConfig {
+        fallback_upper_sd: 0.0,
+        ..thompson()
+    };
+    let symmetric = |config: PolicyConfig| PolicyConfig {
+        change_threshold_up: 10.0,
+        change_keep_up: 2.0,
+        ..config
+    };
+    let now = upward_drift_share(drawn.clone(), 500);
+    let symmetric_drawn = upward_drift_share(symmetric(drawn), 500);
     assert!(
-        now >= 26 && now > 2 * symmetric,
-        "now {now} of 50, symmetric {symmetric}"
+        now >= 26 && now > 2 * symmetric_drawn,
+        "now {now} of 50, symmetric {symmetric_drawn}"
+    );
+    let symmetric_bound = upward_drift_share(symmetric(thompson()), 500);
+    assert!(
+        symmetric_bound >= 40,
+        "symmetric detector, fallbacks by upper bound: {symmetric_bound} of 50"
     );
 }
 

@@ -38,10 +38,11 @@ fn a_specialist_unlucky_once_in_its_niche_is_tried_again() {
     assert!(now >= 3.0 * old, "now {now}, old {old}");
 }
 
-/// After the leader failed on a task, the fallback is drawn from the plain posterior: an arm
-/// with 3 successes and 2 failures in the niche gets the second look its evidence allows
-/// (9% of the fallbacks here, against an arm known to succeed 80% of the time), where the
-/// sharpened posterior of the first attempt would give it 1%.
+/// After the leader failed on a task, the fallback is judged on the plain posterior: an arm
+/// with 3 successes and 2 failures in the niche gets the second look its evidence allows,
+/// against an arm known to succeed 80% of the time: by upper bound (the default) every
+/// fallback, since its bound is the higher; drawn, 9% of them. The sharpened posterior of
+/// the first attempt would give it none and 1%.
 #[test]
 fn a_fallback_gives_an_arm_unlucky_early_the_look_its_evidence_allows() {
     let stages = search_stage(&["leader", "known", "unsure"]);
@@ -58,9 +59,23 @@ fn a_fallback_gives_an_arm_unlucky_early_the_look_its_evidence_allows() {
     };
     // Without the second look from the cell's own counts (tested on its own below), which
     // would lift "unsure" under either sharpening.
-    let plain = PolicyConfig {
+    let bound = PolicyConfig {
         fallback_local_visits: 0.0,
         ..PolicyConfig::default()
+    };
+    let by_bound = share(bound.clone());
+    let by_bound_sharpened = share(PolicyConfig {
+        fallback_sharpen: 4.0,
+        fallback_evidence_sharpen: 3.0,
+        ..bound.clone()
+    });
+    assert!(
+        by_bound == 1.0 && by_bound_sharpened == 0.0,
+        "by upper bound {by_bound}, sharpened {by_bound_sharpened}"
+    );
+    let plain = PolicyConfig {
+        fallback_upper_sd: 0.0,
+        ..bound
     };
     let now = share(plain.clone());
     let sharpened = share(PolicyConfig {
@@ -106,11 +121,11 @@ fn a_fallback_takes_a_second_look_at_an_arm_unlucky_in_a_busy_cell() {
     );
 }
 
-/// A fallback is drawn from the levels' evidence alone, without the structure prior: after
+/// A fallback is judged on the levels' evidence alone, without the structure prior: after
 /// the leader failed in a niche where a specialist (poor elsewhere) succeeded twice, the
 /// specialist gets the fallback as often as with no prior at all (8.1% of the draws here),
 /// where drawing with the prior would give it 5.6% and the rest to an arm that is fair
-/// everywhere.
+/// everywhere. Measured with fallbacks drawn, whose shares show it.
 #[test]
 fn a_fallback_looks_for_a_niche_without_the_structure_prior() {
     let stages = search_stage(&["leader", "fair", "special"]);
@@ -132,6 +147,7 @@ fn a_fallback_looks_for_a_niche_without_the_structure_prior() {
     let prior = PolicyConfig {
         level_penalty_first: 0.5,
         level_penalty_more: 1.0,
+        fallback_upper_sd: 0.0,
         ..PolicyConfig::default()
     };
     let exempt = share(prior.clone());
