@@ -17,6 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::error::Error;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -89,6 +90,13 @@ struct RunResult {
 fn main() -> std::process::ExitCode {
     match sweep() {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        // Output cut short by its reader (`| head`): not an error.
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            std::process::ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("learning_sweep: {e}");
             std::process::ExitCode::FAILURE
@@ -148,24 +156,25 @@ fn sweep() -> Result<(), Box<dyn Error>> {
         runs.push(r?);
     }
     runs.sort_by(|a, b| a.env.cmp(&b.env).then(a.seed.cmp(&b.seed)));
-    report(&runs, args.quiet);
+    report(&mut std::io::stdout().lock(), &runs, args.quiet)?;
     Ok(())
 }
 
-/// Prints the runs, the environments above 0.2 on average, and the means.
-fn report(runs: &[RunResult], quiet: bool) {
+/// Writes the runs, the environments above 0.2 on average, and the means.
+fn report(out: &mut impl Write, runs: &[RunResult], quiet: bool) -> std::io::Result<()> {
     let fmt = |d: Option<f64>| d.map_or("-".to_string(), |x| format!("{x:.3}"));
     // Per environment: sum and count of regret ratios, then of drift figures.
     let mut per_env: BTreeMap<&str, (f64, u32, f64, u32)> = BTreeMap::new();
     for r in runs {
         if !quiet {
-            println!(
+            writeln!(
+                out,
                 "{} seed {}: regret ratio {:.3}, drifted tasks after recovery {}",
                 r.env,
                 r.seed,
                 r.regret_ratio,
                 fmt(r.drift_after)
-            );
+            )?;
         }
         let e = per_env.entry(&r.env).or_default();
         e.0 += r.regret_ratio;
@@ -182,17 +191,19 @@ fn report(runs: &[RunResult], quiet: bool) {
             let name = Path::new(env)
                 .file_name()
                 .map_or(*env, |f| f.to_str().unwrap_or(env));
-            println!(
+            writeln!(
+                out,
                 "above 0.2 on average: {name}: regret ratio {}, drifted after recovery {}",
                 fmt(m),
                 fmt(d)
-            );
+            )?;
         }
     }
     let ratios: Vec<f64> = runs.iter().map(|r| r.regret_ratio).collect();
     let drifts: Vec<f64> = runs.iter().filter_map(|r| r.drift_after).collect();
     let over = |xs: &[f64]| xs.iter().filter(|x| **x > 0.2).count();
-    println!(
+    writeln!(
+        out,
         "{} runs: regret ratio mean {} ({} above 0.2); drifted tasks after recovery mean {} ({} of {} above 0.2)",
         ratios.len(),
         fmt(mean(ratios.iter().sum(), ratios.len() as u32)),
@@ -200,5 +211,5 @@ fn report(runs: &[RunResult], quiet: bool) {
         fmt(mean(drifts.iter().sum(), drifts.len() as u32)),
         over(&drifts),
         drifts.len()
-    );
+    )
 }

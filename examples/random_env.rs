@@ -15,6 +15,7 @@
 //! number of stages (long pipelines, where a task passes only if every stage does).
 
 use std::fmt::Write as _;
+use std::io::Write;
 use std::path::Path;
 
 /// Arms per stage, drawn from these.
@@ -237,10 +238,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         stages: &stage_counts,
     };
     std::fs::create_dir_all(dir)?;
+    // Each file's path is listed as it is written; a reader that stops listening (`| head`)
+    // stops the listing, not the writing.
+    let mut out = Some(std::io::stdout().lock());
     for seed in first..=last {
         let path = Path::new(dir).join(format!("g{seed}.toml"));
         std::fs::write(&path, generate_env(seed, shape, up))?;
-        println!("{}", path.display());
+        if let Some(o) = out.as_mut()
+            && let Err(e) = writeln!(o, "{}", path.display())
+        {
+            if e.kind() != std::io::ErrorKind::BrokenPipe {
+                return Err(e.into());
+            }
+            out = None;
+        }
     }
     Ok(())
 }

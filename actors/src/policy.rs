@@ -737,9 +737,9 @@ impl PolicyState {
                 .filter(|(_, a)| is_out(a))
                 .map(|(i, _)| i)
                 .collect();
-            let Some(pick) = self
-                .policy
-                .fallback(&task.features, s, &tried, &mut self.rng)
+            let Some((pick, propensity)) =
+                self.policy
+                    .fallback_with_propensity(&task.features, s, &tried, &mut self.rng)
             else {
                 return Err(format!(
                     "every arm of stage {} failed for this task ({} tried)",
@@ -752,7 +752,7 @@ impl PolicyState {
                 stage: stage.stage.clone(),
                 tool: arm.tool.clone(),
                 strategy: arm.strategy.clone(),
-                propensity: 1.0 / (stage.arms.len() - tried.len()).max(1) as f64,
+                propensity,
             };
         }
         Ok(PlanChoice::new(arms, None, false))

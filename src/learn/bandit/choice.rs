@@ -451,7 +451,47 @@ impl Policy {
         tried: &[usize],
         rng: &mut fastrand::Rng,
     ) -> Option<usize> {
-        let st = self.stages.get(stage)?;
+        self.fallback_ranking(features, stage, tried)?.pick(rng)
+    }
+
+    /// [`Policy::fallback`] with the probability the policy had of choosing that arm: 1 when
+    /// the choice involved no draw (upper bounds, no busy cell), else the chosen arm's share of
+    /// [`PolicyConfig::propensity_draws`] more choices made the same way, the chosen one
+    /// counted too (the first attempt's propensities are estimated alike). The resampling
+    /// draws from its own generator, seeded from `rng`'s state without advancing it, so that
+    /// `rng` goes on exactly as after [`Policy::fallback`]: logging the propensity changes no
+    /// later choice.
+    ///
+    /// [`PolicyConfig::propensity_draws`]: super::PolicyConfig::propensity_draws
+    pub fn fallback_with_propensity(
+        &self,
+        features: &BTreeMap<String, String>,
+        stage: usize,
+        tried: &[usize],
+        rng: &mut fastrand::Rng,
+    ) -> Option<(usize, f64)> {
+        let ranking = self.fallback_ranking(features, stage, tried)?;
+        let chosen = ranking.pick(rng)?;
+        if !ranking.random() {
+            return Some((chosen, 1.0));
+        }
+        let mut resample = fastrand::Rng::with_seed(rng.get_seed() ^ 0x9e37_79b9_7f4a_7c15);
+        let draws = self.config.propensity_draws;
+        let same = (0..draws)
+            .filter(|_| ranking.pick(&mut resample) == Some(chosen))
+            .count();
+        Some((chosen, (same + 1) as f64 / (draws + 1) as f64))
+    }
+
+    /// What a fallback for `stage` chooses from (see [`Policy::fallback`]); `None` for an
+    /// unknown stage.
+    fn fallback_ranking(
+        &self,
+        features: &BTreeMap<String, String>,
+        stage: usize,
+        tried: &[usize],
+    ) -> Option<FallbackRanking<'_>> {
+        self.stages.get(stage)?;
         let c = &self.config;
         let lattice = Lattice::new(features, c.full_lattice_max_features);
         let eff = self.effective_with(
@@ -474,21 +514,49 @@ impl Policy {
         } else {
             Vec::new()
         };
+        Some(FallbackRanking {
+            policy: self,
+            stage,
+            tried: tried.to_vec(),
+            eff,
+            busy,
+        })
+    }
+}
+
+/// A stage's untried arms as a fallback values them (see [`Policy::fallback`]).
+struct FallbackRanking<'a> {
+    policy: &'a Policy,
+    stage: usize,
+    tried: Vec<usize>,
+    eff: Eff,
+    busy: Vec<&'a Node>,
+}
+
+impl FallbackRanking<'_> {
+    /// Whether a choice draws anything (a posterior draw, or an arm's own counts in a busy cell).
+    fn random(&self) -> bool {
+        self.policy.config.fallback_upper_sd <= 0.0 || !self.busy.is_empty()
+    }
+
+    /// One choice: the untried arm of the highest standalone value (`None` when there is none).
+    fn pick(&self, rng: &mut fastrand::Rng) -> Option<usize> {
+        let p = self.policy;
+        let c = &p.config;
+        let eff = &self.eff;
+        let n = p.stages.get(self.stage)?.arms.len();
         let mut best: Option<(f64, usize)> = None;
-        for a in 0..st.arms.len() {
-            if tried.contains(&a) {
-                continue;
-            }
-            let j = self.offsets[stage] + a;
-            let mut p = if c.fallback_upper_sd > 0.0 {
+        for a in (0..n).filter(|a| !self.tried.contains(a)) {
+            let j = p.offsets[self.stage] + a;
+            let mut x = if c.fallback_upper_sd > 0.0 {
                 eff.mean[j] + c.fallback_upper_sd * eff.var[j].sqrt()
             } else {
                 eff.sample(j, rng)
             };
-            for x in busy.iter().filter_map(|n| n.arms.get(j)) {
-                p = p.max(sample_beta(rng, 1.0 + x.successes, 1.0 + x.failures));
+            for s in self.busy.iter().filter_map(|n| n.arms.get(j)) {
+                x = x.max(sample_beta(rng, 1.0 + s.successes, 1.0 + s.failures));
             }
-            let v = p * self.config.reward.passed_value(eff.latency[j], eff.cost[j]);
+            let v = x * c.reward.passed_value(eff.latency[j], eff.cost[j]);
             if best.is_none_or(|(b, _)| v > b) {
                 best = Some((v, a));
             }

@@ -90,6 +90,78 @@ fn a_fallback_gives_an_arm_unlucky_early_the_look_its_evidence_allows() {
     assert!(now >= 3.0 * sharpened, "now {now}, sharpened {sharpened}");
 }
 
+/// A fallback logs the probability it had: 1 when it drew nothing (upper bounds, no busy
+/// cell), and when it drew (from the posterior, or from an arm's own counts in a busy cell),
+/// a resampled estimate that agrees with how often each arm is in fact chosen; and estimating
+/// it leaves the policy's generator where the choice alone would have.
+#[test]
+fn a_fallback_logs_the_propensity_it_had() {
+    let stages = search_stage(&["leader", "known", "unsure"]);
+    let niche = feats(&[("topic", "news")]);
+    let trained = |config: PolicyConfig| {
+        let mut p = Policy::new(config, stages.clone()).unwrap();
+        for (arm, successes, failures) in [("leader", 60, 2), ("known", 40, 10), ("unsure", 3, 2)] {
+            search_spread(&mut p, &niche, arm, successes, failures);
+        }
+        p
+    };
+    let mut rng = fastrand::Rng::with_seed(3);
+    let bound = trained(PolicyConfig {
+        fallback_local_visits: 0.0,
+        ..PolicyConfig::default()
+    });
+    assert_eq!(
+        bound.fallback_with_propensity(&niche, 0, &[0], &mut rng),
+        Some((2, 1.0))
+    );
+    // Drawn: per arm, how often it is chosen against the mean propensity logged with it.
+    for config in [
+        PolicyConfig {
+            fallback_local_visits: 0.0,
+            fallback_upper_sd: 0.0,
+            ..PolicyConfig::default()
+        },
+        // The news cell has 117 visits: a busy cell, so the bound is raised by draws.
+        PolicyConfig::default(),
+    ] {
+        let p = trained(config);
+        let n = 3000;
+        let mut chosen = [0usize; 3];
+        let mut logged = [0.0f64; 3];
+        for _ in 0..n {
+            let (a, prop) = p
+                .fallback_with_propensity(&niche, 0, &[0], &mut rng)
+                .unwrap();
+            assert!(prop > 0.0 && prop <= 1.0, "propensity {prop}");
+            chosen[a] += 1;
+            logged[a] += prop;
+        }
+        assert_eq!(chosen[0], 0, "the arm tried is not a fallback");
+        for a in 1..3 {
+            let share = chosen[a] as f64 / n as f64;
+            let mean = if chosen[a] > 0 {
+                logged[a] / chosen[a] as f64
+            } else {
+                share
+            };
+            // The estimate counts the choice made among its 33: (32 share + 1) / 33 on
+            // average, so within about 0.03 of the share plus sampling noise.
+            assert!(
+                (mean - share).abs() < 0.06,
+                "arm {a}: chosen {share:.3} of the time, logged {mean:.3}"
+            );
+        }
+        assert!(chosen[1] > 0 && chosen[2] > 0, "{chosen:?}");
+        // Logging the propensity changes no later choice: the generator goes on as after a
+        // fallback chosen without it.
+        let (mut a, mut b) = (fastrand::Rng::with_seed(11), fastrand::Rng::with_seed(11));
+        let plain = p.fallback(&niche, 0, &[0], &mut a);
+        let logged = p.fallback_with_propensity(&niche, 0, &[0], &mut b);
+        assert_eq!(plain, logged.map(|(arm, _)| arm));
+        assert_eq!(a.u64(..), b.u64(..));
+    }
+}
+
 #[test]
 fn a_fallback_takes_a_second_look_at_an_arm_unlucky_in_a_busy_cell() {
     // "law" is poor off its niche (4 of 20 in each other topic) and was tried twice in its
