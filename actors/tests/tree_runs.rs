@@ -543,6 +543,51 @@ async fn tasks_in_flight_do_not_explore_the_same_arm_before_its_first_result_is_
     );
 }
 
+/// A repaired plan (a replan after a stage failed) logs the probability the policy had of the
+/// fallback arm it put in, and keeps the other stages' arms and propensities as they were. A
+/// fresh policy's fallback draws nothing (upper bounds, no busy cell): probability 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repaired_plan_logs_the_fallbacks_propensity() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env();
+    let rt = Runtime::start(options(dir.path())).await.unwrap();
+    let policy = rt.ctx().dir.policy.clone();
+    let task = Arc::new(workload::sim_task(&env, 5, 0));
+    let choose = |base: Option<Vec<hindsight::ArmChoice>>,
+                  exclude: Vec<(String, String, String)>| {
+        let (policy, task) = (policy.clone(), task.clone());
+        async move {
+            policy
+                .call(|reply| PolicyMsg::Choose {
+                    task: task.clone(),
+                    base: base.clone(),
+                    exclude: exclude.clone(),
+                    reply,
+                })
+                .await
+                .unwrap()
+                .unwrap()
+        }
+    };
+    let first = choose(None, Vec::new()).await;
+    let failed = &first.arms[0];
+    let out = vec![(
+        failed.stage.clone(),
+        failed.tool.clone(),
+        failed.strategy.clone(),
+    )];
+    let repaired = choose(Some(first.arms.clone()), out).await;
+    rt.shutdown().await;
+    assert_eq!(repaired.arms.len(), first.arms.len());
+    let (new, old) = (&repaired.arms[0], &first.arms[0]);
+    assert!(
+        (new.tool.as_str(), new.strategy.as_str()) != (old.tool.as_str(), old.strategy.as_str()),
+        "the failed arm was replaced: {new:?}"
+    );
+    assert_eq!(new.propensity, 1.0, "{new:?}");
+    assert_eq!(repaired.arms[1..], first.arms[1..]);
+}
+
 /// What a fresh policy learns from the whole log: every settled stage outcome, once.
 fn learnable(env: &SimEnv, log: &[hindsight::ExperienceTuple]) -> u64 {
     use hindsight::learn::bandit::{Policy, PolicyConfig};
