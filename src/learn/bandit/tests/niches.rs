@@ -38,6 +38,17 @@ fn a_specialist_unlucky_once_in_its_niche_is_tried_again() {
     assert!(now >= 3.0 * old, "now {now}, old {old}");
 }
 
+/// A "search" stage of a leader, an arm known to succeed 80% of the time and an unsure one
+/// (3 successes, 2 failures), taught in the news niche (`topic = news`, 117 visits).
+fn unsure_in_news(config: PolicyConfig) -> Policy {
+    let mut p = Policy::new(config, search_stage(&["leader", "known", "unsure"])).unwrap();
+    let niche = feats(&[("topic", "news")]);
+    for (arm, successes, failures) in [("leader", 60, 2), ("known", 40, 10), ("unsure", 3, 2)] {
+        search_spread(&mut p, &niche, arm, successes, failures);
+    }
+    p
+}
+
 /// After the leader failed on a task, the fallback is judged on the plain posterior: an arm
 /// with 3 successes and 2 failures in the niche gets the second look its evidence allows,
 /// against an arm known to succeed 80% of the time: by upper bound (the default) every
@@ -45,18 +56,8 @@ fn a_specialist_unlucky_once_in_its_niche_is_tried_again() {
 /// the first attempt would give it none and 1%.
 #[test]
 fn a_fallback_gives_an_arm_unlucky_early_the_look_its_evidence_allows() {
-    let stages = search_stage(&["leader", "known", "unsure"]);
     let niche = feats(&[("topic", "news")]);
-    let teach = |p: &mut Policy| {
-        for (arm, successes, failures) in [("leader", 60, 2), ("known", 40, 10), ("unsure", 3, 2)] {
-            search_spread(p, &niche, arm, successes, failures);
-        }
-    };
-    let share = |config: PolicyConfig| {
-        let mut p = Policy::new(config, stages.clone()).unwrap();
-        teach(&mut p);
-        fallback_share(&p, &niche, 2, 5)
-    };
+    let share = |config: PolicyConfig| fallback_share(&unsure_in_news(config), &niche, 2, 5);
     // Without the second look from the cell's own counts (tested on its own below), which
     // would lift "unsure" under either sharpening.
     let bound = PolicyConfig {
@@ -96,17 +97,9 @@ fn a_fallback_gives_an_arm_unlucky_early_the_look_its_evidence_allows() {
 /// it leaves the policy's generator where the choice alone would have.
 #[test]
 fn a_fallback_logs_the_propensity_it_had() {
-    let stages = search_stage(&["leader", "known", "unsure"]);
     let niche = feats(&[("topic", "news")]);
-    let trained = |config: PolicyConfig| {
-        let mut p = Policy::new(config, stages.clone()).unwrap();
-        for (arm, successes, failures) in [("leader", 60, 2), ("known", 40, 10), ("unsure", 3, 2)] {
-            search_spread(&mut p, &niche, arm, successes, failures);
-        }
-        p
-    };
     let mut rng = fastrand::Rng::with_seed(3);
-    let bound = trained(PolicyConfig {
+    let bound = unsure_in_news(PolicyConfig {
         fallback_local_visits: 0.0,
         ..PolicyConfig::default()
     });
@@ -124,7 +117,7 @@ fn a_fallback_logs_the_propensity_it_had() {
         // The news cell has 117 visits: a busy cell, so the bound is raised by draws.
         PolicyConfig::default(),
     ] {
-        let p = trained(config);
+        let p = unsure_in_news(config);
         let n = 3000;
         let mut chosen = [0usize; 3];
         let mut logged = [0.0f64; 3];
@@ -137,13 +130,10 @@ fn a_fallback_logs_the_propensity_it_had() {
             logged[a] += prop;
         }
         assert_eq!(chosen[0], 0, "the arm tried is not a fallback");
+        assert!(chosen[1] > 0 && chosen[2] > 0, "{chosen:?}");
         for a in 1..3 {
             let share = chosen[a] as f64 / n as f64;
-            let mean = if chosen[a] > 0 {
-                logged[a] / chosen[a] as f64
-            } else {
-                share
-            };
+            let mean = logged[a] / chosen[a] as f64;
             // The estimate counts the choice made among its 33: (32 share + 1) / 33 on
             // average, so within about 0.03 of the share plus sampling noise.
             assert!(
@@ -151,7 +141,6 @@ fn a_fallback_logs_the_propensity_it_had() {
                 "arm {a}: chosen {share:.3} of the time, logged {mean:.3}"
             );
         }
-        assert!(chosen[1] > 0 && chosen[2] > 0, "{chosen:?}");
         // Logging the propensity changes no later choice: the generator goes on as after a
         // fallback chosen without it.
         let (mut a, mut b) = (fastrand::Rng::with_seed(11), fastrand::Rng::with_seed(11));
