@@ -205,27 +205,27 @@ pub struct PolicyConfig {
     /// reward from the ranker's plan than from its own greedy plan.
     pub distill_defer_margin: f64,
     /// Structure prior of the pooling hierarchy: nats of log evidence a level fixing one feature
-    /// starts behind the global level (0 = none; see docs/learning-benchmarks.md).
+    /// starts behind the global level (0 = none; see docs/learning-log.md).
     pub level_penalty_first: f64,
     /// Nats each further feature a level fixes adds to [`PolicyConfig::level_penalty_first`].
     pub level_penalty_more: f64,
     /// Share of what a stage's other arms say about which task features matter that each arm
     /// takes into its own weighing of the pooling levels (0 = none; see
-    /// docs/learning-benchmarks.md).
+    /// docs/learning-log.md).
     pub stage_evidence_share: f64,
     /// Arms a stage must have for its arms to share that evidence.
     pub stage_evidence_min_arms: usize,
     /// Visits a task's single-feature cell needs before a fallback gives each arm a draw from
-    /// its own counts there (0 = never; see docs/learning-benchmarks.md).
+    /// its own counts there (0 = never; see docs/learning-log.md).
     pub fallback_local_visits: f64,
     /// Standard deviations over its posterior mean at which a fallback ranks each arm not
-    /// tried yet (0 = a posterior draw instead; see docs/learning-benchmarks.md).
+    /// tried yet (0 = a posterior draw instead; see docs/learning-log.md).
     pub fallback_upper_sd: f64,
     /// Posterior samples behind each information-directed choice (0 = Thompson sampling; see
-    /// the README).
+    /// docs/learning.md).
     pub ids_samples: usize,
     /// Share of first attempts chosen by Thompson sampling all the same (a second look at arms
-    /// written off early; see the README).
+    /// written off early; see docs/learning.md).
     pub thompson_share: f64,
     /// Nats of evidence the change detector needs before it says an arm got worse in a
     /// cluster (lower follows a drift sooner and forgets a good arm by mistake more often).

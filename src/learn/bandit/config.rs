@@ -153,7 +153,7 @@ pub struct PolicyConfig {
     /// loop, three fallbacks a stage, feedback delay 3, 0 against 32: the shipped six 0.124 ->
     /// 0.120 (64 seeds), twelve many-arm environments 0.184 -> 0.169 and 0.174 -> 0.158, 16
     /// random ones 0.126 -> 0.117, 12 random ones 0.123 -> 0.109, 16 of five to eight arms
-    /// 0.154 -> 0.145 (see docs/learning-benchmarks.md). Each choice costs `ids_samples` draws of
+    /// 0.154 -> 0.145 (see docs/learning-log.md). Each choice costs `ids_samples` draws of
     /// every arm, and the propensity repeats it `propensity_draws` times.
     pub ids_samples: usize,
     /// Share of the first-attempt choices made by Thompson sampling even though
@@ -164,7 +164,7 @@ pub struct PolicyConfig {
     /// pdf files behind vision_llm for the rest of a run. Thompson sampling tries it as often as
     /// it might be the best, so a share of its draws takes a second look at such an arm. Tree,
     /// bank statements, 200 runs (seeds 1001-1200): 0 against 0.1, regret ratio 0.084 (6 runs
-    /// above 0.2) -> 0.079 (1); see docs/learning-benchmarks.md.
+    /// above 0.2) -> 0.079 (1); see docs/learning-log.md.
     pub thompson_share: f64,
     /// Sharpening of the posteriors a fallback arm is drawn from, after a stage failed (1, the
     /// default: the plain posterior). A fallback's regret is not the first attempt's: the
@@ -246,7 +246,7 @@ pub struct PolicyConfig {
     /// not weigh like eight in twenty and write off an arm that was only unlucky early. At 25
     /// (with the floor at 100) it took the tree's bank statements runs above 0.2 from about 4
     /// in 100 to about 1, but
-    /// cost the many-arm environments (see docs/learning-benchmarks.md), and with it the serve
+    /// cost the many-arm environments (see docs/learning-log.md), and with it the serve
     /// test's 200 runs
     /// of one cluster promoted no SOP (without it they do).
     pub sharpen_ramp: f64,
@@ -262,7 +262,7 @@ pub struct PolicyConfig {
     /// and 0.154 with 0.5 and 1. The price is a niche found later (a specialist's level has to
     /// earn its weight first): on the many-arm environments the pair gains (tree, 16 fresh
     /// ones: 0.164 -> 0.145), on web research and bank statements it loses (core loop, 64
-    /// seeds: 0.162 -> 0.178 and 0.091 -> 0.100). See docs/learning-benchmarks.md.
+    /// seeds: 0.162 -> 0.178 and 0.091 -> 0.100). See docs/learning-log.md.
     pub level_penalty_first: f64,
     /// The structure prior's handicap of each feature a level fixes beyond the first (0, the
     /// default); see [`PolicyConfig::level_penalty_first`].
