@@ -89,7 +89,8 @@ pub struct ToolChaos {
 #[serde(deny_unknown_fields)]
 pub struct ActorChaos {
     /// The actor's name as passed to [`ChaosHandle::inject`] / [`ChaosPlan::actor_fault`], or
-    /// `"*"` for every actor.
+    /// `"*"` for every actor. `"run_driver"` panics run drivers (at their start), which `"*"`
+    /// leaves alone.
     pub name: String,
     /// Probability per message that the actor panics.
     #[serde(default)]
@@ -137,8 +138,12 @@ pub enum ActorFault {
     },
 }
 
+/// The run drivers' name: they are tasks, not actors (a panic there is a bug, not a crash the
+/// supervisor restarts from), so only a rule that names them injects into them.
+pub const RUN_DRIVER: &str = "run_driver";
+
 fn matches(pattern: &str, name: &str) -> bool {
-    pattern == "*" || pattern == name
+    (pattern == "*" && name != RUN_DRIVER) || pattern == name
 }
 
 fn draw_range(rng: &mut fastrand::Rng, range: [u64; 2]) -> u64 {

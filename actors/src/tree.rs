@@ -166,6 +166,7 @@ pub fn build(spec: TreeSpec) -> Tree {
         live: LiveRuns::default(),
         workflow: spec.workflow.clone(),
         config,
+        chaos: hook(&spec.faults, crate::chaos::RUN_DRIVER),
     });
     let faults = spec.faults;
     let store = spec.store;

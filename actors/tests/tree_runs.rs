@@ -1161,3 +1161,45 @@ async fn a_configured_model_synthesises_the_lessons_and_offline_stands_in_when_i
         "no offline lesson when the model failed: {lessons:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_that_panics_fails_its_run_and_answers_at_once() {
+    hindsight_actors::chaos::quiet_injected_panics();
+    let dir = tempfile::tempdir().unwrap();
+    let env = env();
+    // The second driver started panics; the others run.
+    let plan = hindsight_actors::chaos::ChaosPlan::parse(
+        "seed = 1\n[[actors]]\nname = \"run_driver\"\npanic_every = 2\n",
+        "chaos plan",
+    )
+    .unwrap();
+    let mut opts = options(dir.path());
+    opts.chaos = Some(hindsight_actors::chaos::ChaosHandle::new(plan));
+    let rt = Runtime::start(opts).await.unwrap();
+    let first = rt
+        .orchestrate(workload::sim_task(&env, 11, 1))
+        .await
+        .unwrap();
+    assert!(first.tool_calls > 0, "the first driver runs");
+    let task = workload::sim_task(&env, 11, 2);
+    let panicked = tokio::time::timeout(std::time::Duration::from_secs(1), rt.orchestrate(task))
+        .await
+        .expect("the caller is answered within a second")
+        .unwrap();
+    assert_eq!(panicked.state, hindsight::RunState::Failed);
+    let reason = panicked.reason.clone().unwrap_or_default();
+    assert!(
+        reason.contains(&panicked.run_id) && reason.contains("panicked"),
+        "the reason names the run and the panic: {reason}"
+    );
+    let stored = rt.run(&panicked.run_id).await.unwrap().unwrap();
+    assert_eq!(stored.state, hindsight::RunState::Failed);
+    assert_eq!(stored.reason.as_deref(), Some(reason.as_str()));
+    // The tree keeps serving.
+    let third = rt
+        .orchestrate(workload::sim_task(&env, 11, 3))
+        .await
+        .unwrap();
+    assert!(third.state.is_terminal() && third.tool_calls > 0);
+    rt.shutdown().await;
+}

@@ -48,6 +48,9 @@ pub struct TreeCtx {
     pub workflow: Arc<Workflow>,
     /// Limits and switches.
     pub config: TreeConfig,
+    /// Fault injection into the drivers (actor name `run_driver`, one message per driver
+    /// start), if any.
+    pub chaos: Option<crate::chaos_hook::ChaosHook>,
 }
 
 /// The set of runs that have a live driver, so that no run is ever driven twice.
@@ -263,19 +266,34 @@ impl DriverState {
     }
 }
 
-/// Starts the driver of `run` on its own task.
+/// Starts the driver of `run` on its own task, supervised: a driver that returns an error or
+/// panics ends its run `failed` with the reason recorded, and the run's callers are answered at
+/// once. A driver cancelled because the process is stopping leaves its run to be resumed.
 pub fn spawn_driver(ctx: Arc<TreeCtx>, run: Run, task: Task, resume: bool) {
     tokio::spawn(async move {
+        let ended = run.clone();
         let run_id = run.run_id.clone();
-        let outcome = match drive(&ctx, run, task, resume).await {
-            Ok(outcome) => outcome,
-            Err(e) => {
+        let driver = tokio::spawn({
+            let ctx = ctx.clone();
+            async move { drive(&ctx, run, task, resume).await }
+        });
+        let outcome = match driver.await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(e)) => {
                 tracing::error!(run_id = %run_id, error = %e, "run driver failed; the run ends failed");
-                let run = Run {
-                    run_id: run_id.clone(),
-                    ..Run::new(run_id.clone(), &Task::default(), now_ms())
-                };
-                RunOutcome::rejected(&run, e.to_string())
+                RunOutcome::rejected(&ended, e.to_string())
+            }
+            Err(join) if join.is_panic() => {
+                let reason = format!(
+                    "the driver of run {run_id} panicked: {}",
+                    panic_message(join.into_panic().as_ref())
+                );
+                tracing::error!(run_id = %run_id, "{reason}; the run ends failed");
+                RunOutcome::rejected(&ended, reason)
+            }
+            Err(_) => {
+                tracing::debug!(run_id = %run_id, "run driver cancelled; the run resumes at the next start");
+                return;
             }
         };
         let finished = ctx
@@ -302,6 +320,17 @@ pub fn spawn_driver(ctx: Arc<TreeCtx>, run: Run, task: Task, resume: bool) {
     });
 }
 
+/// The text of a panic's payload (`panic!` with a literal or a formatted message).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_string()
+    }
+}
+
 /// Errors that end a driver early (the run then ends failed, with this reason).
 #[derive(Debug, thiserror::Error)]
 pub enum DriveError {
@@ -314,6 +343,26 @@ pub enum DriveError {
     /// The orchestrator refused a transition.
     #[error("{0}")]
     Transition(String),
+    /// A checkpoint of the run does not decode (the run is not restarted from scratch, which
+    /// could repeat calls that were made).
+    #[error("checkpoint {step} of run {run_id} does not decode: {reason}")]
+    Checkpoint {
+        /// The run.
+        run_id: String,
+        /// The checkpoint's step index.
+        step: u32,
+        /// The decoder's message.
+        reason: String,
+    },
+}
+
+/// Decodes a driver state from a checkpoint.
+fn decode_checkpoint(cp: Checkpoint) -> Result<DriverState, DriveError> {
+    serde_json::from_value(cp.state).map_err(|e| DriveError::Checkpoint {
+        run_id: cp.run_id,
+        step: cp.step_index,
+        reason: e.to_string(),
+    })
 }
 
 /// Asks the orchestrator for a transition; `st.state` is the state it last acknowledged.
@@ -369,12 +418,12 @@ async fn drive(
         ..DriverState::default()
     };
     let mut resumed = false;
-    if resume
-        && let Some(cp) = ctx.store.latest_checkpoint(&run_id)?
-        && let Ok(saved) = serde_json::from_value::<DriverState>(cp.state)
-    {
-        st = saved;
+    if resume && let Some(cp) = ctx.store.latest_checkpoint(&run_id)? {
+        st = decode_checkpoint(cp)?;
         resumed = true;
+    }
+    if let Some(chaos) = &ctx.chaos {
+        chaos.on_message();
     }
     let _ = ctx
         .dir

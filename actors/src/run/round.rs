@@ -227,8 +227,7 @@ pub(super) async fn run_round(
                     Some(name) => ctx.store.checkpoint_named(run_id, name)?,
                     None => ctx.store.latest_checkpoint(run_id)?,
                 };
-                let restored =
-                    restored.and_then(|cp| serde_json::from_value::<DriverState>(cp.state).ok());
+                let restored = restored.map(super::decode_checkpoint).transpose()?;
                 match restored {
                     Some(saved) => {
                         // State and trajectory come back together: the plan, the stage to go
