@@ -120,8 +120,8 @@ pub async fn demo(data_dir: &Path, tasks: u64) -> Result<Vec<Reviewed>, BoxError
     opts.reflect_retry = ReflectRetryConfig {
         max_retries: MAX_RETRIES,
         template: TEMPLATE.to_string(),
-        validator: reviewer.validator(),
     };
+    opts.validator = reviewer.validator();
     let rt = Runtime::start(opts).await?;
 
     let mut out = Vec::new();

@@ -31,7 +31,7 @@ use hindsight_actors::plugin::{
     Plugin, PluginArgs, PluginError, PluginFactory, PluginHost, PluginMsg, RunReport, Verdict,
 };
 use hindsight_actors::policy::PolicyMsg;
-use hindsight_actors::reflect_retry::ReflectRetryConfig;
+use hindsight_actors::reflect_retry::{ReflectRetryConfig, default_validator};
 use hindsight_actors::run::RunOutcome;
 use hindsight_actors::runtime::{reward_params, stage_arms};
 use hindsight_actors::supervisor::{
@@ -169,6 +169,7 @@ fn build_tree(store: &Store, env: &SimEnv, seed: u64) -> Result<tree::Tree, BoxE
         seed,
         config: TreeConfig::default(),
         reflect_retry: ReflectRetryConfig::default(),
+        validator: default_validator(),
         // Plugins hosted by the tree itself (`PluginSpec::from_fn("name", || MyPlugin)`) see
         // every run's events as they happen; the auditor here is an actor of the application's.
         plugins: Vec::new(),

@@ -9,7 +9,7 @@
 //! when it parses as one (`3`, `true`, `["a", "b"]`, `[{ name = "x" }]`) and as a string otherwise.
 //! `HINDSIGHT_CONFIG` is reserved for the path of the file and is not an override.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -61,24 +61,30 @@ pub enum ConfigError {
     },
 }
 
-/// The whole configuration.
+/// The whole configuration. Each section deserializes straight into the type of the module that
+/// owns it; unknown keys anywhere are errors naming their path.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// Directory of the database and reports.
     pub data_dir: PathBuf,
+    /// Seed of every random choice the tree makes (the policy's among them): the same seed and
+    /// the same tasks in the same order make the same choices.
+    pub seed: u64,
     /// Durable storage.
     pub store: StoreConfig,
-    /// The contextual bandit (owned by the learning module).
-    pub policy: PolicyConfig,
+    /// The contextual bandit.
+    pub policy: crate::learn::bandit::PolicyConfig,
+    /// Distillation of a ranker from the experience log.
+    pub distill: crate::learn::distill::DistillConfig,
     /// Failure triage and recovery caps.
     pub triage: TriageConfig,
     /// The ReflectRetry plugin.
     pub reflect_retry: ReflectRetryConfig,
     /// Adaptive strategies (lessons from failures, human corrections).
-    pub adaptive: AdaptiveConfig,
+    pub adaptive: crate::learn::adaptive::AdaptiveConfig,
     /// Where tools come from.
-    pub tools: ToolsConfig,
+    pub tools: crate::tools::ToolsConfig,
     /// The HTTP API.
     pub api: ApiConfig,
     /// Fault injection.
@@ -95,12 +101,17 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             data_dir: PathBuf::from("./hindsight-data"),
+            seed: 42,
             store: StoreConfig::default(),
-            policy: PolicyConfig::default(),
+            policy: crate::learn::bandit::PolicyConfig::default(),
+            distill: crate::learn::distill::DistillConfig::default(),
             triage: TriageConfig::default(),
             reflect_retry: ReflectRetryConfig::default(),
-            adaptive: AdaptiveConfig::default(),
-            tools: ToolsConfig::default(),
+            adaptive: crate::learn::adaptive::AdaptiveConfig::default(),
+            tools: crate::tools::ToolsConfig {
+                sim_envs: vec![PathBuf::from("config/envs/bank_statements.toml")],
+                ..crate::tools::ToolsConfig::default()
+            },
             api: ApiConfig::default(),
             chaos: ChaosConfig::default(),
             model: ModelConfig::default(),
@@ -182,83 +193,6 @@ impl StoreConfig {
     }
 }
 
-/// `[policy]`: the contextual bandit (information-directed or Thompson sampling).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PolicyConfig {
-    /// Seed of the policy's random number generator.
-    pub seed: u64,
-    /// Posterior resamples used to estimate the propensity of a choice.
-    pub propensity_samples: u32,
-    /// Discount applied to old evidence per update (1.0 = none), to follow drift.
-    pub discount: f64,
-    /// Pseudo-observations a cluster's prior borrows from its parent cluster (pooling strength).
-    pub prior_strength: f64,
-    /// Distil a ranker from the experience log every this many experiences (0 = never); it
-    /// plans the exploit share only while off-policy evaluation says it is not worse than the
-    /// policy's greedy plan.
-    pub distill_every: u64,
-    /// How much worse (reward per task, lower confidence bound) the ranker may look and still
-    /// be promoted.
-    pub distill_margin: f64,
-    /// A ranker in force plans a task only while the policy expects at most this much less
-    /// reward from the ranker's plan than from its own greedy plan.
-    pub distill_defer_margin: f64,
-    /// Structure prior of the pooling hierarchy: nats of log evidence a level fixing one feature
-    /// starts behind the global level (0 = none; see docs/learning-log.md).
-    pub level_penalty_first: f64,
-    /// Nats each further feature a level fixes adds to [`PolicyConfig::level_penalty_first`].
-    pub level_penalty_more: f64,
-    /// Share of what a stage's other arms say about which task features matter that each arm
-    /// takes into its own weighing of the pooling levels (0 = none; see
-    /// docs/learning-log.md).
-    pub stage_evidence_share: f64,
-    /// Arms a stage must have for its arms to share that evidence.
-    pub stage_evidence_min_arms: usize,
-    /// Visits a task's single-feature cell needs before a fallback gives each arm a draw from
-    /// its own counts there (0 = never; see docs/learning-log.md).
-    pub fallback_local_visits: f64,
-    /// Standard deviations over its posterior mean at which a fallback ranks each arm not
-    /// tried yet (0 = a posterior draw instead; see docs/learning-log.md).
-    pub fallback_upper_sd: f64,
-    /// Posterior samples behind each information-directed choice (0 = Thompson sampling; see
-    /// docs/learning.md).
-    pub ids_samples: usize,
-    /// Share of first attempts chosen by Thompson sampling all the same (a second look at arms
-    /// written off early; see docs/learning.md).
-    pub thompson_share: f64,
-    /// Nats of evidence the change detector needs before it says an arm got worse in a
-    /// cluster (lower follows a drift sooner and forgets a good arm by mistake more often).
-    pub change_threshold: f64,
-    /// Nats of evidence the change detector needs before it says an arm got better.
-    pub change_threshold_up: f64,
-}
-
-impl Default for PolicyConfig {
-    fn default() -> Self {
-        let bandit = crate::learn::bandit::PolicyConfig::default();
-        PolicyConfig {
-            seed: 42,
-            propensity_samples: 200,
-            discount: 0.999,
-            prior_strength: 2.0,
-            distill_every: 200,
-            distill_margin: 0.0,
-            distill_defer_margin: crate::learn::distill::DistillConfig::default().defer_margin,
-            level_penalty_first: bandit.level_penalty_first,
-            level_penalty_more: bandit.level_penalty_more,
-            stage_evidence_share: bandit.stage_evidence_share,
-            stage_evidence_min_arms: bandit.stage_evidence_min_arms,
-            fallback_local_visits: bandit.fallback_local_visits,
-            fallback_upper_sd: bandit.fallback_upper_sd,
-            ids_samples: bandit.ids_samples,
-            thompson_share: bandit.thompson_share,
-            change_threshold: bandit.change_threshold,
-            change_threshold_up: bandit.change_threshold_up,
-        }
-    }
-}
-
 /// `[triage]`: recovery caps and the failure policy.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -286,9 +220,8 @@ impl Default for TriageConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ReflectRetryConfig {
-    /// Whether the plugin is registered.
-    pub enabled: bool,
-    /// Reflections per run before the last attempt's result stands.
+    /// Reflections per run before the last attempt's result stands (0 = the plugin never
+    /// sends a run back).
     pub max_retries: u32,
     /// The reflection message; `{attempt}`, `{max}` and `{reason}` are substituted.
     pub template: String,
@@ -297,84 +230,10 @@ pub struct ReflectRetryConfig {
 impl Default for ReflectRetryConfig {
     fn default() -> Self {
         ReflectRetryConfig {
-            enabled: true,
             max_retries: 2,
             template: DEFAULT_REFLECT_TEMPLATE.to_string(),
         }
     }
-}
-
-/// Whose lessons a run sees (`per_user`, the default, `per_tenant`, `shared` or
-/// `per_session`): the adaptive strategies' own scope mode.
-pub use crate::learn::adaptive::ScopeMode as ScopeConfig;
-
-/// `[adaptive]`: lessons synthesised from failures.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct AdaptiveConfig {
-    /// Strategy failures in a scope that trigger a synthesis.
-    pub synthesis_threshold: u32,
-    /// Failures kept per scope (must be at least `synthesis_threshold`).
-    pub failure_retention: u32,
-    /// Strategies (lessons) kept per scope.
-    pub max_strategies: u32,
-    /// `per_user`, `per_tenant`, `shared` or `per_session`.
-    pub scope: ScopeConfig,
-    /// Days a strategy lives without reinforcement; 0 = forever.
-    pub ttl_days: u64,
-    /// Human corrections accepted per principal per hour.
-    pub corrections_per_hour: u32,
-}
-
-impl Default for AdaptiveConfig {
-    fn default() -> Self {
-        AdaptiveConfig {
-            synthesis_threshold: 5,
-            failure_retention: 50,
-            max_strategies: 20,
-            scope: ScopeConfig::PerUser,
-            ttl_days: 0,
-            corrections_per_hour: 10,
-        }
-    }
-}
-
-/// `[tools]`: MCP servers and simulated environments.
-///
-/// Mirrors `hindsight::tools::config::ToolsConfig` of the tools area; the two are merged at
-/// integration.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ToolsConfig {
-    /// Simulated environment files whose tools are registered.
-    pub envs: Vec<PathBuf>,
-    /// MCP servers started as child processes; their tools are registered.
-    pub mcp: Vec<McpServerConfig>,
-}
-
-impl Default for ToolsConfig {
-    fn default() -> Self {
-        ToolsConfig {
-            envs: vec![PathBuf::from("config/envs/bank_statements.toml")],
-            mcp: Vec::new(),
-        }
-    }
-}
-
-/// `[[tools.mcp]]`: one MCP server.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct McpServerConfig {
-    /// Name; its tools are registered as `name/tool`.
-    pub name: String,
-    /// The program to start.
-    pub command: String,
-    /// Its arguments.
-    #[serde(default)]
-    pub args: Vec<String>,
-    /// Extra environment variables.
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
 }
 
 /// `[api]`: the HTTP API.
@@ -541,8 +400,21 @@ impl Config {
         })?;
         let overrides = apply_env(&mut table, env)?;
         let value = toml::Value::Table(table);
-        let config: Config = serde_path_to_error::deserialize(value).map_err(|e| {
-            let (key, reason) = describe(e.path().to_string(), e.inner().message().to_string());
+        // Unknown keys are refused wherever they are, also in the sections whose types read
+        // stored settings leniently (a snapshot written by another build).
+        let mut unknown = Vec::new();
+        let mut note = |path: serde_ignored::Path<'_>| unknown.push(path.to_string());
+        let ignored = serde_ignored::Deserializer::new(value, &mut note);
+        let parsed: Result<Config, _> = serde_path_to_error::deserialize(ignored);
+        let parsed = match (parsed, unknown.first()) {
+            (Ok(_), Some(key)) => Err((key.clone(), "unknown key".to_string())),
+            (Ok(c), None) => Ok(c),
+            (Err(e), _) => Err(describe(
+                e.path().to_string(),
+                e.inner().message().to_string(),
+            )),
+        };
+        let config: Config = parsed.map_err(|(key, reason)| {
             let origin = overrides
                 .iter()
                 .find(|(k, _)| key == *k || key.starts_with(&format!("{k}.")))
@@ -629,102 +501,27 @@ impl Config {
         if self.store.checkpoints_per_run == 0 {
             return bad("store.checkpoints_per_run", "must be at least 1");
         }
-        if self.policy.propensity_samples == 0 {
-            return bad("policy.propensity_samples", "must be at least 1");
+        if let Err(e) = self.policy.validate() {
+            return match e {
+                crate::learn::bandit::PolicyError::BadConfig { field, reason } => {
+                    bad(format!("policy.{field}"), reason)
+                }
+                other => bad("policy", other.to_string()),
+            };
         }
-        if !(self.policy.discount > 0.0 && self.policy.discount <= 1.0) {
-            return bad(
-                "policy.discount",
-                format!("must be in (0, 1], found {}", self.policy.discount),
-            );
-        }
-        if !(self.policy.distill_margin.is_finite() && self.policy.distill_margin >= 0.0) {
-            return bad(
-                "policy.distill_margin",
-                format!("must be 0 or more, found {}", self.policy.distill_margin),
-            );
-        }
-        if !(self.policy.distill_defer_margin.is_finite()
-            && self.policy.distill_defer_margin >= 0.0)
-        {
-            return bad(
-                "policy.distill_defer_margin",
-                format!(
-                    "must be 0 or more, found {}",
-                    self.policy.distill_defer_margin
-                ),
-            );
-        }
-        for (key, v) in [
-            (
-                "policy.level_penalty_first",
-                self.policy.level_penalty_first,
-            ),
-            ("policy.level_penalty_more", self.policy.level_penalty_more),
-            (
-                "policy.stage_evidence_share",
-                self.policy.stage_evidence_share,
-            ),
-            (
-                "policy.fallback_local_visits",
-                self.policy.fallback_local_visits,
-            ),
-            ("policy.fallback_upper_sd", self.policy.fallback_upper_sd),
-        ] {
-            if !(v.is_finite() && v >= 0.0) {
-                return bad(key, format!("must be 0 or more, found {v}"));
-            }
-        }
-        for (key, v) in [
-            ("policy.change_threshold", self.policy.change_threshold),
-            (
-                "policy.change_threshold_up",
-                self.policy.change_threshold_up,
-            ),
-        ] {
-            if !(v.is_finite() && v > 0.0) {
-                return bad(key, format!("must be a number of nats above 0, found {v}"));
-            }
-        }
-        if !(0.0..=1.0).contains(&self.policy.thompson_share) {
-            return bad(
-                "policy.thompson_share",
-                format!("must be from 0 to 1, found {}", self.policy.thompson_share),
-            );
-        }
-        let max_ids = crate::learn::bandit::MAX_IDS_SAMPLES;
-        if self.policy.ids_samples > max_ids {
-            return bad(
-                "policy.ids_samples",
-                format!(
-                    "must be at most {max_ids}, found {}",
-                    self.policy.ids_samples
-                ),
-            );
-        }
-        if !(self.policy.prior_strength.is_finite() && self.policy.prior_strength > 0.0) {
-            return bad(
-                "policy.prior_strength",
-                format!("must be positive, found {}", self.policy.prior_strength),
-            );
+        if let Err(e) = self.distill.validate() {
+            return bad(format!("distill.{}", e.field), e.reason);
         }
         if self.triage.max_total_attempts == 0 {
             return bad("triage.max_total_attempts", "must be at least 1");
         }
-        if self.adaptive.synthesis_threshold == 0 {
-            return bad("adaptive.synthesis_threshold", "must be at least 1");
-        }
-        if self.adaptive.failure_retention < self.adaptive.synthesis_threshold {
-            return bad(
-                "adaptive.failure_retention",
-                format!(
-                    "{} is below adaptive.synthesis_threshold ({}): synthesis would never fire",
-                    self.adaptive.failure_retention, self.adaptive.synthesis_threshold
-                ),
-            );
-        }
-        if self.adaptive.max_strategies == 0 {
-            return bad("adaptive.max_strategies", "must be at least 1");
+        if let Err(e) = self.adaptive.validate() {
+            return match e {
+                crate::learn::adaptive::AdaptiveError::Config { field, reason } => {
+                    bad(format!("adaptive.{field}"), reason)
+                }
+                other => bad("adaptive", other.to_string()),
+            };
         }
         let mut names = BTreeSet::new();
         for (i, server) in self.tools.mcp.iter().enumerate() {
@@ -891,6 +688,7 @@ fn parse_env_value(raw: &str) -> toml::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs
@@ -969,7 +767,7 @@ mod tests {
                 ("HINDSIGHT_API__BODY_LIMIT_BYTES", "2048"),
                 ("HINDSIGHT_CONFIG", "ignored.toml"),
                 ("OTHER", "x"),
-                ("HINDSIGHT_TOOLS__ENVS", "[\"a.toml\", \"b.toml\"]"),
+                ("HINDSIGHT_TOOLS__SIM_ENVS", "[\"a.toml\", \"b.toml\"]"),
             ]),
         )
         .unwrap();
@@ -977,7 +775,7 @@ mod tests {
         assert_eq!(c.store.checkpoints_per_run, 5);
         assert_eq!(c.api.body_limit_bytes, 2048);
         assert_eq!(
-            c.tools.envs,
+            c.tools.sim_envs,
             vec![PathBuf::from("a.toml"), PathBuf::from("b.toml")]
         );
     }
@@ -1004,10 +802,7 @@ mod tests {
     fn a_change_threshold_must_be_above_zero() {
         let e = policy_error("change_threshold = 0.0");
         assert!(e.contains("policy.change_threshold"), "{e}");
-        assert!(
-            e.contains("must be a number of nats above 0, found 0"),
-            "{e}"
-        );
+        assert!(e.contains("must be a finite number > 0"), "{e}");
         let e = policy_error("change_threshold_up = -3.0");
         assert!(e.contains("policy.change_threshold_up"), "{e}");
         let c = Config::parse("[policy]\nchange_threshold = 7.5\n", "h.toml").unwrap();
@@ -1017,22 +812,36 @@ mod tests {
     }
 
     #[test]
-    fn a_negative_structure_prior_names_its_key() {
-        let e = policy_error("level_penalty_more = -1.0");
-        assert!(e.contains("policy.level_penalty_more"), "{e}");
-        assert!(e.contains("must be 0 or more, found -1"), "{e}");
-        let e = policy_error("stage_evidence_share = -0.5");
-        assert!(e.contains("policy.stage_evidence_share"), "{e}");
-        let e = policy_error("fallback_local_visits = -50.0");
-        assert!(e.contains("policy.fallback_local_visits"), "{e}");
-        let e = policy_error("fallback_upper_sd = -2.0");
-        assert!(e.contains("policy.fallback_upper_sd"), "{e}");
-        let e = policy_error("ids_samples = 100000");
-        assert!(e.contains("policy.ids_samples"), "{e}");
-        assert!(e.contains("at most 4096, found 100000"), "{e}");
-        let e = policy_error("thompson_share = 2.0");
-        assert!(e.contains("policy.thompson_share"), "{e}");
-        assert!(e.contains("from 0 to 1, found 2"), "{e}");
+    fn policy_keys_are_checked_and_named() {
+        let e = policy_error("structure_prior = -1.0");
+        assert!(e.contains("policy.structure_prior"), "{e}");
+        assert!(e.contains("must be a finite number >= 0"), "{e}");
+        let e = policy_error("choice = { rule = \"information_directed\", samples = 100000 }");
+        assert!(e.contains("policy.choice.samples"), "{e}");
+        assert!(e.contains("from 1 to 4096"), "{e}");
+        let e = policy_error("choice = { rule = \"information_directed\", thompson_share = 2.0 }");
+        assert!(e.contains("policy.choice.thompson_share"), "{e}");
+        let e = policy_error("choice = { rule = \"greedy\" }");
+        assert!(e.contains("policy.choice"), "{e}");
+        assert!(e.contains("`greedy`"), "{e}");
+        // A key of the old mirror, removed, is an unknown key, named with its path.
+        let e = policy_error("ids_samples = 32");
+        assert!(
+            e.starts_with("h.toml: key `policy.ids_samples`: unknown key"),
+            "{e}"
+        );
+        let e = policy_error("[policy.reward]\nsla_ms = 3");
+        assert!(e.contains("key `policy.reward`: unknown key"), "{e}");
+        let c = Config::parse("[policy.choice]\nrule = \"thompson\"\n", "h.toml").unwrap();
+        assert_eq!(c.policy.choice, crate::learn::bandit::ChoiceRule::Thompson);
+        let e = Config::parse("[distill]\nholdout_share = 2.0\n", "h.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("key `distill.holdout_share`"), "{e}");
+        let e = Config::parse("[adaptive]\ntop_k = 3\nbogus = 1\n", "h.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("key `adaptive.bogus`: unknown key"), "{e}");
     }
 
     #[test]
@@ -1137,12 +946,10 @@ mod tests {
             name: "a".into(),
             key_sha256: hash_key("k"),
         });
-        c.tools.mcp.push(McpServerConfig {
-            name: "fs".into(),
-            command: "npx".into(),
-            args: vec!["-y".into()],
-            env: BTreeMap::from([("A".to_string(), "b".to_string())]),
-        });
+        let mut server = crate::tools::McpServerConfig::new("fs", "npx", vec!["-y".into()]);
+        server.env = BTreeMap::from([("A".to_string(), "b".to_string())]);
+        c.tools.mcp.push(server);
+        c.policy.choice = crate::learn::bandit::ChoiceRule::Thompson;
         for c in [Config::default(), c] {
             let text = c.to_toml().unwrap();
             assert_eq!(Config::parse(&text, "shown").unwrap(), c, "{text}");

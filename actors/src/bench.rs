@@ -223,8 +223,8 @@ pub struct LearningBench {
     pub drift: Option<DriftRecovery>,
     /// Wall time of the workload.
     pub seconds: f64,
-    /// The configuration file whose `[policy]`, `[adaptive]` and `[triage]` caps the tree learned
-    /// with (`null`: the embedded defaults).
+    /// The configuration file whose `[policy]`, `[distill]`, `[adaptive]` and `[triage]` caps the
+    /// tree learned with (`null`: the embedded defaults).
     pub config: Option<String>,
 }
 
@@ -232,8 +232,8 @@ pub struct LearningBench {
 /// file it was read from.
 #[derive(Debug, Clone, Copy)]
 pub struct LearningSettings<'a> {
-    /// The configuration (its `[policy]`, but the seed, `[adaptive]` and the `[triage]` caps
-    /// apply).
+    /// The configuration (its `[policy]`, `[distill]`, `[adaptive]` and `[triage]` caps apply;
+    /// its seed does not).
     pub config: &'a hindsight::config::Config,
     /// The file it came from, for the report.
     pub file: &'a Path,
@@ -274,8 +274,7 @@ pub async fn learning(
     opts.durability = Durability::None;
     opts.seed = seed;
     if let Some(s) = settings {
-        crate::backend::apply_learning(s.config, &mut opts)
-            .map_err(|e| RuntimeError::Rejected(format!("{}: {e}", s.file.display())))?;
+        crate::backend::apply_learning(s.config, &mut opts);
     }
     let rt = Runtime::start(opts).await?;
     let t = Instant::now();

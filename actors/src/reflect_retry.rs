@@ -11,8 +11,7 @@ use crate::plugin::{Plugin, PluginError, RunEvent, RunReport, Verdict};
 /// The table holding each run's retry count.
 pub const RETRY_COUNTS: KvTable = KvTable::new("reflect_retry_counts");
 
-/// The default reflection template.
-pub const DEFAULT_TEMPLATE: &str = "[Reflect & Retry - Attempt {attempt}/{max}] {reason}\n\nPlease try again, adjusting your approach.";
+pub use hindsight::config::{DEFAULT_REFLECT_TEMPLATE as DEFAULT_TEMPLATE, ReflectRetryConfig};
 
 /// Judges a finished run by its events: `Ok(())` or `Err(reason)`.
 pub type RunValidator = Arc<dyn Fn(&[RunEvent]) -> Result<(), String> + Send + Sync>;
@@ -34,27 +33,6 @@ pub fn default_validator() -> RunValidator {
     })
 }
 
-/// Configuration of ReflectRetry.
-#[derive(Clone)]
-pub struct ReflectRetryConfig {
-    /// Retries per run (0 disables the plugin).
-    pub max_retries: u32,
-    /// The reflection template, with `{attempt}`, `{max}` and `{reason}`.
-    pub template: String,
-    /// The validator over a run's events.
-    pub validator: RunValidator,
-}
-
-impl Default for ReflectRetryConfig {
-    fn default() -> Self {
-        ReflectRetryConfig {
-            max_retries: 2,
-            template: DEFAULT_TEMPLATE.to_string(),
-            validator: default_validator(),
-        }
-    }
-}
-
 /// Fills the template.
 pub fn render_reflection(template: &str, attempt: u32, max: u32, reason: &str) -> String {
     template
@@ -66,20 +44,25 @@ pub fn render_reflection(template: &str, attempt: u32, max: u32, reason: &str) -
 /// The ReflectRetry plugin.
 pub struct ReflectRetry {
     config: ReflectRetryConfig,
+    validator: RunValidator,
     store: Store,
 }
 
 impl ReflectRetry {
-    /// A plugin that persists its retry counts in `store`.
-    pub fn new(config: ReflectRetryConfig, store: Store) -> ReflectRetry {
-        ReflectRetry { config, store }
+    /// A plugin judging runs with `validator` that persists its retry counts in `store`.
+    pub fn new(config: ReflectRetryConfig, validator: RunValidator, store: Store) -> ReflectRetry {
+        ReflectRetry {
+            config,
+            validator,
+            store,
+        }
     }
 
     /// Why the run should be retried, if it should: the validator's reason; else, for a run that
     /// did not pass, its last error event (error events alone trigger a reflection). A run that
     /// passed after recovering from errors is not sent back.
     fn reason(&self, passed: bool, events: &[RunEvent]) -> Option<String> {
-        if let Err(reason) = (self.config.validator)(events) {
+        if let Err(reason) = (self.validator)(events) {
             return Some(reason);
         }
         if passed {
@@ -182,7 +165,7 @@ mod tests {
     async fn error_events_trigger_only_runs_that_did_not_pass() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path(), Default::default()).unwrap();
-        let mut rr = ReflectRetry::new(ReflectRetryConfig::default(), store);
+        let mut rr = ReflectRetry::new(ReflectRetryConfig::default(), default_validator(), store);
         let failed = RunReport {
             run_id: "r1".into(),
             round: 1,

@@ -15,7 +15,7 @@ use ractor::ActorRef;
 use crate::chaos::ChaosHandle;
 use crate::directory::CallError;
 use crate::orchestrator::OrchestratorMsg;
-use crate::reflect_retry::ReflectRetryConfig;
+use crate::reflect_retry::{ReflectRetryConfig, RunValidator, default_validator};
 use crate::run::{RunOutcome, TreeCtx};
 use crate::supervisor::{RestartStats, Supervisor, SupervisorMsg};
 use crate::tree::{self, TreeConfig, TreeSpec};
@@ -72,6 +72,8 @@ pub struct RuntimeOptions {
     pub tree: TreeConfig,
     /// ReflectRetry's configuration.
     pub reflect_retry: ReflectRetryConfig,
+    /// ReflectRetry's judge of a finished run's events (by default, its last validation).
+    pub validator: RunValidator,
     /// Plugins of your own, each hosted by a supervised actor (see [`crate::plugin`]).
     pub plugins: Vec<crate::plugin::PluginSpec>,
     /// Fault injection into actors and tools, if any.
@@ -128,6 +130,7 @@ impl RuntimeOptions {
             seed: 0,
             tree: TreeConfig::default(),
             reflect_retry: ReflectRetryConfig::default(),
+            validator: default_validator(),
             plugins: Vec::new(),
             chaos: None,
             sop: SopConfig::default(),
@@ -346,6 +349,7 @@ impl Runtime {
             seed: opts.seed,
             config: opts.tree,
             reflect_retry: opts.reflect_retry,
+            validator: opts.validator,
             plugins: opts.plugins,
             faults: opts.chaos.as_ref().map(crate::chaos_tools::decider),
             sop: opts.sop,

@@ -17,7 +17,7 @@ use crate::orchestrator::{Orchestrator, OrchestratorArgs, OrchestratorMsg};
 use crate::plugin::{PluginFactory, PluginMsg, PluginSlot, PluginSpec, host_child};
 use crate::policy::{PolicyActor, PolicyArgs, PolicyMsg};
 use crate::recovery::TriageSetup;
-use crate::reflect_retry::{ReflectRetry, ReflectRetryConfig};
+use crate::reflect_retry::{ReflectRetry, ReflectRetryConfig, RunValidator};
 use crate::reflector::{ReflectorActor, ReflectorArgs, ReflectorMsg};
 use crate::run::{LiveRuns, TreeCtx};
 use crate::supervisor::{ChildSpec, Strategy, SupervisorOptions};
@@ -116,6 +116,8 @@ pub struct TreeSpec {
     pub config: TreeConfig,
     /// ReflectRetry's configuration.
     pub reflect_retry: ReflectRetryConfig,
+    /// ReflectRetry's judge of a finished run's events.
+    pub validator: RunValidator,
     /// Plugins of the embedder's, each hosted by an actor of its own (started after
     /// ReflectRetry, before the orchestrator).
     pub plugins: Vec<PluginSpec>,
@@ -292,10 +294,14 @@ pub fn build(spec: TreeSpec) -> Tree {
             ctx.dir.reflect_retry.clone(),
             hook(&faults, "reflect_retry"),
         );
-        let (config, store) = (spec.reflect_retry.clone(), store.clone());
+        let (config, validator, store) = (
+            spec.reflect_retry.clone(),
+            spec.validator.clone(),
+            store.clone(),
+        );
         let factory: PluginFactory<ReflectRetry> = Arc::new(move || {
-            let (config, store) = (config.clone(), store.clone());
-            Box::pin(async move { Ok(ReflectRetry::new(config, store)) })
+            let (config, validator, store) = (config.clone(), validator.clone(), store.clone());
+            Box::pin(async move { Ok(ReflectRetry::new(config, validator, store)) })
         });
         children.push(host_child(
             "reflect_retry".to_string(),

@@ -289,20 +289,28 @@ fn learning_bench_learns_with_a_configuration_files_policy_section() {
     let (defaults, report) = fits(&bench(&[]));
     assert_eq!(defaults, 1, "{report}");
     assert!(report["config"].is_null(), "{report}");
-    // The file's [policy] fits every 20.
+    // The file's [distill] fits every 20.
     let file = dir.path().join("tuned.toml");
-    std::fs::write(&file, "[policy]\ndistill_every = 20\nids_samples = 8\n").unwrap();
+    std::fs::write(
+        &file,
+        "[distill]\nevery = 20\n[policy.choice]\nrule = \"information_directed\"\nsamples = 8\n",
+    )
+    .unwrap();
     let (tuned, report) = fits(&bench(&["--config", file.to_str().unwrap()]));
     assert!(tuned >= 3, "{report}");
     assert_eq!(report["config"], file.to_str().unwrap(), "{report}");
     // A bad value: one sentence naming the file and the key, no run.
     let bad = dir.path().join("bad.toml");
-    std::fs::write(&bad, "[policy]\nids_samples = 100000\n").unwrap();
+    std::fs::write(
+        &bad,
+        "[policy.choice]\nrule = \"information_directed\"\nsamples = 100000\n",
+    )
+    .unwrap();
     let out = bench(&["--config", bad.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("bad.toml") && err.contains("policy.ids_samples"),
+        err.contains("bad.toml") && err.contains("policy.choice.samples"),
         "{err}"
     );
     assert_eq!(err.trim().lines().count(), 1, "{err}");

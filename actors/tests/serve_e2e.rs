@@ -34,15 +34,15 @@ fn write_config(dir: &Path) -> std::path::PathBuf {
     let file = dir.join("hindsight.toml");
     let text = format!(
         r#"data_dir = "{data}"
+seed = 42
 
 [store]
 durability = "none"
 
-[policy]
-seed = 42
+[policy.choice]
 # Thompson sampling: the SOP below needs a baseline of explorations in a cluster where one plan
 # clearly wins, which information-directed sampling (the default) does not spend there.
-ids_samples = 0
+rule = "thompson"
 
 [api]
 listen = "127.0.0.1:0"

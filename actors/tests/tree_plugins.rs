@@ -208,8 +208,8 @@ async fn a_plugin_sees_the_rounds_reflect_retry_sends_back_and_retries_after_it(
     opts.reflect_retry = ReflectRetryConfig {
         max_retries: 1,
         template: "retry {attempt} of {max}: {reason}".to_string(),
-        validator: Arc::new(|_events: &[RunEvent]| Err("the CSV has no header row".to_string())),
     };
+    opts.validator = Arc::new(|_events: &[RunEvent]| Err("the CSV has no header row".to_string()));
     let rt = Runtime::start(opts).await.unwrap();
     let records = workload::run_tasks(&rt, &env(), 3, 4, 1, |_| {})
         .await

@@ -144,8 +144,8 @@ async fn reflect_retry_sends_a_rejected_run_back_up_to_max_retries() {
     opts.reflect_retry = ReflectRetryConfig {
         max_retries: 2,
         template: "retry {attempt} of {max}: {reason}".to_string(),
-        validator: Arc::new(|_events: &[RunEvent]| Err("the CSV has no header row".to_string())),
     };
+    opts.validator = Arc::new(|_events: &[RunEvent]| Err("the CSV has no header row".to_string()));
     let rt = Runtime::start(opts).await.unwrap();
     let env = env();
     let records = workload::run_tasks(&rt, &env, 11, 5, 1, |_| {})
@@ -1001,7 +1001,7 @@ async fn memory_forgets_the_lessons_no_longer_in_force() {
     // Thompson sampling: its explorations fail often enough in the first 20 tasks for lessons
     // to be synthesised; information-directed sampling leaves the poor arms alone, and those
     // tasks see too few strategy failures to test forgetting on.
-    opts.policy.ids_samples = 0;
+    opts.policy.choice = hindsight::learn::bandit::ChoiceRule::Thompson;
     let rt = Runtime::start(opts).await.unwrap();
     let mut dropped = std::collections::BTreeSet::new();
     let mut seen = std::collections::BTreeSet::new();

@@ -136,17 +136,17 @@ impl BernoulliGlr {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::learn::bandit::PolicyConfig;
+    use crate::learn::bandit::{PolicyConfig, Tuning};
 
     /// Feeds one outcome with the policy's default threshold and minimums.
     fn feed(glr: &mut BernoulliGlr, success: bool) -> Option<GlrChange> {
-        let c = PolicyConfig::default();
+        let (c, t) = (PolicyConfig::default(), Tuning::default());
         glr.observe(
             success,
             c.change_threshold,
             c.change_threshold_up,
-            c.change_min_obs,
-            c.change_min_before,
+            t.change_min_obs,
+            t.change_min_before,
         )
     }
 

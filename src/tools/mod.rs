@@ -33,7 +33,7 @@ pub mod toolbox;
 
 pub use breaker::{BreakerState, CircuitBreaker};
 pub use clock::{Clock, TokioClock, VirtualClock};
-pub use config::{McpServerConfig, ToolsConfig, ToolsConfigError};
+pub use config::{McpServerConfig, ToolsConfig};
 pub use idempotency::{IdempotencyError, IdempotencyStore, MemoryIdempotency, idempotency_key};
 pub use policy::{BreakerConfig, ResiliencePolicy, RetryPolicy};
 pub use registry::{RegistryError, ToolRegistry};

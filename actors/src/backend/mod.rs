@@ -29,7 +29,7 @@ use crate::reflector::ReflectorMsg;
 use crate::run::{RunOutcome, TreeCtx};
 use crate::runtime::{Runtime, RuntimeError, Submitter};
 
-pub use options::{StartError, adaptive_config, apply_learning, runtime_options};
+pub use options::{StartError, apply_learning, runtime_options};
 pub use tenant::{run_in_tenant, scope_in_tenant, sop_in_tenant, tenant_run_id, tenant_task_id};
 
 use options::config_error;
@@ -44,7 +44,6 @@ pub struct TreeBackend {
     metrics: Metrics,
     stopping: AtomicBool,
     next_id: AtomicU64,
-    prior_count: f64,
     started_ms: u64,
 }
 
@@ -116,7 +115,6 @@ impl TreeBackend {
             },
         )
         .map_err(RuntimeError::from)?;
-        let prior_count = opts.policy.prior_alpha + opts.policy.prior_beta;
         let runtime = match Runtime::start_with_store(store, opts).await {
             Ok(rt) => rt,
             Err(e) => {
@@ -134,7 +132,6 @@ impl TreeBackend {
             metrics: Metrics::new(),
             stopping: AtomicBool::new(false),
             next_id: AtomicU64::new(0),
-            prior_count,
             started_ms: hindsight::now_ms(),
         })
     }
@@ -419,7 +416,9 @@ impl TreeBackend {
             return 0;
         }
         let total = m * (1.0 - m) / var - 1.0;
-        (total - self.prior_count).max(0.0).round() as u64
+        (total - hindsight::learn::bandit::prior_pseudo_count())
+            .max(0.0)
+            .round() as u64
     }
 }
 

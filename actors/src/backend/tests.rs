@@ -16,22 +16,41 @@ async fn options_of(sections: &str) -> crate::runtime::RuntimeOptions {
 }
 
 #[tokio::test]
-async fn the_policy_section_reaches_the_bandit() {
+async fn the_learning_sections_reach_the_tree_as_read() {
     let opts = options_of(
-        "[policy]\nprior_strength = 3.0\nlevel_penalty_first = 0.5\nlevel_penalty_more = 1.0\nstage_evidence_share = 0.5\nstage_evidence_min_arms = 3\nfallback_local_visits = 0.0\nfallback_upper_sd = 0.0\nids_samples = 8\nthompson_share = 0.25\nchange_threshold = 8.5\nchange_threshold_up = 6.0\n",
+        "seed = 9\n[policy]\npool_strength = 3.0\nstructure_prior = 1.0\npropensity_draws = 64\nchange_threshold = 8.5\nchange_threshold_up = 6.0\n[policy.choice]\nrule = \"information_directed\"\nsamples = 8\nthompson_share = 0.25\n[distill]\nevery = 50\n[adaptive]\nscope = \"per_tenant\"\ntop_k = 2\n",
     )
     .await;
+    assert_eq!(opts.seed, 9);
     assert_eq!(opts.policy.pool_strength, 3.0);
-    assert_eq!(opts.policy.level_penalty_first, 0.5);
-    assert_eq!(opts.policy.level_penalty_more, 1.0);
-    assert_eq!(opts.policy.stage_evidence_share, 0.5);
-    assert_eq!(opts.policy.stage_evidence_min_arms, 3);
-    assert_eq!(opts.policy.fallback_local_visits, 0.0);
-    assert_eq!(opts.policy.fallback_upper_sd, 0.0);
-    assert_eq!(opts.policy.ids_samples, 8);
-    assert_eq!(opts.policy.thompson_share, 0.25);
+    assert_eq!(opts.policy.structure_prior, 1.0);
+    assert_eq!(opts.policy.propensity_draws, 64);
+    assert_eq!(
+        opts.policy.choice,
+        hindsight::learn::bandit::ChoiceRule::InformationDirected {
+            samples: 8,
+            thompson_share: 0.25
+        }
+    );
     assert_eq!(opts.policy.change_threshold, 8.5);
     assert_eq!(opts.policy.change_threshold_up, 6.0);
+    assert_eq!(opts.distill.every, 50);
+    assert_eq!(
+        opts.adaptive.scope,
+        hindsight::learn::adaptive::ScopeMode::PerTenant
+    );
+    assert_eq!(opts.adaptive.top_k, 2);
+}
+
+#[tokio::test]
+async fn the_daemon_and_an_embedding_program_learn_with_the_same_defaults() {
+    let daemon = options_of("").await;
+    let embedded =
+        crate::runtime::RuntimeOptions::new("unused", crate::demo::load_env(None).unwrap());
+    assert_eq!(daemon.policy, embedded.policy);
+    assert_eq!(daemon.distill, embedded.distill);
+    assert_eq!(daemon.adaptive, embedded.adaptive);
+    assert_eq!(daemon.reflect_retry, embedded.reflect_retry);
 }
 
 #[tokio::test]
@@ -84,38 +103,6 @@ async fn the_daemon_applies_the_run_ttl_at_start() {
         None
     );
     backend.shutdown().await;
-}
-
-#[test]
-fn the_adaptive_section_maps_onto_the_reflectors_settings() {
-    let section = hindsight::config::AdaptiveConfig {
-        synthesis_threshold: 3,
-        failure_retention: 9,
-        max_strategies: 4,
-        scope: hindsight::config::ScopeConfig::PerTenant,
-        ttl_days: 2,
-        corrections_per_hour: 6,
-    };
-    let a = adaptive_config(&section).unwrap();
-    assert_eq!(a.scope, hindsight::learn::adaptive::ScopeMode::PerTenant);
-    assert_eq!(
-        (a.synthesis_threshold, a.failure_retention, a.max_strategies),
-        (3, 9, 4)
-    );
-    assert_eq!(a.strategy_ttl_ms, 2 * 86_400_000);
-    assert_eq!(
-        (a.corrections_per_window, a.correction_window_ms),
-        (6, 3_600_000)
-    );
-
-    let bad = hindsight::config::AdaptiveConfig {
-        corrections_per_hour: 0,
-        ..section
-    };
-    match adaptive_config(&bad) {
-        Err(StartError::Config { key, .. }) => assert_eq!(key, "adaptive.corrections_per_hour"),
-        other => panic!("{other:?}"),
-    }
 }
 
 #[test]

@@ -90,9 +90,9 @@ pub struct LearningArgs {
     /// `diary` with `--data DIR`); by default it runs on a temporary store, never on `--data`.
     #[arg(long, value_name = "DIR")]
     pub keep: Option<PathBuf>,
-    /// Learn with this configuration file's `[policy]` (all but its seed: `--seed` is the run's),
-    /// `[adaptive]` sections and `[triage]` caps instead of the embedded defaults, to measure a
-    /// setting before the daemon runs with it.
+    /// Learn with this configuration file's `[policy]`, `[distill]` and `[adaptive]` sections and
+    /// `[triage]` caps instead of the embedded defaults (its `seed` does not apply: `--seed` is
+    /// the run's), to measure a setting before the daemon runs with it.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Print one JSON object.
@@ -138,7 +138,7 @@ pub async fn learning(_global: &Global, args: LearningArgs) -> Result<(), Failur
         .map(|(config, file)| bench::LearningSettings { config, file });
     if let (Some(file), false) = (&args.config, args.json) {
         outln!(
-            "learning with [policy] and [adaptive] of {}",
+            "learning with [policy], [distill] and [adaptive] of {}",
             file.display()
         )?;
     }

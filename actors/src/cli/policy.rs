@@ -28,7 +28,7 @@ enum PolicyCommand {
         #[arg(long, default_value_t = 0.3)]
         holdout: f64,
         /// Margin by which the ranker may look worse than the live policy's greedy plan and
-        /// still be promoted (the policy actor's `[policy] distill_margin`).
+        /// still be promoted (the policy actor's `[distill] margin`).
         #[arg(long, default_value_t = 0.0)]
         margin: f64,
         /// Seed of the posterior draws and of the ranker's fit.

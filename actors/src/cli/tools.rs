@@ -68,7 +68,9 @@ fn parse_feature(s: &str) -> Result<(String, String), String> {
 
 fn load_config(path: Option<&Path>) -> Result<ToolsConfig, String> {
     match path {
-        Some(p) => ToolsConfig::load(p).map_err(|e| e.to_string()),
+        Some(p) => hindsight::config::Config::load(Some(p))
+            .map(|c| c.tools)
+            .map_err(|e| e.to_string()),
         None => {
             let bundled = PathBuf::from("config/envs/bank_statements.toml");
             Ok(ToolsConfig {

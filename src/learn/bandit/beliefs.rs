@@ -15,8 +15,6 @@ use super::{ModelEvidence, Node, Policy, PolicyConfig, StageArms};
 #[derive(Debug, Clone)]
 pub(super) struct Eff {
     pub(super) n_nodes: usize,
-    /// Draws are floored at the arm's mean ([`PolicyConfig::optimistic`]).
-    pub(super) optimistic: bool,
     /// Per arm, per level: (cumulative weight, alpha, beta).
     pub(super) comps: Vec<(f64, f64, f64)>,
     pub(super) mean: Vec<f64>,
@@ -26,13 +24,14 @@ pub(super) struct Eff {
 }
 
 impl Eff {
-    /// A draw of arm `j`'s success from its mixture posterior, floored at its mean when
-    /// [`Eff::optimistic`].
+    /// A draw of arm `j`'s success from its mixture posterior, floored at its mean (optimistic
+    /// Thompson sampling: exploration only ever looks upward, so a leader that happens to draw
+    /// low does not hand the task to an arm already known to be worse).
     pub(super) fn sample(&self, j: usize, rng: &mut fastrand::Rng) -> f64 {
         let x = self.sample_plain(j, rng);
         match self.mean.get(j) {
-            Some(&m) if self.optimistic => x.max(m),
-            _ => x,
+            Some(&m) => x.max(m),
+            None => x,
         }
     }
 
@@ -170,7 +169,7 @@ pub(super) fn arm_evidence(models: &[Option<&ModelEvidence>], i: usize, j: usize
 
 /// Per flat arm, per lattice node (`n_arms * n_nodes`, node-major within an arm): the mean over
 /// the arm's stage's other arms of the level's evidence over the global level's, for the stages
-/// of at least `min_arms` arms (0 elsewhere). See [`PolicyConfig::stage_evidence_share`].
+/// of at least `min_arms` arms (0 elsewhere). See [`Tuning::stage_evidence_share`](super::Tuning).
 pub(super) fn shared_evidence(
     offsets: &[usize],
     stages: &[StageArms],
@@ -207,9 +206,11 @@ pub(super) fn shared_evidence(
 impl Policy {
     /// Per lattice node, arm `j`'s success posterior `(mean, strength, data)` in the node's cell:
     /// the node's own (discounted) counts on top of a prior centred on its parents' means
-    /// (weighted by their levels' `log_evidence` for the arm when `pool_by_evidence`), with
-    /// their strength capped at `pool_strength`. The global node, and the single-feature nodes
-    /// unless `from_global`, use the configured prior.
+    /// (weighted by their levels' `log_evidence` for the arm: the parent whose features matter
+    /// for the arm speaks), with their strength capped at `pool_strength`. The global node, and
+    /// the single-feature nodes unless `from_global`, use the flat prior: an arm's global counts
+    /// come from where it was chosen, so a specialist's successes in its niche would lift it
+    /// everywhere else.
     pub(super) fn cell_posteriors(
         &self,
         lattice: &Lattice,
@@ -219,16 +220,16 @@ impl Policy {
         j: usize,
         out: &mut [Cell],
     ) {
-        let c = &self.config;
+        let (c, t) = (&self.config, &self.tuning);
         let level = |p: usize| log_evidence.get(p).copied().unwrap_or(0.0);
         for (i, ln) in lattice.nodes.iter().enumerate() {
             let from_prior = ln.parents.is_empty() || (!from_global && ln.mask.count_ones() == 1);
             let (pm, ps) = if from_prior {
-                let strength = c.prior_alpha + c.prior_beta;
-                (c.prior_alpha / strength, strength)
+                let strength = t.prior_alpha + t.prior_beta;
+                (t.prior_alpha / strength, strength)
             } else {
                 // Parent weights relative to the best parent (so at least one weighs 1, however
-                // far the levels' evidence has drifted apart), or all equal.
+                // far the levels' evidence has drifted apart).
                 let best = ln
                     .parents
                     .iter()
@@ -236,11 +237,7 @@ impl Policy {
                     .fold(f64::NEG_INFINITY, f64::max);
                 let (mut m, mut st, mut k) = (0.0, 0.0, 0.0);
                 for &p in &ln.parents {
-                    let w = if c.pool_by_evidence {
-                        (level(p) - best).exp()
-                    } else {
-                        1.0
-                    };
+                    let w = (level(p) - best).exp();
                     m += w * out[p].mean;
                     st += w * out[p].strength;
                     k += w;
@@ -265,19 +262,19 @@ impl Policy {
     }
 
     pub(super) fn effective(&self, features: &BTreeMap<String, String>) -> Eff {
-        let c = &self.config;
+        let t = &self.tuning;
         self.effective_with(
-            &Lattice::new(features, c.full_lattice_max_features),
-            c.sharpen,
-            c.evidence_sharpen,
-            c.rarity_sharpen,
+            &Lattice::new(features, t.full_lattice_max_features),
+            t.sharpen,
+            t.evidence_sharpen,
+            t.rarity_sharpen,
             true,
         )
     }
 
     /// [`Policy::effective`] with the posteriors sharpened by `sharpen`, the levels' evidence by
-    /// `evidence_sharpen` and the cells' priors by `rarity` (see [`PolicyConfig::sharpen`] and
-    /// [`PolicyConfig::rarity_sharpen`]), for a task's `lattice`.
+    /// `evidence_sharpen` and the cells' priors by `rarity` (see [`Tuning`](super::Tuning)), for
+    /// a task's `lattice`, with or without the structure prior.
     pub(super) fn effective_with(
         &self,
         lattice: &Lattice,
@@ -286,12 +283,11 @@ impl Policy {
         rarity: f64,
         structure_prior: bool,
     ) -> Eff {
-        let c = &self.config;
+        let (c, t) = (&self.config, &self.tuning);
         let n_nodes = lattice.nodes.len();
         let (found, models) = self.lattice_state(lattice);
         let mut eff = Eff {
             n_nodes,
-            optimistic: c.optimistic,
             comps: Vec::with_capacity(self.n_arms * n_nodes),
             mean: Vec::with_capacity(self.n_arms),
             var: Vec::with_capacity(self.n_arms),
@@ -306,15 +302,15 @@ impl Policy {
             lattice,
             &found,
             rarity,
-            (c.rarity_min_parent, c.rarity_min_parent_fine),
+            (t.rarity_min_parent, t.rarity_min_parent_fine),
         );
-        let shared = if c.stage_evidence_share > 0.0 {
+        let shared = if t.stage_evidence_share > 0.0 {
             shared_evidence(
                 &self.offsets,
                 &self.stages,
                 &models,
                 n_nodes,
-                c.stage_evidence_min_arms,
+                t.stage_evidence_min_arms,
             )
         } else {
             Vec::new()
@@ -326,14 +322,14 @@ impl Policy {
             level_evidence(c, structure_prior, lattice, &models, j, &mut logw);
             if let Some(sh) = shared.get(j * n_nodes..(j + 1) * n_nodes) {
                 for (w, x) in logw.iter_mut().zip(sh) {
-                    *w += c.stage_evidence_share * x;
+                    *w += t.stage_evidence_share * x;
                 }
             }
             let top = logw.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let mut total_w = 0.0;
             let base = eff.comps.len();
             let (mut m1, mut m2) = (0.0, 0.0);
-            self.cell_posteriors(lattice, &found, &logw, c.pool_from_global, j, &mut cells);
+            self.cell_posteriors(lattice, &found, &logw, false, j, &mut cells);
             for i in 0..n_nodes {
                 let w = ((logw[i] - top) * evidence_sharpen).exp();
                 let Cell {
@@ -341,16 +337,10 @@ impl Policy {
                     strength,
                     data,
                 } = cells[i];
-                // Sharpening weighs the data (fully from `sharpen_ramp` tries on), not the
-                // prior: a cell with no data stays as broad as its rarity allows.
+                // Sharpening weighs the data, not the prior: a cell with no data stays as broad
+                // as its rarity allows.
                 let prior = (strength - data).max(0.0);
-                let ramp = if c.sharpen_ramp > 0.0 {
-                    (data / c.sharpen_ramp).min(1.0)
-                } else {
-                    1.0
-                };
-                let strength =
-                    strength + (sharpen - 1.0) * data * ramp + prior * (rarity_k[i] - 1.0);
+                let strength = strength + (sharpen - 1.0) * data + prior * (rarity_k[i] - 1.0);
                 let (a, b) = (mean * strength, (1.0 - mean) * strength);
                 let var = mean * (1.0 - mean) / (a + b + 1.0);
                 total_w += w;
@@ -392,7 +382,7 @@ impl Policy {
                         )
                     })
                     .unwrap_or((0.0, 0.0, 0.0, 0.0));
-                let pls = c.pool_latency_strength;
+                let pls = t.pool_latency_strength;
                 lat[i] = match pl {
                     Some(p) => Some((pls * p + ls) / (pls + lw)),
                     None if lw > 0.0 => Some(ls / lw),
@@ -430,7 +420,7 @@ impl Policy {
         let n_stages = self.stages.len();
         plan.clear();
         plan.resize(n_stages, 0);
-        if self.plan_count() <= self.config.max_enumerate {
+        if self.plan_count() <= self.tuning.max_enumerate {
             let mut buf = [0usize; 16];
             let mut heap = Vec::new();
             let cur: &mut [usize] = if n_stages <= buf.len() {

@@ -11,7 +11,7 @@ use crate::learn::cluster::{Lattice, cluster_key};
 use crate::learn::posterior::sample_beta;
 use crate::record::ArmChoice;
 
-use super::{Arm, Node, Policy};
+use super::{Arm, ChoiceRule, Node, Policy};
 
 /// One stage of a chosen plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -148,10 +148,8 @@ pub(super) fn conditional_frequencies(
 impl Policy {
     /// Chooses a plan for a task with `features`: samples the posteriors, takes the greedy plan
     /// or the departure from it that information-directed sampling prefers (the plan with the
-    /// highest sampled expected reward under Thompson sampling, [`PolicyConfig::ids_samples`]
-    /// 0), and estimates its propensity by resampling.
-    ///
-    /// [`PolicyConfig::ids_samples`]: super::PolicyConfig::ids_samples
+    /// highest sampled expected reward under [`ChoiceRule::Thompson`]), and estimates its
+    /// propensity by resampling.
     pub fn choose(&self, features: &BTreeMap<String, String>, rng: &mut fastrand::Rng) -> Choice {
         self.choose_with(features, None, rng)
     }
@@ -259,14 +257,10 @@ impl Policy {
         })
     }
 
-    /// One choice into `out`: the information-directed choice (see [`Policy::ids_draw`]), or
-    /// with [`PolicyConfig::ids_samples`] 0 the plan of a posterior draw (departing from the
-    /// greedy plan in one stage at most, see [`PolicyConfig::one_stage_exploration_from`]);
-    /// when it is the greedy plan, the SOP's plan with the SOP's share, else the ranker's plan
-    /// in its place.
-    ///
-    /// [`PolicyConfig::ids_samples`]: super::PolicyConfig::ids_samples
-    /// [`PolicyConfig::one_stage_exploration_from`]: super::PolicyConfig::one_stage_exploration_from
+    /// One choice into `out` by the configured [`ChoiceRule`]: the information-directed choice
+    /// (see [`Policy::ids_draw`]), or the plan of a posterior draw (departing from the greedy
+    /// plan in one stage at most); when it is the greedy plan, the SOP's plan with the SOP's
+    /// share, else the ranker's plan in its place.
     pub(super) fn mixed_draw(
         &self,
         eff: &Eff,
@@ -276,13 +270,19 @@ impl Policy {
         rng: &mut fastrand::Rng,
         out: &mut Vec<usize>,
     ) -> Drawn {
-        let thompson = self.config.thompson_share;
-        if self.config.ids_samples > 0 && !(thompson > 0.0 && rng.f64() < thompson) {
-            self.ids_draw(eff, greedy, p, rng, out);
+        let ids = match self.config.choice {
+            ChoiceRule::InformationDirected {
+                samples,
+                thompson_share,
+            } => (!(thompson_share > 0.0 && rng.f64() < thompson_share)).then_some(samples),
+            ChoiceRule::Thompson => None,
+        };
+        if let Some(samples) = ids {
+            self.ids_draw(eff, greedy, samples, p, rng, out);
         } else {
             eff.sample_all(rng, p);
             self.best_plan(p, eff, out);
-            let from = self.config.one_stage_exploration_from;
+            let from = self.tuning.one_stage_exploration_from;
             if from > 0 && self.stages.len() >= from {
                 self.keep_one_departure(p, eff, greedy, out);
             }
@@ -305,15 +305,14 @@ impl Policy {
         drawn
     }
 
-    /// One information-directed choice into `out` (see [`PolicyConfig::ids_samples`]): the
-    /// greedy plan or one of its departures in a single stage, from `ids_samples` draws of the
+    /// One information-directed choice into `out` (see [`ChoiceRule::InformationDirected`]):
+    /// the greedy plan or one of its departures in a single stage, from `samples` draws of the
     /// plain posteriors (`p` is scratch).
-    ///
-    /// [`PolicyConfig::ids_samples`]: super::PolicyConfig::ids_samples
     pub(super) fn ids_draw(
         &self,
         eff: &Eff,
         greedy: &[usize],
+        samples: usize,
         p: &mut [f64],
         rng: &mut fastrand::Rng,
         out: &mut Vec<usize>,
@@ -333,9 +332,9 @@ impl Policy {
             );
         }
         let k = departures.len() + 1;
-        let mut values = Vec::with_capacity(self.config.ids_samples * k);
+        let mut values = Vec::with_capacity(samples * k);
         let mut plan = greedy.to_vec();
-        for _ in 0..self.config.ids_samples {
+        for _ in 0..samples {
             for (j, x) in p.iter_mut().enumerate() {
                 *x = eff.sample_plain(j, rng);
             }
@@ -435,15 +434,10 @@ impl Policy {
     }
 
     /// A fallback arm for a stage that failed: the best by standalone value of the stage's arms
-    /// not in `tried`, each valued at an upper bound of its success (mean plus
-    /// [`PolicyConfig::fallback_upper_sd`] standard deviations; a posterior draw when that is 0)
-    /// under the posteriors sharpened by [`PolicyConfig::fallback_sharpen`], raised to its draws
-    /// from its own counts in the task's busy single-feature cells
-    /// ([`PolicyConfig::fallback_local_visits`]); `None` when every arm was tried.
-    ///
-    /// [`PolicyConfig::fallback_local_visits`]: super::PolicyConfig::fallback_local_visits
-    /// [`PolicyConfig::fallback_sharpen`]: super::PolicyConfig::fallback_sharpen
-    /// [`PolicyConfig::fallback_upper_sd`]: super::PolicyConfig::fallback_upper_sd
+    /// not in `tried`, each valued at an upper bound of its success under the plain posterior
+    /// (mean plus the tuning's `fallback_upper_sd` standard deviations), raised to its draws
+    /// from its own counts in the task's busy single-feature cells (`fallback_local_visits`);
+    /// `None` when every arm was tried.
     pub fn fallback(
         &self,
         features: &BTreeMap<String, String>,
@@ -492,24 +486,21 @@ impl Policy {
         tried: &[usize],
     ) -> Option<FallbackRanking<'_>> {
         self.stages.get(stage)?;
-        let c = &self.config;
-        let lattice = Lattice::new(features, c.full_lattice_max_features);
-        let eff = self.effective_with(
-            &lattice,
-            c.fallback_sharpen,
-            c.fallback_evidence_sharpen,
-            0.0,
-            c.level_penalty_in_fallback,
-        );
+        let t = &self.tuning;
+        // The plain posterior, the levels' evidence unsharpened and without the structure
+        // prior: a fallback's regret is not the first attempt's (the task's plan is chosen),
+        // and most niches are found by fallbacks.
+        let lattice = Lattice::new(features, t.full_lattice_max_features);
+        let eff = self.effective_with(&lattice, 1.0, 1.0, 0.0, false);
         // The task's single-feature cells busy enough that what an arm did there is worth a
-        // second look (see [`PolicyConfig::fallback_local_visits`]).
-        let busy: Vec<&Node> = if c.fallback_local_visits > 0.0 {
+        // second look (the tuning's `fallback_local_visits`).
+        let busy: Vec<&Node> = if t.fallback_local_visits > 0.0 {
             lattice
                 .nodes
                 .iter()
                 .filter(|n| n.mask.count_ones() == 1)
                 .filter_map(|n| self.nodes.get(&n.hash))
-                .filter(|n| n.visits as f64 >= c.fallback_local_visits)
+                .filter(|n| n.visits as f64 >= t.fallback_local_visits)
                 .collect()
         } else {
             Vec::new()
@@ -536,20 +527,20 @@ struct FallbackRanking<'a> {
 impl FallbackRanking<'_> {
     /// Whether a choice draws anything (a posterior draw, or an arm's own counts in a busy cell).
     fn random(&self) -> bool {
-        self.policy.config.fallback_upper_sd <= 0.0 || !self.busy.is_empty()
+        self.policy.tuning.fallback_upper_sd <= 0.0 || !self.busy.is_empty()
     }
 
     /// One choice: the untried arm of the highest standalone value (`None` when there is none).
     fn pick(&self, rng: &mut fastrand::Rng) -> Option<usize> {
         let p = self.policy;
-        let c = &p.config;
+        let (c, t) = (&p.config, &p.tuning);
         let eff = &self.eff;
         let n = p.stages.get(self.stage)?.arms.len();
         let mut best: Option<(f64, usize)> = None;
         for a in (0..n).filter(|a| !self.tried.contains(a)) {
             let j = p.offsets[self.stage] + a;
-            let mut x = if c.fallback_upper_sd > 0.0 {
-                eff.mean[j] + c.fallback_upper_sd * eff.var[j].sqrt()
+            let mut x = if t.fallback_upper_sd > 0.0 {
+                eff.mean[j] + t.fallback_upper_sd * eff.var[j].sqrt()
             } else {
                 eff.sample(j, rng)
             };

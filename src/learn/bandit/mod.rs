@@ -26,7 +26,8 @@ use crate::record::ArmChoice;
 pub use arm::{Arm, StageArms};
 pub use beliefs::Beliefs;
 pub use choice::{Choice, ChosenArm, Routing};
-pub use config::{MAX_IDS_SAMPLES, PolicyConfig, RewardParams};
+pub(crate) use config::Tuning;
+pub use config::{ChoiceRule, MAX_IDS_SAMPLES, PolicyConfig, RewardParams, prior_pseudo_count};
 pub use error::PolicyError;
 pub use snapshot::{PolicySnapshot, SNAPSHOT_VERSION};
 pub use update::{Observation, StageObservation, StageOutcome, UpdateSummary};
@@ -51,6 +52,7 @@ struct ModelEvidence {
 #[derive(Debug, Clone)]
 pub struct Policy {
     config: PolicyConfig,
+    tuning: Tuning,
     stages: Vec<StageArms>,
     /// Flat arm index of stage `s`, arm `a` = offsets[s] + a.
     offsets: Vec<usize>,
@@ -129,6 +131,7 @@ impl Policy {
         }
         Ok(Policy {
             config,
+            tuning: Tuning::default(),
             stages,
             offsets,
             n_arms: n,

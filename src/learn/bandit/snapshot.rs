@@ -16,9 +16,13 @@ pub const SNAPSHOT_VERSION: u32 = 3;
 pub struct PolicySnapshot {
     /// Format version ([`SNAPSHOT_VERSION`]).
     pub version: u32,
-    /// The configuration it was written under (JSON text, so that a setting added in a later
-    /// build does not make the snapshot unreadable).
-    #[serde(with = "crate::store::envelope::as_json")]
+    /// The configuration it was written under (JSON text). A restored policy runs under the
+    /// configuration in force, so one written by another build (a setting since removed or
+    /// renamed) reads as the defaults rather than making the evidence unreadable.
+    #[serde(
+        serialize_with = "crate::store::envelope::as_json::serialize",
+        deserialize_with = "written_config"
+    )]
     pub config: PolicyConfig,
     /// The stages and their arms.
     pub stages: Vec<StageArms>,
@@ -105,4 +109,11 @@ impl Policy {
         p.changes = snapshot.changes;
         Ok(p)
     }
+}
+
+/// The configuration a snapshot was written under, or the defaults when this build cannot read
+/// it (see [`PolicySnapshot::config`]).
+fn written_config<'de, D: serde::Deserializer<'de>>(d: D) -> Result<PolicyConfig, D::Error> {
+    let text = <String as serde::Deserialize>::deserialize(d)?;
+    Ok(serde_json::from_str(&text).unwrap_or_default())
 }

@@ -135,8 +135,8 @@ impl Policy {
         if items.is_empty() {
             return summary;
         }
-        let lattice = Lattice::new(&obs.features, self.config.full_lattice_max_features);
-        let c = self.config.clone();
+        let lattice = Lattice::new(&obs.features, self.tuning.full_lattice_max_features);
+        let (c, t) = (self.config.clone(), self.tuning.clone());
         // Each level's predictive probability of success for each item, before this update.
         let preds: Vec<Vec<f64>> = {
             let (found, models) = self.lattice_state(&lattice);
@@ -164,7 +164,7 @@ impl Policy {
         // change. Levels are counted over the node sizes the lattice has, so that a sparse
         // lattice (many features) detects at its single features and pairs too, not at the
         // exact cluster alone, which sees too few tasks to find a change in time.
-        let finest = lattice.level_size(c.change_levels);
+        let finest = lattice.level_size(t.change_levels);
         // Levels seen for the first time start from their lowest parent's evidence as it stood
         // before this update (nothing is allocated when every level is known).
         let new_levels: Vec<(usize, Vec<f64>)> = lattice
@@ -187,7 +187,7 @@ impl Policy {
             self.models.insert(lattice.nodes[i].signature, model);
         }
         for (i, ln) in lattice.nodes.iter().enumerate() {
-            let detect = c.change_levels > 0 && ln.mask.count_ones() >= finest;
+            let detect = t.change_levels > 0 && ln.mask.count_ones() >= finest;
             let n_arms = self.n_arms;
             let node = self.nodes.entry(ln.hash).or_insert_with(|| Node {
                 key: lattice.key(&obs.features, i),
@@ -218,16 +218,16 @@ impl Policy {
                     } else {
                         weight_fail * (1.0 - pred).ln()
                     };
-                    *ev = *ev * c.model_discount + ll;
+                    *ev = *ev * t.model_discount + ll;
                 }
-                a.observe_recent(x, c.recent_rate);
+                a.observe_recent(x, t.recent_rate);
                 if detect
                     && let Some(change) = a.detector.observe(
                         x > 0.0,
                         c.change_threshold,
                         c.change_threshold_up,
-                        c.change_min_obs,
-                        c.change_min_before,
+                        t.change_min_obs,
+                        t.change_min_before,
                     )
                 {
                     fired.push(Change {
@@ -236,7 +236,7 @@ impl Policy {
                         before: change.before,
                         after: change.after(),
                     });
-                    a.forget(c.change_keep_for(change.before, change.after()));
+                    a.forget(t.change_keep_for(change.before, change.after()));
                     summary.changes_detected += 1;
                 }
                 if x > 0.0 {
@@ -245,7 +245,7 @@ impl Policy {
                     a.failures += weight_fail;
                 }
                 a.observations += 1;
-                a.add_latency_cost(lat, cost, c.latency_discount);
+                a.add_latency_cost(lat, cost, t.latency_discount);
             }
         }
         for change in fired {
@@ -271,7 +271,7 @@ impl Policy {
         } else {
             parent_key.split('|').collect()
         };
-        let keep = self.config.change_keep_for(change.before, change.after);
+        let keep = self.tuning.change_keep_for(change.before, change.after);
         for (h, node) in self.nodes.iter_mut() {
             if *h == hash || node.key == crate::learn::cluster::GLOBAL_KEY {
                 continue;

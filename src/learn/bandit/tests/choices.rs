@@ -182,14 +182,11 @@ fn a_choice_of_four_stages_explores_one_stage_at_a_time_unless_told_otherwise() 
     assert!(one.iter().all(|&d| d <= 1), "{one:?}");
     assert!(one.contains(&1), "it still explores");
     // Thompson sampling, as told.
-    let mut config = p.config().clone();
-    config.ids_samples = 0;
-    p.set_config(config.clone()).expect("a valid configuration");
+    p.set_config(thompson()).expect("a valid configuration");
     let one = departures(&p, &mut rng);
     assert!(one.iter().all(|&d| d <= 1), "{one:?}");
     assert!(one.contains(&1), "it still explores");
-    config.one_stage_exploration_from = 0;
-    p.set_config(config).expect("a valid configuration");
+    p.tuning.one_stage_exploration_from = 0;
     let many = departures(&p, &mut rng);
     assert!(many.iter().any(|&d| d >= 2), "{many:?}");
 }
@@ -216,18 +213,8 @@ fn optimistic_draws_never_fall_below_the_mean() {
     let j = p.arm_index("normalize", &Arm::new("b", "s")).unwrap();
     let eff = p.effective(&f);
     assert!((0..2000).all(|_| eff.sample(j, &mut rng) >= eff.mean[j]));
-    let mut plain = Policy::new(
-        PolicyConfig {
-            optimistic: false,
-            ..PolicyConfig::default()
-        },
-        policy().stages().to_vec(),
-    )
-    .unwrap();
-    teach(&mut plain);
-    let eff = plain.effective(&f);
     let below = (0..2000)
-        .filter(|_| eff.sample(j, &mut rng) < eff.mean[j])
+        .filter(|_| eff.sample_plain(j, &mut rng) < eff.mean[j])
         .count();
     assert!(below > 500, "{below} of 2000 plain draws below the mean");
 }
@@ -248,11 +235,7 @@ fn contender_shares(config: PolicyConfig) -> (f64, f64) {
 fn information_directed_choices_try_a_close_contender_and_leave_a_far_arm_alone() {
     // Thompson sampling gives both their chance of being the best (0.139 and 0.024 here);
     // information-directed sampling alone weighs the price too (0.135 and 0.0003).
-    let ids_alone = PolicyConfig {
-        thompson_share: 0.0,
-        ..PolicyConfig::default()
-    };
-    let (close, far) = contender_shares(ids_alone);
+    let (close, far) = contender_shares(ids_alone());
     let (close_ts, far_ts) = contender_shares(thompson());
     assert!(close > 0.1 && close_ts > 0.1, "close: {close}, {close_ts}");
     assert!(
@@ -323,11 +306,7 @@ fn shortfall_measures_a_plan_against_the_greedy_one() {
 #[test]
 fn coordinate_ascent_handles_many_plans() {
     let stages = uniform_stages(6, 5);
-    let cfg = PolicyConfig {
-        max_enumerate: 100,
-        ..PolicyConfig::default()
-    };
-    let mut p = Policy::new(cfg, stages).unwrap();
+    let mut p = tuned(PolicyConfig::default(), stages, |t| t.max_enumerate = 100);
     assert_eq!(p.plan_count(), 15625);
     let f = feats(&[("k", "v")]);
     for _ in 0..30 {

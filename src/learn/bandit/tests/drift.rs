@@ -6,9 +6,9 @@ use super::*;
 /// arms in one cluster: "leader" succeeds 80% of the time, "later" 30% until task 400 and 98%
 /// from then on, "middle" 50%. A failed call is followed by fallbacks (as the tree does), and
 /// every call is learned.
-fn upward_drift_share(config: PolicyConfig, tasks: usize) -> usize {
+fn upward_drift_share(config: PolicyConfig, tune: impl FnOnce(&mut Tuning), tasks: usize) -> usize {
     let stages = search_stage(&["leader", "later", "middle"]);
-    let mut p = Policy::new(config, stages).unwrap();
+    let mut p = tuned(config, stages, tune);
     let f = feats(&[("topic", "news")]);
     let mut rng = fastrand::Rng::with_seed(21);
     let mut later_first = 0;
@@ -43,32 +43,30 @@ fn an_arm_long_written_off_is_taken_up_when_it_becomes_the_best() {
     // does too, a little later in this seed (25 of 50 tasks 50-100 after the change, 50 of
     // 50 tasks 100-150 after; over 20 other seeds 635 against 689 of 1,000, and 940 against
     // 993).
-    let alone = PolicyConfig {
-        thompson_share: 0.0,
-        ..PolicyConfig::default()
-    };
-    let ids = upward_drift_share(alone, 500);
+    let ids = upward_drift_share(ids_alone(), |_| {}, 500);
     assert!(ids >= 40, "information-directed: {ids} of 50");
-    let mixed = upward_drift_share(PolicyConfig::default(), 550);
+    let mixed = upward_drift_share(PolicyConfig::default(), |_| {}, 550);
     assert!(mixed >= 40, "with the Thompson share: {mixed} of 50");
     // The detectors compared with fallbacks drawn from the posterior: a fallback by upper
     // bound (the default) looks at the arm written off whatever the detector says (below).
-    let drawn = PolicyConfig {
-        fallback_upper_sd: 0.0,
+    let symmetric = PolicyConfig {
+        change_threshold_up: 10.0,
         ..thompson()
     };
-    let symmetric = |config: PolicyConfig| PolicyConfig {
-        change_threshold_up: 10.0,
-        change_keep_up: 2.0,
-        ..config
-    };
-    let now = upward_drift_share(drawn.clone(), 500);
-    let symmetric_drawn = upward_drift_share(symmetric(drawn), 500);
+    let now = upward_drift_share(thompson(), |t| t.fallback_upper_sd = 0.0, 500);
+    let symmetric_drawn = upward_drift_share(
+        symmetric.clone(),
+        |t| {
+            t.fallback_upper_sd = 0.0;
+            t.change_keep_up = 2.0;
+        },
+        500,
+    );
     assert!(
         now >= 26 && now > 2 * symmetric_drawn,
         "now {now} of 50, symmetric {symmetric_drawn}"
     );
-    let symmetric_bound = upward_drift_share(symmetric(thompson()), 500);
+    let symmetric_bound = upward_drift_share(symmetric, |t| t.change_keep_up = 2.0, 500);
     assert!(
         symmetric_bound >= 40,
         "symmetric detector, fallbacks by upper bound: {symmetric_bound} of 50"

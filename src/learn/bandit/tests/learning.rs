@@ -190,8 +190,7 @@ fn a_structure_prior_learns_arms_the_features_do_not_matter_to_from_every_task()
     let ts = thompson();
     let flat = regret_where_features_do_not_matter(ts.clone());
     let prior = regret_where_features_do_not_matter(PolicyConfig {
-        level_penalty_first: 0.5,
-        level_penalty_more: 1.0,
+        structure_prior: 1.0,
         ..ts
     });
     assert!(
@@ -210,21 +209,30 @@ fn config_and_stage_errors_name_the_field() {
     assert!(e.to_string().contains("discount"));
     assert!(Policy::new(PolicyConfig::default(), vec![]).is_err());
     let cfg = PolicyConfig {
-        ids_samples: 5000,
+        choice: ChoiceRule::InformationDirected {
+            samples: 5000,
+            thompson_share: 0.1,
+        },
         ..PolicyConfig::default()
     };
     let e = Policy::new(cfg, policy().stages().to_vec()).unwrap_err();
-    assert!(e.to_string().contains("ids_samples"), "{e}");
+    assert!(e.to_string().contains("choice.samples"), "{e}");
     let cfg = PolicyConfig {
-        thompson_share: 1.5,
+        choice: ChoiceRule::InformationDirected {
+            samples: 32,
+            thompson_share: 1.5,
+        },
         ..PolicyConfig::default()
     };
     let e = Policy::new(cfg, policy().stages().to_vec()).unwrap_err();
-    assert!(e.to_string().contains("thompson_share"), "{e}");
-    let cfg: PolicyConfig = serde_json::from_str("{\"discount\": 0.9}").unwrap();
+    assert!(e.to_string().contains("choice.thompson_share"), "{e}");
+    // Settings a stored snapshot carries from another build (removed, renamed) read as the
+    // defaults; the ones it names are kept.
+    let cfg: PolicyConfig =
+        serde_json::from_str("{\"discount\": 0.9, \"ids_samples\": 8}").unwrap();
+    assert_eq!(cfg.discount, 0.9);
     assert_eq!(cfg.propensity_draws, 32);
-    assert_eq!(cfg.ids_samples, 32);
-    assert_eq!(cfg.thompson_share, 0.1);
+    assert_eq!(cfg.choice, ChoiceRule::default());
 }
 
 /// Four arms of a stage show that the topic decides; a fifth, tried a few times, is
@@ -235,12 +243,10 @@ fn a_stages_arms_share_which_features_matter() {
     let (a, b) = (feats(&[("topic", "a")]), feats(&[("topic", "b")]));
     let tools = ["s0", "s1", "s2", "s3", "late"];
     let teach = |share: f64, min_arms: usize| {
-        let config = PolicyConfig {
-            stage_evidence_share: share,
-            stage_evidence_min_arms: min_arms,
-            ..PolicyConfig::default()
-        };
-        let mut p = Policy::new(config, search_stage(&tools)).unwrap();
+        let mut p = tuned(PolicyConfig::default(), search_stage(&tools), |t| {
+            t.stage_evidence_share = share;
+            t.stage_evidence_min_arms = min_arms;
+        });
         for _ in 0..4 {
             for t in &tools[..4] {
                 search_spread(&mut p, &a, t, 9, 1);

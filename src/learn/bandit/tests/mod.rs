@@ -115,29 +115,52 @@ fn search_spread(
 /// far behind gets no first attempts there, however broad its posterior).
 fn thompson() -> PolicyConfig {
     PolicyConfig {
-        ids_samples: 0,
+        choice: ChoiceRule::Thompson,
         ..PolicyConfig::default()
     }
+}
+
+/// Information-directed sampling alone (no share of Thompson sampling).
+fn ids_alone() -> PolicyConfig {
+    PolicyConfig {
+        choice: ChoiceRule::InformationDirected {
+            samples: 32,
+            thompson_share: 0.0,
+        },
+        ..PolicyConfig::default()
+    }
+}
+
+/// A policy over `stages` with `config` and the tuning `tune` leaves it.
+fn tuned(config: PolicyConfig, stages: Vec<StageArms>, tune: impl FnOnce(&mut Tuning)) -> Policy {
+    let mut p = Policy::new(config, stages).expect("a valid policy");
+    tune(&mut p.tuning);
+    p
 }
 
 /// A policy over "good" and "poor" (strategy "x") that saw `rounds` tasks of each in a
 /// busy cell (good succeeding 90% of the time, poor 50%), then one success of good in a
 /// rare cell; with the rare cell's features.
-fn rare_cell_policy(config: PolicyConfig, rounds: usize) -> (Policy, BTreeMap<String, String>) {
+fn rare_cell_policy(
+    config: PolicyConfig,
+    tune: impl FnOnce(&mut Tuning),
+    rounds: usize,
+) -> (Policy, BTreeMap<String, String>) {
     let busy = feats(&[("kind", "common")]);
     let rare = feats(&[("kind", "rare")]);
-    rare_cell_policy_in(config, rounds, busy, rare)
+    rare_cell_policy_in(config, tune, rounds, busy, rare)
 }
 
 /// [`rare_cell_policy`] with the busy and the rare cell's features given.
 fn rare_cell_policy_in(
     config: PolicyConfig,
+    tune: impl FnOnce(&mut Tuning),
     rounds: usize,
     busy: BTreeMap<String, String>,
     rare: BTreeMap<String, String>,
 ) -> (Policy, BTreeMap<String, String>) {
     let stages = search_stage(&["good", "poor"]);
-    let mut p = Policy::new(config, stages).unwrap();
+    let mut p = tuned(config, stages, tune);
     for i in 0..rounds {
         search_obs(&mut p, &busy, Arm::new("good", "x"), i % 10 != 0);
         search_obs(&mut p, &busy, Arm::new("poor", "x"), i % 2 == 0);
