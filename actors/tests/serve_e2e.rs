@@ -39,6 +39,10 @@ seed = 42
 [store]
 durability = "none"
 
+[policy]
+# The choice stream this test's seed was chosen on (the daemon's default was 200 draws).
+propensity_draws = 200
+
 [policy.choice]
 # Thompson sampling: the SOP below needs a baseline of explorations in a cluster where one plan
 # clearly wins, which information-directed sampling (the default) does not spend there.
