@@ -492,7 +492,7 @@ async fn oversized_declarations_duplicate_keys_and_malformed_bodies_are_refused(
             .body("{\"goal\": \"g\", \"features\": {\"a\": }"),
     )
     .await;
-    assert_eq!((s, field(&b)), (400, "features"), "{b}");
+    assert_eq!((s, field(&b)), (400, "features.a"), "{b}");
     assert!(terminate(d));
 
     for name in ["a/b", "a:b", "a\u{1b}b"] {
