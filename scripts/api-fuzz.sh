@@ -8,16 +8,16 @@
 #
 #   scripts/api-fuzz.sh [PATH_TO_HINDSIGHT_BINARY]     # default: target/debug/hindsight
 #
-# Bounds: ST_MAX_EXAMPLES examples per operation and phase (default 60), ST_MAX_TIME seconds in
-# all (default 600), ST_SEED (default 56) for a reproducible run.
+# Bounds: ST_MAX_EXAMPLES examples per operation and phase (default 40), ST_MAX_TIME seconds in
+# all (default 420), ST_SEED (default 56) for a reproducible run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SCHEMATHESIS_VERSION=4.32.5
 BIN=${1:-target/debug/hindsight}
 VENV=target/schemathesis-venv
-MAX_EXAMPLES=${ST_MAX_EXAMPLES:-60}
-MAX_TIME=${ST_MAX_TIME:-600}
+MAX_EXAMPLES=${ST_MAX_EXAMPLES:-40}
+MAX_TIME=${ST_MAX_TIME:-420}
 SEED=${ST_SEED:-56}
 
 if [[ ! -x "$BIN" ]]; then

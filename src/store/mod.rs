@@ -376,25 +376,42 @@ impl Store {
                 dir.display()
             ))
         })?;
-        let db = redb::Builder::new()
-            .set_cache_size(options.cache_bytes)
-            .create(&path)
-            .map_err(|e| open_err(e.to_string()))?;
-        // Create the fixed tables so that reads never meet a missing one.
-        let txn = db.begin_write().map_err(|e| open_err(e.to_string()))?;
-        {
-            txn.open_table(META).map_err(|e| open_err(e.to_string()))?;
-            txn.open_table(RUNS).map_err(|e| open_err(e.to_string()))?;
-            txn.open_table(CHECKPOINTS)
-                .map_err(|e| open_err(e.to_string()))?;
-            txn.open_table(DIARY).map_err(|e| open_err(e.to_string()))?;
-            txn.open_table(EXPERIENCE)
-                .map_err(|e| open_err(e.to_string()))?;
-            txn.open_table(IDEMPOTENCY)
-                .map_err(|e| open_err(e.to_string()))?;
-            index_open_runs(&txn).map_err(|e| open_err(e.to_string()))?;
-        }
-        txn.commit().map_err(|e| open_err(e.to_string()))?;
+        // redb panics on some damaged files (a table name that is not UTF-8): a damaged file is
+        // an error that names it, never a crash of the process opening it.
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+            || -> Result<redb::Database, StoreError> {
+                let db = redb::Builder::new()
+                    .set_cache_size(options.cache_bytes)
+                    .create(&path)
+                    .map_err(|e| open_err(e.to_string()))?;
+                // Create the fixed tables so that reads never meet a missing one.
+                let txn = db.begin_write().map_err(|e| open_err(e.to_string()))?;
+                {
+                    txn.open_table(META).map_err(|e| open_err(e.to_string()))?;
+                    txn.open_table(RUNS).map_err(|e| open_err(e.to_string()))?;
+                    txn.open_table(CHECKPOINTS)
+                        .map_err(|e| open_err(e.to_string()))?;
+                    txn.open_table(DIARY).map_err(|e| open_err(e.to_string()))?;
+                    txn.open_table(EXPERIENCE)
+                        .map_err(|e| open_err(e.to_string()))?;
+                    txn.open_table(IDEMPOTENCY)
+                        .map_err(|e| open_err(e.to_string()))?;
+                    index_open_runs(&txn).map_err(|e| open_err(e.to_string()))?;
+                }
+                txn.commit().map_err(|e| open_err(e.to_string()))?;
+                Ok(db)
+            },
+        ));
+        let db = opened.unwrap_or_else(|panic| {
+            let what = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("no message");
+            Err(open_err(format!(
+                "the file is damaged: reading it failed inside redb ({what})"
+            )))
+        })?;
 
         let db = Arc::new(db);
         let (tx, rx) = std::sync::mpsc::channel();

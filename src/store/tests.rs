@@ -815,15 +815,18 @@ async fn of_concurrent_claims_of_one_key_exactly_one_wins() {
 /// What one flipped byte of a compacted store file does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Flip {
+    /// redb panics reading the file (at open the store turns this into an error: `Open`).
+    Panic,
     /// The file no longer opens.
     Open,
-    /// redb's integrity check (page checksums) finds it.
+    /// redb's integrity check finds a page whose checksum does not match.
     Checksum,
     /// A read reports a damaged record (the envelope does not decode).
     Record,
     /// A record reads back different, and nothing reports it.
     Silent,
-    /// Nothing reads differently: the byte is in space no table uses.
+    /// Nothing reads differently (reads), or the check passes (integrity check): the byte is in
+    /// space no table uses.
     Unused,
 }
 
@@ -840,30 +843,37 @@ fn dump(store: &Store) -> Result<String, StoreError> {
     Ok(out)
 }
 
-fn classify_flip(file: &[u8], offset: usize, baseline: &str) -> Flip {
+/// What a flipped byte at `offset` does: to plain reads of every run and diary entry (what
+/// the daemon does), and to redb's integrity check of the file (page checksums).
+fn classify_flip(file: &[u8], offset: usize, baseline: &str) -> (Flip, Flip) {
     let dir = tempfile::tempdir().unwrap();
     let mut bytes = file.to_vec();
     bytes[offset] ^= 0xFF;
     let path = dir.path().join(FILE_NAME);
     std::fs::write(&path, &bytes).unwrap();
-    let mut db = match redb::Database::open(&path) {
-        Ok(db) => db,
-        Err(_) => return Flip::Open,
+    let read = match Store::open(dir.path(), opts()) {
+        Err(_) => Flip::Open,
+        Ok(store) => {
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dump(&store))) {
+                Err(_) => Flip::Panic,
+                Ok(Err(_)) => Flip::Record,
+                Ok(Ok(d)) if d == baseline => Flip::Unused,
+                Ok(Ok(_)) => Flip::Silent,
+            }
+        }
     };
-    if !matches!(db.check_integrity(), Ok(true)) {
-        return Flip::Checksum;
-    }
-    drop(db);
-    // The integrity check may have repaired the file: read the flipped copy again.
     std::fs::write(&path, &bytes).unwrap();
-    let Ok(store) = Store::open(dir.path(), opts()) else {
-        return Flip::Open;
+    let checked = std::panic::catch_unwind(|| match redb::Database::open(&path) {
+        Ok(mut db) => Some(matches!(db.check_integrity(), Ok(true))),
+        Err(_) => None,
+    });
+    let check = match checked {
+        Err(_) => Flip::Panic,
+        Ok(None) => Flip::Open,
+        Ok(Some(false)) => Flip::Checksum,
+        Ok(Some(true)) => Flip::Unused,
     };
-    match dump(&store) {
-        Err(_) => Flip::Record,
-        Ok(d) if d == baseline => Flip::Unused,
-        Ok(_) => Flip::Silent,
-    }
+    (read, check)
 }
 
 /// The probe's experiment (4 x 256 flipped bytes of a compacted copy, undetected), one byte at a
@@ -896,21 +906,27 @@ async fn flipped_bytes_of_a_compacted_file_by_where_they_land() {
     let baseline = dump(&Store::open(dir.path(), opts()).unwrap()).unwrap();
     // Store::open may write (the open-runs index): the file as it left it.
     let file = std::fs::read(dir.path().join(FILE_NAME)).unwrap();
+    // redb's panics on damaged pages are counted, not printed.
+    std::panic::set_hook(Box::new(|_| {}));
     let mut rng = fastrand::Rng::with_seed(56);
-    let mut counts: BTreeMap<Flip, usize> = BTreeMap::new();
+    let mut counts: BTreeMap<(Flip, Flip), usize> = BTreeMap::new();
     let mut pages: BTreeMap<Flip, std::collections::BTreeSet<usize>> = BTreeMap::new();
     for _ in 0..4 * 256 {
         let offset = rng.usize(..file.len());
-        let flip = classify_flip(&file, offset, &baseline);
-        *counts.entry(flip).or_default() += 1;
-        pages.entry(flip).or_default().insert(offset / 4096);
+        let (read, check) = classify_flip(&file, offset, &baseline);
+        *counts.entry((read, check)).or_default() += 1;
+        pages.entry(check).or_default().insert(offset / 4096);
     }
+    let _ = std::panic::take_hook();
     println!(
-        "file {} bytes ({} pages of 4 KiB); flips by outcome: {counts:?}",
+        "file {} bytes ({} pages of 4 KiB); 1024 flips, (plain reads, integrity check):",
         file.len(),
         file.len().div_ceil(4096)
     );
+    for ((read, check), n) in &counts {
+        println!("  {read:?} / {check:?}: {n}");
+    }
     for (flip, p) in &pages {
-        println!("{flip:?}: {} distinct pages", p.len());
+        println!("integrity check {flip:?}: {} distinct pages", p.len());
     }
 }
