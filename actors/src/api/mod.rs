@@ -3,7 +3,9 @@
 //!
 //! `/healthz`, `/metrics` and `/openapi.json` need no key (probes and scrapers); every other route
 //! needs `Authorization: Bearer <key>` of a tenant from `[[api.tenants]]`, and sees only that
-//! tenant's data: another tenant's run or SOP is answered 404, as if it did not exist.
+//! tenant's data: another tenant's run or SOP is answered 404, as if it did not exist. The policy
+//! is shared by every tenant: `/policy/update` needs a key with `policy_update` and
+//! `/policy/suggest` needs that or `api.shared_learning` (403 otherwise; docs/operations.md).
 
 mod auth;
 mod backend;
