@@ -250,6 +250,11 @@ pub struct ApiConfig {
     pub request_timeout_secs: u64,
     /// Tenants and their API keys.
     pub tenants: Vec<TenantConfig>,
+    /// Whether the tenants share learning: the policy is one, learned from every tenant's runs,
+    /// and with this set every tenant sees its statistics (`/policy/suggest`, the `strategy` and
+    /// `failure_mode` items of `/memory/retrieve`). Off by default: then only keys with
+    /// `policy_update` see them.
+    pub shared_learning: bool,
 }
 
 impl Default for ApiConfig {
@@ -260,6 +265,7 @@ impl Default for ApiConfig {
             shutdown_grace_secs: 30,
             request_timeout_secs: 300,
             tenants: Vec::new(),
+            shared_learning: false,
         }
     }
 }
@@ -283,6 +289,26 @@ pub struct TenantConfig {
     pub name: String,
     /// Lower-case hex SHA-256 of the bearer token (see [`hash_key`]); never the token itself.
     pub key_sha256: String,
+    /// Whether this key may report outcomes to the policy (`/policy/update`) and read its
+    /// statistics: the policy is shared by every tenant, so such a key steers all of them (an
+    /// operator's key). Off by default.
+    #[serde(default)]
+    pub policy_update: bool,
+}
+
+/// Why `name` cannot be a tenant's name, if it cannot: tenant names prefix stored ids
+/// (`{tenant}/{task}`, `api:{tenant}:{key}`), so they must be non-empty and hold no `/`, `:` or
+/// control character. `hindsight config check` and `hindsight serve` both apply it.
+pub fn tenant_name_problem(name: &str) -> Option<&'static str> {
+    if name.trim().is_empty() {
+        Some("must not be empty")
+    } else if name.contains(['/', ':']) {
+        Some("must not contain `/` or `:`")
+    } else if name.chars().any(char::is_control) {
+        Some("must not contain control characters")
+    } else {
+        None
+    }
 }
 
 /// `[chaos]`: fault injection.
@@ -550,8 +576,8 @@ impl Config {
         let mut tenants = BTreeSet::new();
         let mut keys = BTreeSet::new();
         for (i, t) in self.api.tenants.iter().enumerate() {
-            if t.name.trim().is_empty() {
-                return bad(format!("api.tenants[{i}].name"), "must not be empty");
+            if let Some(problem) = tenant_name_problem(&t.name) {
+                return bad(format!("api.tenants[{i}].name"), problem);
             }
             if !tenants.insert(t.name.as_str()) {
                 return bad(
@@ -943,6 +969,7 @@ mod tests {
         let mut c = Config::default();
         c.triage.policy_file = Some(PathBuf::from("p.toml"));
         c.api.tenants.push(TenantConfig {
+            policy_update: false,
             name: "a".into(),
             key_sha256: hash_key("k"),
         });

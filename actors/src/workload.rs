@@ -114,8 +114,12 @@ pub struct Summary {
     pub first_task: u64,
     /// Share that passed.
     pub success_rate: f64,
-    /// Mean reward.
+    /// Mean realised reward (after recoveries and retries).
     pub mean_reward: f64,
+    /// Mean expected reward of the first attempts' plans: the agent's figure that compares with
+    /// the oracle's and the random baseline's.
+    #[serde(default)]
+    pub chosen_expected_reward: f64,
     /// Mean oracle expected reward.
     pub oracle_mean_reward: f64,
     /// Mean random-baseline expected reward.
@@ -248,12 +252,20 @@ fn progress_key(env: &SimEnv, seed: u64) -> String {
     format!("{}#seed{seed}", env.name())
 }
 
-/// The index of the next task a workload on `env` with `seed` would run.
+/// The index of the next task a workload on `env` with `seed` would run: past every task any
+/// earlier workload on `env` ran, whatever its seed. Task ids are `{env}#{index}` for every
+/// seed, so a workload with another seed that started at 0 would find the earlier seed's runs
+/// under its own task ids and report them as its own.
 pub fn next_task(rt: &Runtime, env: &SimEnv, seed: u64) -> Result<u64, RuntimeError> {
-    Ok(rt
-        .store()
-        .get(PROGRESS, &progress_key(env, seed))?
-        .unwrap_or(0))
+    let own = rt.store().get(PROGRESS, &progress_key(env, seed))?;
+    let prefix = format!("{}#seed", env.name());
+    let mut next = own.unwrap_or(0);
+    for (key, done) in rt.store().scan::<u64>(PROGRESS)? {
+        if key.starts_with(&prefix) {
+            next = next.max(done?);
+        }
+    }
+    Ok(next)
 }
 
 /// Runs `count` tasks of `env` from where the last workload stopped, `concurrency` at a time,
@@ -366,6 +378,7 @@ pub fn summarize(env: &SimEnv, records: &[TaskRecord], actor_restarts: u64) -> S
         first_task: records.first().map(|r| r.task).unwrap_or(0),
         success_rate: records.iter().filter(|r| r.passed).count() as f64 / n,
         mean_reward: mean(&|r| r.reward),
+        chosen_expected_reward: mean(&|r| r.expected_reward),
         oracle_mean_reward: mean(&|r| r.oracle_reward),
         random_mean_reward: mean(&|r| r.random_reward),
         cumulative_regret,

@@ -287,10 +287,12 @@ fn config(limit: usize) -> ApiConfig {
         shutdown_grace_secs: 5,
         tenants: vec![
             TenantConfig {
+                policy_update: true,
                 name: "a".into(),
                 key_sha256: hash_key(KEY_A),
             },
             TenantConfig {
+                policy_update: false,
                 name: "b".into(),
                 key_sha256: hash_key(KEY_B),
             },

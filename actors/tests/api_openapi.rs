@@ -338,3 +338,253 @@ fn response_schemas_match_types() {
         },
     );
 }
+
+/// A validator of the document's schema `name` (its `$ref`s resolved within `doc`).
+fn validator(doc: &Value, name: &str) -> jsonschema::Validator {
+    let root = json!({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$ref": format!("#/components/schemas/{name}"),
+        "components": doc["components"].clone()
+    });
+    jsonschema::validator_for(&root).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// Whether the API's decoding and field checks accept `body` as a `T`.
+fn api_accepts<T: DeserializeOwned + Validate>(body: &Value) -> bool {
+    api::decode::<T>(body.to_string().as_bytes()).is_ok_and(|v| v.validate().is_ok())
+}
+
+/// The document allows exactly what the API's decoding and field checks accept, on the edges
+/// the probe found apart: empty and blank strings, ids over 256 characters (and 256 characters
+/// of several bytes each), control characters, `k: 8.0`, arrays where an object is expected.
+#[test]
+fn the_document_and_the_api_agree_on_the_edges_of_every_field() {
+    let doc = doc();
+    let long = "x".repeat(257);
+    let wide = "é".repeat(256);
+    let tasks = [
+        json!({"goal": "g"}),
+        json!({"goal": ""}),
+        json!({"goal": "  "}),
+        json!({"goal": "g".repeat(16 * 1024 + 1)}),
+        json!({"goal": "line one\nline two"}),
+        json!({"goal": "g", "task_id": ""}),
+        json!({"goal": "g", "task_id": " "}),
+        json!({"goal": "g", "task_id": long}),
+        json!({"goal": "g", "task_id": wide}),
+        json!({"goal": "g", "task_id": "a\nb"}),
+        json!({"goal": "g", "task_id": "a\u{1b}[2J"}),
+        json!({"goal": "g", "task_id": "a\u{85}"}),
+        json!({"goal": "g", "task_id": null}),
+        json!({"goal": "g", "user_id": long}),
+        json!({"goal": "g", "session_id": "s\t"}),
+        json!({"goal": "g", "idempotency_key": ""}),
+        json!({"goal": "g", "features": {"": "v"}}),
+        json!({"goal": "g", "features": {"k": long}}),
+        json!({"goal": "g", "features": {"k": ""}}),
+        json!({"goal": "g", "features": {"k": "a\nb"}}),
+        json!({"goal": "g", "constraints": [null, null]}),
+        json!({"goal": "g", "constraints": {"max_cost": 1}}),
+        json!({"goal": "g", "constraints": {"max_cost": -1}}),
+    ];
+    let v = validator(&doc, "TaskRequest");
+    for body in &tasks {
+        assert_eq!(
+            v.is_valid(body),
+            api_accepts::<TaskRequest>(body),
+            "TaskRequest {body}"
+        );
+    }
+    let retrieve = [
+        json!({"query": "q", "k": 8}),
+        json!({"query": "q", "k": 8.0}),
+        json!({"query": "q", "k": 8.5}),
+        json!({"query": "q", "k": 0}),
+        json!({"query": "q", "k": 101}),
+        json!({"query": "q", "tools": [""]}),
+        json!({"query": "q", "tools": [long]}),
+        json!({"query": "", "user_id": "u"}),
+        json!({"query": "q", "session_id": long}),
+    ];
+    let v = validator(&doc, "MemoryRetrieveRequest");
+    for body in &retrieve {
+        assert_eq!(
+            v.is_valid(body),
+            api_accepts::<MemoryRetrieveRequest>(body),
+            "MemoryRetrieveRequest {body}"
+        );
+    }
+    let suggest = [
+        json!({"k": 3.0}),
+        json!({"stage": ""}),
+        json!({"stage": long}),
+    ];
+    let v = validator(&doc, "PolicySuggestRequest");
+    for body in &suggest {
+        assert_eq!(
+            v.is_valid(body),
+            api_accepts::<PolicySuggestRequest>(body),
+            "PolicySuggestRequest {body}"
+        );
+    }
+    let arm = json!({"stage": "s", "tool": "t", "strategy": "x"});
+    let executes = [
+        json!({"task": {"goal": "g"}, "plan": [arm]}),
+        json!({"task": {"goal": "g"}, "plan": []}),
+        json!({"task": {"goal": "g"}, "plan": [["s", "t", "x"]]}),
+        json!({"task": ["g"], "plan": [arm]}),
+        json!({"task": {"goal": "g"}, "plan": [{"stage": "", "tool": "t", "strategy": "x"}]}),
+    ];
+    let v = validator(&doc, "ExecuteRequest");
+    for body in &executes {
+        assert_eq!(
+            v.is_valid(body),
+            api_accepts::<ExecuteRequest>(body),
+            "ExecuteRequest {body}"
+        );
+    }
+    let updates = [
+        json!({"stage": "s", "tool": "t", "strategy": "x", "reward": 0.5, "passed": true}),
+        json!({"stage": "s", "tool": "t", "strategy": "x", "reward": 0.5, "passed": false, "error_class": "Timeout"}),
+        json!({"stage": "", "tool": "t", "strategy": "x", "reward": 0.5, "passed": true}),
+        json!({"stage": "s", "tool": "t", "strategy": "x", "reward": 1.5, "passed": true}),
+    ];
+    let v = validator(&doc, "PolicyUpdateRequest");
+    for body in &updates {
+        assert_eq!(
+            v.is_valid(body),
+            api_accepts::<PolicyUpdateRequest>(body),
+            "PolicyUpdateRequest {body}"
+        );
+    }
+    let feedback = [
+        json!({"correction": "c"}),
+        json!({"correction": " "}),
+        json!({"correction": "c", "run_id": ""}),
+        json!({"correction": "c", "tool": long}),
+        json!({"correction": "c", "user_id": "u\n"}),
+    ];
+    let v = validator(&doc, "FeedbackRequest");
+    for body in &feedback {
+        assert_eq!(
+            v.is_valid(body),
+            api_accepts::<FeedbackRequest>(body),
+            "FeedbackRequest {body}"
+        );
+    }
+    let v = validator(&doc, "ValidateRequest");
+    for body in [
+        json!({"stage": "s", "output": 1}),
+        json!({"stage": "", "output": 1}),
+        json!({"stage": "s", "output": 1, "run_id": "r\n"}),
+    ] {
+        assert_eq!(
+            v.is_valid(&body),
+            api_accepts::<ValidateRequest>(&body),
+            "ValidateRequest {body}"
+        );
+    }
+}
+
+/// What the backend refuses for its workflow, the document a daemon serves refuses too: unknown
+/// stages, arms of another stage, a plan out of order or short, an error class on a passed
+/// update, a goal over the guard's limit.
+#[test]
+fn the_served_document_names_the_workflows_stages_and_arms() {
+    use hindsight_actors::api::document::{DocStage, for_workflow};
+    let stages = [
+        DocStage {
+            name: "extract".into(),
+            arms: vec![
+                ("ocr".into(), "fast".into()),
+                ("ocr".into(), "careful".into()),
+            ],
+        },
+        DocStage {
+            name: "summarize".into(),
+            arms: vec![("llm".into(), "short".into())],
+        },
+    ];
+    let served: Value =
+        serde_json::from_str(&for_workflow(api::OPENAPI_JSON, &stages, 100).unwrap()).unwrap();
+    let exec = validator(&served, "ExecuteRequest");
+    let step = |s: &str, t: &str, x: &str| json!({"stage": s, "tool": t, "strategy": x});
+    let plan = |steps: Vec<Value>| json!({"task": {"goal": "g"}, "plan": steps});
+    assert!(exec.is_valid(&plan(vec![
+        step("extract", "ocr", "careful"),
+        step("summarize", "llm", "short")
+    ])));
+    for bad in [
+        vec![
+            step("summarize", "llm", "short"),
+            step("extract", "ocr", "fast"),
+        ],
+        vec![step("extract", "ocr", "fast")],
+        vec![
+            step("extract", "llm", "short"),
+            step("summarize", "llm", "short"),
+        ],
+        vec![
+            step("extract", "ocr", "slow"),
+            step("summarize", "llm", "short"),
+        ],
+        vec![
+            step("extract", "ocr", "fast"),
+            step("summarize", "llm", "short"),
+            step("summarize", "llm", "short"),
+        ],
+    ] {
+        assert!(!exec.is_valid(&plan(bad.clone())), "{bad:?}");
+    }
+    let goal = |n: usize| json!({"task": {"goal": "g".repeat(n)}, "plan": [step("extract", "ocr", "fast"), step("summarize", "llm", "short")]});
+    assert!(exec.is_valid(&goal(100)));
+    assert!(!exec.is_valid(&goal(101)));
+
+    let validate = validator(&served, "ValidateRequest");
+    assert!(validate.is_valid(&json!({"stage": "summarize", "output": 1})));
+    assert!(!validate.is_valid(&json!({"stage": "teleport", "output": 1})));
+    let suggest = validator(&served, "PolicySuggestRequest");
+    assert!(suggest.is_valid(&json!({"stage": "extract"})));
+    assert!(suggest.is_valid(&json!({"stage": null})));
+    assert!(!suggest.is_valid(&json!({"stage": "teleport"})));
+    let update = validator(&served, "PolicyUpdateRequest");
+    let upd = |s: &str, t: &str, x: &str, passed: bool, class: Value| json!({"stage": s, "tool": t, "strategy": x, "reward": 0.5, "passed": passed, "error_class": class});
+    assert!(update.is_valid(&upd("extract", "ocr", "fast", true, Value::Null)));
+    assert!(update.is_valid(&upd("summarize", "llm", "short", false, json!("Timeout"))));
+    assert!(!update.is_valid(&upd("summarize", "ocr", "fast", true, Value::Null)));
+    assert!(!update.is_valid(&upd("extract", "ocr", "fast", true, json!("Timeout"))));
+}
+
+#[test]
+fn memory_item_kinds_and_documented_statuses() {
+    let doc = doc();
+    let kinds: BTreeSet<&str> =
+        doc["components"]["schemas"]["MemoryItem"]["properties"]["kind"]["enum"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+    // Every kind memory cites (crate::memory's sources) is listed.
+    for kind in [
+        "lesson",
+        "sop",
+        "postmortem",
+        "diary",
+        "graph",
+        "strategy",
+        "failure_mode",
+    ] {
+        assert!(kinds.contains(kind), "{kind}");
+    }
+    let responses = |path: &str| doc["paths"][path]["post"]["responses"].clone();
+    for (path, status) in [
+        ("/orchestrate", "409"),
+        ("/execute", "409"),
+        ("/policy/update", "403"),
+        ("/policy/suggest", "403"),
+        ("/orchestrate", "413"),
+    ] {
+        assert!(responses(path)[status].is_object(), "{path} {status}");
+    }
+}

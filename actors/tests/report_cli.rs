@@ -113,9 +113,10 @@ fn the_report_charts_hold_the_windows_and_classes_of_the_demo() {
     let (y0, y1) = (num(chart, "data-y-min"), num(chart, "data-y-max"));
     let back = |py: f64| y0 + (PLOT_TOP + PLOT_HEIGHT - py) / PLOT_HEIGHT * (y1 - y0);
     for (name, key) in [
-        ("agent", "mean_reward"),
-        ("oracle", "oracle_mean_reward"),
-        ("random", "random_mean_reward"),
+        ("agent realised", "mean_reward"),
+        ("agent expected", "chosen_expected_reward"),
+        ("oracle expected", "oracle_mean_reward"),
+        ("random expected", "random_mean_reward"),
     ] {
         let points = series(chart, name);
         assert_eq!(points.len(), windows.len(), "{name}");

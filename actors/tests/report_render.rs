@@ -166,11 +166,12 @@ fn reward_chart_holds_the_windows() {
     let tol = (d.y1 - d.y0) * 0.001 + 1e-6;
     for (name, pick) in [
         (
-            "agent",
+            "agent realised",
             (|w: &WindowStat| w.mean_reward) as fn(&WindowStat) -> f64,
         ),
-        ("oracle", |w| w.oracle_mean_reward),
-        ("random", |w| w.random_mean_reward),
+        ("agent expected", |w| w.chosen_expected_reward),
+        ("oracle expected", |w| w.oracle_mean_reward),
+        ("random expected", |w| w.random_mean_reward),
     ] {
         let pts = series(chart, name);
         assert_eq!(pts.len(), data.windows.len(), "{name}");
@@ -385,4 +386,25 @@ fn empty_report_renders_and_writes() {
     assert_eq!(path, out.join("report.html"));
     let written = std::fs::read_to_string(&path).unwrap();
     assert_eq!(written, render_report(&outcomes(2, 50).build()));
+}
+
+#[test]
+fn the_report_says_when_it_was_generated_as_a_date_and_labels_each_reward() {
+    // 1796159864786 ms since the epoch, the figure the report used to print raw.
+    let data = ReportBuilder::new("t", "e", 2, 1_796_159_864_786).build();
+    let html = render_report(&data);
+    assert!(
+        html.contains("generated at 2026-12-01T21:17:44.786Z (UTC)"),
+        "{html}"
+    );
+    assert!(!html.contains("since the epoch"));
+    let table = html.split("<table id=\"windows\">").nth(1).unwrap();
+    for label in [
+        "agent expected, first attempt",
+        "oracle expected, first attempt",
+        "random expected, first attempt",
+        "agent realised, after recoveries",
+    ] {
+        assert!(table.contains(label), "{label}");
+    }
 }

@@ -56,6 +56,8 @@ request_timeout_secs = 60
 [[api.tenants]]
 name = "acme"
 key_sha256 = "{a}"
+# The policy's statistics and updates (shared by every tenant) need this right.
+policy_update = true
 
 [[api.tenants]]
 name = "globex"

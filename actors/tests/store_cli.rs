@@ -258,3 +258,58 @@ fn a_file_that_is_not_a_database_is_named() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.starts_with("cannot open the database "), "{stderr}");
 }
+
+/// A run id or task id with control characters (stored by an embedder, or before the API refused
+/// them) is printed escaped by `runs list`: it cannot forge a line or move the terminal.
+#[tokio::test]
+async fn runs_list_escapes_control_characters_in_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(
+            dir.path(),
+            StoreOptions {
+                durability: Durability::None,
+                ..StoreOptions::default()
+            },
+        )
+        .unwrap();
+        for (id, task) in [
+            (
+                "run-a",
+                "t\nrun-forged       done        1  2026-01-01T00:00:00.000Z 1.000",
+            ),
+            ("run-b\u{1b}[2J", "t\u{1b}[H\u{7}"),
+        ] {
+            store
+                .put_run(&Run {
+                    run_id: id.into(),
+                    task_id: task.into(),
+                    state: RunState::Succeeded,
+                    attempts: 1,
+                    created_ms: 1,
+                    updated_ms: 2,
+                    tenant: None,
+                    plan_id: None,
+                    sop_id: None,
+                    reward: None,
+                    reason: None,
+                })
+                .await
+                .unwrap();
+        }
+    }
+    let out = hindsight(dir.path(), &["runs", "list"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert_eq!(stdout.lines().count(), 3, "a header and two runs: {stdout}");
+    assert!(
+        !stdout.chars().any(|c| c.is_control() && c != '\n'),
+        "{stdout:?}"
+    );
+    assert!(stdout.contains("t\\nrun-forged"), "{stdout}");
+    assert!(stdout.contains("run-b\\u{1b}[2J"), "{stdout}");
+    // The JSON form is JSON's own escaping of the same ids.
+    let out = hindsight(dir.path(), &["runs", "list", "--json"]);
+    let runs: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(runs[1]["run_id"], "run-b\u{1b}[2J");
+}

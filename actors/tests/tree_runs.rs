@@ -125,6 +125,9 @@ async fn every_task_ends_once_and_learning_survives_a_restart() {
         .await
         .unwrap();
     assert_eq!(second.first().map(|r| r.task), Some(200));
+    // A workload with another seed goes on past every task done (it does not find seed 11's
+    // runs under its own task ids and report them as its own).
+    assert_eq!(workload::next_task(&rt, &env, 12).unwrap(), 250);
     // Resubmitting a finished task returns its stored outcome; it does not run again.
     let task = workload::sim_task(&env, 11, 3);
     let again = rt.orchestrate(task).await.unwrap();

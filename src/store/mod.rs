@@ -333,6 +333,17 @@ impl std::fmt::Debug for Store {
     }
 }
 
+/// The outcome of [`Store::claim_idempotent`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claim {
+    /// The key was free and is now the caller's.
+    Claimed,
+    /// The key was already claimed for the same value.
+    Held,
+    /// The key is claimed for another value (shown; `null` if it went meanwhile).
+    Taken(serde_json::Value),
+}
+
 fn encode<T: Serialize + ?Sized>(table: &str, key: &str, value: &T) -> Result<Vec<u8>, StoreError> {
     envelope::encode(value).map_err(|e| StoreError::Encode {
         table: table.to_string(),
@@ -365,25 +376,42 @@ impl Store {
                 dir.display()
             ))
         })?;
-        let db = redb::Builder::new()
-            .set_cache_size(options.cache_bytes)
-            .create(&path)
-            .map_err(|e| open_err(e.to_string()))?;
-        // Create the fixed tables so that reads never meet a missing one.
-        let txn = db.begin_write().map_err(|e| open_err(e.to_string()))?;
-        {
-            txn.open_table(META).map_err(|e| open_err(e.to_string()))?;
-            txn.open_table(RUNS).map_err(|e| open_err(e.to_string()))?;
-            txn.open_table(CHECKPOINTS)
-                .map_err(|e| open_err(e.to_string()))?;
-            txn.open_table(DIARY).map_err(|e| open_err(e.to_string()))?;
-            txn.open_table(EXPERIENCE)
-                .map_err(|e| open_err(e.to_string()))?;
-            txn.open_table(IDEMPOTENCY)
-                .map_err(|e| open_err(e.to_string()))?;
-            index_open_runs(&txn).map_err(|e| open_err(e.to_string()))?;
-        }
-        txn.commit().map_err(|e| open_err(e.to_string()))?;
+        // redb panics on some damaged files (a table name that is not UTF-8): a damaged file is
+        // an error that names it, never a crash of the process opening it.
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+            || -> Result<redb::Database, StoreError> {
+                let db = redb::Builder::new()
+                    .set_cache_size(options.cache_bytes)
+                    .create(&path)
+                    .map_err(|e| open_err(e.to_string()))?;
+                // Create the fixed tables so that reads never meet a missing one.
+                let txn = db.begin_write().map_err(|e| open_err(e.to_string()))?;
+                {
+                    txn.open_table(META).map_err(|e| open_err(e.to_string()))?;
+                    txn.open_table(RUNS).map_err(|e| open_err(e.to_string()))?;
+                    txn.open_table(CHECKPOINTS)
+                        .map_err(|e| open_err(e.to_string()))?;
+                    txn.open_table(DIARY).map_err(|e| open_err(e.to_string()))?;
+                    txn.open_table(EXPERIENCE)
+                        .map_err(|e| open_err(e.to_string()))?;
+                    txn.open_table(IDEMPOTENCY)
+                        .map_err(|e| open_err(e.to_string()))?;
+                    index_open_runs(&txn).map_err(|e| open_err(e.to_string()))?;
+                }
+                txn.commit().map_err(|e| open_err(e.to_string()))?;
+                Ok(db)
+            },
+        ));
+        let db = opened.unwrap_or_else(|panic| {
+            let what = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("no message");
+            Err(open_err(format!(
+                "the file is damaged: reading it failed inside redb ({what})"
+            )))
+        })?;
 
         let db = Arc::new(db);
         let (tx, rx) = std::sync::mpsc::channel();
@@ -495,6 +523,34 @@ impl Store {
         self.submit_one(WriteOp::idempotent(key, value)?.0)
             .await
             .map(drop)
+    }
+
+    /// Claims `key` for `value` atomically: the check and the write happen in one write
+    /// transaction, so of concurrent claims of one key exactly one finds it absent.
+    pub async fn claim_idempotent(
+        &self,
+        key: &str,
+        value: &serde_json::Value,
+    ) -> Result<Claim, StoreError> {
+        let bytes = encode("idempotency", key, &JsonTree::from(value))?;
+        let ack = self
+            .submit_one(Op::ClaimIdempotent {
+                key: key.to_string(),
+                bytes,
+            })
+            .await?;
+        match writer::ClaimCode::from_ack(ack) {
+            Some(writer::ClaimCode::Claimed) => Ok(Claim::Claimed),
+            Some(writer::ClaimCode::Same) => Ok(Claim::Held),
+            Some(writer::ClaimCode::Other) => match self.get_idempotent(key)? {
+                Some(v) => Ok(Claim::Taken(v)),
+                // Deleted (run TTL) between the claim and this read: it was taken.
+                None => Ok(Claim::Taken(serde_json::Value::Null)),
+            },
+            None => Err(StoreError::Write {
+                reason: format!("the writer gave no outcome for the claim of {key}"),
+            }),
+        }
     }
 
     /// Writes a generic record to a named table.

@@ -52,6 +52,12 @@ pub(crate) enum Op {
     DeleteIdempotent {
         key: String,
     },
+    /// Writes `bytes` under `key` only if the key is absent, in the transaction itself, so that
+    /// two concurrent claims cannot both see it absent; the ack is a [`ClaimCode`].
+    ClaimIdempotent {
+        key: String,
+        bytes: Vec<u8>,
+    },
     Put {
         table: KvTable,
         key: String,
@@ -61,6 +67,28 @@ pub(crate) enum Op {
         table: KvTable,
         key: String,
     },
+}
+
+/// The outcome of an [`Op::ClaimIdempotent`], as the op's ack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ClaimCode {
+    /// The key was absent and is now claimed.
+    Claimed = 0,
+    /// The key already held these very bytes.
+    Same = 1,
+    /// The key holds another value.
+    Other = 2,
+}
+
+impl ClaimCode {
+    pub(crate) fn from_ack(ack: Option<u64>) -> Option<ClaimCode> {
+        match ack {
+            Some(0) => Some(ClaimCode::Claimed),
+            Some(1) => Some(ClaimCode::Same),
+            Some(2) => Some(ClaimCode::Other),
+            _ => None,
+        }
+    }
 }
 
 /// What one request gets back: per op, the sequence number assigned to an append.
@@ -318,6 +346,24 @@ impl<'t> Tables<'t> {
                     self.idem
                         .remove(key.as_str())
                         .map_err(fail("cannot delete from the table idempotency"))?;
+                }
+                Op::ClaimIdempotent { key, bytes } => {
+                    let held = self
+                        .idem
+                        .get(key.as_str())
+                        .map_err(fail("cannot read the table idempotency"))?
+                        .map(|g| g.value() == bytes.as_slice());
+                    let code = match held {
+                        Some(true) => ClaimCode::Same,
+                        Some(false) => ClaimCode::Other,
+                        None => {
+                            self.idem
+                                .insert(key.as_str(), bytes.as_slice())
+                                .map_err(fail("cannot write to the table idempotency"))?;
+                            ClaimCode::Claimed
+                        }
+                    };
+                    seq = Some(code as u64);
                 }
                 Op::Put { table, key, bytes } => {
                     let (name, mut t) = open_kv(txn, *table)?;

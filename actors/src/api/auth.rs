@@ -59,12 +59,33 @@ impl KeyTable {
             let principal = Principal {
                 tenant: t.name.clone(),
                 key_id: t.key_sha256.chars().take(16).collect(),
+                policy_update: t.policy_update,
+                policy_read: t.policy_update,
             };
             entries.push((hash, principal));
         }
         Ok(KeyTable {
             entries: Arc::new(entries),
         })
+    }
+
+    /// With `shared` (`api.shared_learning`), every key sees the statistics of the shared policy.
+    pub fn sharing_learning(self, shared: bool) -> KeyTable {
+        if !shared {
+            return self;
+        }
+        let entries = self
+            .entries
+            .iter()
+            .map(|(hash, p)| {
+                let mut p = p.clone();
+                p.policy_read = true;
+                (*hash, p)
+            })
+            .collect();
+        KeyTable {
+            entries: Arc::new(entries),
+        }
     }
 
     /// The principal a bearer token authenticates, if any. Every entry is compared.
@@ -85,7 +106,18 @@ impl KeyTable {
 /// Middleware: 401 unless the `Authorization: Bearer TOKEN` header names a configured key; on
 /// success the [`Principal`] is put in the request's extensions.
 pub async fn require_key(State(keys): State<KeyTable>, mut req: Request, next: Next) -> Response {
-    let header = match req.headers().get(header::AUTHORIZATION) {
+    let mut given = req.headers().get_all(header::AUTHORIZATION).iter();
+    let first = given.next();
+    if given.next().is_some() {
+        // Which of two keys the request is made with is not for the server to guess.
+        return ApiError::field(
+            StatusCode::UNAUTHORIZED,
+            "authorization",
+            "more than one `Authorization` header; send exactly one",
+        )
+        .into_response();
+    }
+    let header = match first {
         Some(h) => h,
         None => {
             return ApiError::field(
@@ -128,10 +160,12 @@ mod tests {
     fn authenticates_by_hash() {
         let table = KeyTable::new(&[
             TenantConfig {
+                policy_update: false,
                 name: "a".into(),
                 key_sha256: hindsight::config::hash_key("ka"),
             },
             TenantConfig {
+                policy_update: false,
                 name: "b".into(),
                 key_sha256: hindsight::config::hash_key("kb"),
             },
@@ -147,6 +181,7 @@ mod tests {
         );
         assert!(
             KeyTable::new(&[TenantConfig {
+                policy_update: false,
                 name: "a".into(),
                 key_sha256: "zz".into()
             }])

@@ -17,6 +17,12 @@ pub struct Principal {
     pub tenant: String,
     /// A stable id of the key (the first 16 hex digits of its SHA-256), e.g. for rate limits.
     pub key_id: String,
+    /// Whether the key may report outcomes to the shared policy (`/policy/update`): its
+    /// tenant's `policy_update`.
+    pub policy_update: bool,
+    /// Whether the key sees statistics learned from every tenant's runs (`/policy/suggest`):
+    /// `api.shared_learning`, or the key's `policy_update`.
+    pub policy_read: bool,
 }
 
 /// Why the backend could not serve a request. Each maps to one HTTP status.
@@ -50,6 +56,11 @@ pub enum BackendError {
     /// The tree is shutting down or a component is down (503).
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// A record the request needs is damaged in the store (500): the server's fault, said as
+    /// such with the table and key (the message names no other tenant's data: it is the
+    /// caller's own record, or the store's own tables).
+    #[error("a stored record is damaged: {0}")]
+    Damaged(String),
     /// Anything else (500); the message is logged, and returned without internals.
     #[error("internal error: {0}")]
     Internal(String),
@@ -144,5 +155,11 @@ pub trait Backend: Send + Sync + 'static {
     /// The metrics the API records its requests in (`hindsight_http_requests_total`, ...), if any.
     fn metrics(&self) -> Option<&crate::metrics::Metrics> {
         None
+    }
+
+    /// The OpenAPI document served at `/openapi.json`: the shipped one, or one made exact for
+    /// the backend's workflow ([`super::document::for_workflow`]).
+    fn openapi(&self) -> std::borrow::Cow<'_, str> {
+        std::borrow::Cow::Borrowed(super::routes::OPENAPI_JSON)
     }
 }

@@ -82,6 +82,15 @@ impl From<BackendError> for ApiError {
             BackendError::Unavailable(m) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("unavailable: {m}"))
             }
+            BackendError::Damaged(m) => {
+                tracing::error!(error = %m, "damaged record");
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!(
+                        "server fault: a stored record is damaged ({m}); the operator must repair the store (docs/operations.md)"
+                    ),
+                )
+            }
             BackendError::Internal(m) => {
                 tracing::error!(error = %m, "backend error");
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
@@ -192,7 +201,14 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 
 /// The field an error is about, and the message to return.
 fn field_of(path: &str, e: &serde_json::Error) -> (Option<String>, String) {
-    let base = if path == "." { "" } else { path };
+    // serde_path_to_error writes `?` for a place it could not name (a syntax error before any
+    // field): the field named is the part of the path before it.
+    let named: Vec<&str> = path
+        .split('.')
+        .take_while(|seg| !seg.is_empty() && !seg.contains('?'))
+        .collect();
+    let base = named.join(".");
+    let base = base.as_str();
     let message = e.to_string();
     let quoted = |rest: &str| rest.split('`').next().unwrap_or("").to_string();
     let join = |name: &str| {

@@ -3,11 +3,14 @@
 //!
 //! `/healthz`, `/metrics` and `/openapi.json` need no key (probes and scrapers); every other route
 //! needs `Authorization: Bearer <key>` of a tenant from `[[api.tenants]]`, and sees only that
-//! tenant's data: another tenant's run or SOP is answered 404, as if it did not exist.
+//! tenant's data: another tenant's run or SOP is answered 404, as if it did not exist. The policy
+//! is shared by every tenant: `/policy/update` needs a key with `policy_update` and
+//! `/policy/suggest` needs that or `api.shared_learning` (403 otherwise; docs/operations.md).
 
 mod auth;
 mod backend;
 pub mod command;
+pub mod document;
 mod error;
 mod routes;
 pub mod types;
@@ -24,7 +27,7 @@ use tokio::net::TcpListener;
 pub use auth::{BadKey, KeyTable, require_key};
 pub use backend::{Backend, BackendError, BackendResult, Principal};
 pub use error::{ApiError, ApiJson, ErrorBody, decode};
-pub use routes::{AppState, MAX_ID_BYTES, OPENAPI_JSON, ROUTES, RouteSpec, handler_for};
+pub use routes::{AppState, MAX_ID_CHARS, OPENAPI_JSON, ROUTES, RouteSpec, handler_for};
 
 /// Why the server could not be built or stopped badly.
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +59,7 @@ pub enum ServeError {
 /// The router of every route in [`ROUTES`] over `backend`, with authentication, the body limit
 /// and JSON fallbacks.
 pub fn router<B: Backend>(backend: Arc<B>, config: &ApiConfig) -> Result<Router, ServeError> {
-    let keys = KeyTable::new(&config.tenants)?;
+    let keys = KeyTable::new(&config.tenants)?.sharing_learning(config.shared_learning);
     let mut authed: Router<AppState<B>> = Router::new();
     let mut public: Router<AppState<B>> = Router::new();
     for spec in ROUTES {
@@ -79,6 +82,10 @@ pub fn router<B: Backend>(backend: Arc<B>, config: &ApiConfig) -> Result<Router,
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(config.body_limit_bytes))
+        .layer(axum::middleware::from_fn_with_state(
+            config.body_limit_bytes,
+            routes::declared_length,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             limit,
             routes::time_limit,

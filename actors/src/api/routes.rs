@@ -18,8 +18,7 @@ use super::types::{
     PolicyUpdateRequest, SopList, TaskRequest, ValidateRequest,
 };
 
-/// Longest accepted path id (`/runs/{id}`, `/sop/{id}`).
-pub const MAX_ID_BYTES: usize = 256;
+pub use super::types::MAX_ID_CHARS;
 
 /// One route of the API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,7 +86,7 @@ pub fn handler_for<B: Backend>(spec: &RouteSpec) -> Option<MethodRouter<AppState
         ("GET", "/runs/{id}") => get(run::<B>),
         ("GET", "/healthz") => get(healthz::<B>),
         ("GET", "/metrics") => get(metrics::<B>),
-        ("GET", "/openapi.json") => get(openapi),
+        ("GET", "/openapi.json") => get(openapi::<B>),
         _ => return None,
     };
     Some(r)
@@ -97,13 +96,8 @@ type ApiResult<T> = Result<Json<T>, ApiError>;
 
 fn path_id(id: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
     let Path(id) = id.map_err(|e| ApiError::field(StatusCode::BAD_REQUEST, "id", e.body_text()))?;
-    if id.is_empty() || id.len() > MAX_ID_BYTES {
-        return Err(ApiError::field(
-            StatusCode::BAD_REQUEST,
-            "id",
-            format!("must be 1 to {MAX_ID_BYTES} bytes"),
-        ));
-    }
+    super::types::identifier("id", &id)
+        .map_err(|e| ApiError::field(StatusCode::BAD_REQUEST, e.field, e.reason))?;
     Ok(id)
 }
 
@@ -152,6 +146,12 @@ async fn policy_suggest<B: Backend>(
     Extension(p): Extension<Principal>,
     ApiJson(req): ApiJson<PolicySuggestRequest>,
 ) -> ApiResult<super::types::PolicySuggestResponse> {
+    if !p.policy_read {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "the policy is learned from every tenant's runs, and this deployment does not share learning between tenants (api.shared_learning); this key has no `policy_update` right",
+        ));
+    }
     Ok(Json(s.backend.policy_suggest(&p.tenant, req).await?))
 }
 
@@ -160,6 +160,12 @@ async fn policy_update<B: Backend>(
     Extension(p): Extension<Principal>,
     ApiJson(req): ApiJson<PolicyUpdateRequest>,
 ) -> ApiResult<super::types::PolicyUpdateResponse> {
+    if !p.policy_update {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "the policy is shared by every tenant, so reporting outcomes to it needs a key with the `policy_update` right (api.tenants[].policy_update)",
+        ));
+    }
     Ok(Json(s.backend.policy_update(&p.tenant, req).await?))
 }
 
@@ -224,8 +230,8 @@ async fn metrics<B: Backend>(State(s): State<AppState<B>>) -> Response {
     response
 }
 
-async fn openapi() -> Response {
-    let mut response = OPENAPI_JSON.into_response();
+async fn openapi<B: Backend>(State(s): State<AppState<B>>) -> Response {
+    let mut response = s.backend.openapi().into_owned().into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
@@ -251,6 +257,41 @@ pub async fn method_not_allowed(req: Request) -> ApiError {
             req.uri().path()
         ),
     )
+}
+
+/// Middleware: answers 413 at once when the request declares a `Content-Length` over the body
+/// limit (the state), instead of waiting for a body that may never come; 400 for a
+/// `Content-Length` that is not a number.
+pub async fn declared_length(State(limit): State<usize>, req: Request, next: Next) -> Response {
+    let mut declared = req.headers().get_all(header::CONTENT_LENGTH).iter();
+    if let Some(value) = declared.next() {
+        let length = value
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        match length {
+            None => {
+                return ApiError::field(
+                    StatusCode::BAD_REQUEST,
+                    "content-length",
+                    "`Content-Length` is not a number",
+                )
+                .into_response();
+            }
+            Some(n) if n > limit as u64 => {
+                return ApiError::field(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "content-length",
+                    format!(
+                        "the declared body of {n} bytes is larger than the limit of {limit} bytes (api.body_limit_bytes)"
+                    ),
+                )
+                .into_response();
+            }
+            Some(_) => {}
+        }
+    }
+    next.run(req).await
 }
 
 /// Middleware: answers 504 when the inner service takes longer than the state's limit (`None` =

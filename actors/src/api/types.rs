@@ -7,8 +7,17 @@ use hindsight::{ArmChoice, Constraints, ErrorClass, Run, RunState, Sop, Step, Ta
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// Longest accepted free text (goal, query, correction), in bytes.
-pub const MAX_TEXT_BYTES: usize = 16 * 1024;
+/// Longest accepted free text (goal, query, correction), in characters (as JSON Schema's
+/// `maxLength` counts). A goal is further bounded by the guard's `max_goal_chars`.
+pub const MAX_TEXT_CHARS: usize = 16 * 1024;
+
+/// Longest accepted identifier (task, user, session, run ids, idempotency keys, stage, tool and
+/// strategy names, feature names and values), in characters (as JSON Schema's `maxLength`
+/// counts); the same bound as a path id.
+pub const MAX_ID_CHARS: usize = 256;
+
+/// Most features of one request, and most tools of a retrieval.
+pub const MAX_ENTRIES: usize = 64;
 
 /// A request field that is well-formed JSON but not acceptable.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +38,38 @@ impl FieldError {
     }
 }
 
+/// A nested request object, decoded only from a JSON object: serde's derived structs also
+/// accept an array of their fields in order (`"constraints": [null, null]`), which the API
+/// does not.
+struct ObjectOnly<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for ObjectOnly<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Only<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Only<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        d.deserialize_map(Only(std::marker::PhantomData))
+            .map(ObjectOnly)
+    }
+}
+
+fn object<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<T, D::Error> {
+    ObjectOnly::<T>::deserialize(d).map(|o| o.0)
+}
+
+fn objects<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Vec<T>, D::Error> {
+    Vec::<ObjectOnly<T>>::deserialize(d).map(|v| v.into_iter().map(|o| o.0).collect())
+}
+
 /// Semantic checks on a decoded request body.
 pub trait Validate {
     /// `Ok` when every field is acceptable, else the first field that is not.
@@ -39,21 +80,63 @@ fn text(field: &str, value: &str, required: bool) -> Result<(), FieldError> {
     if required && value.trim().is_empty() {
         return Err(FieldError::new(field, "must not be empty"));
     }
-    if value.len() > MAX_TEXT_BYTES {
+    if value.chars().count() > MAX_TEXT_CHARS {
         return Err(FieldError::new(
             field,
-            format!("longer than {MAX_TEXT_BYTES} bytes"),
+            format!("longer than {MAX_TEXT_CHARS} characters"),
         ));
     }
     Ok(())
 }
 
+/// An identifier: 1 to [`MAX_ID_CHARS`] characters, not blank, and no control character (a newline
+/// or an escape sequence would forge lines or move the terminal where it is printed).
+pub fn identifier(field: &str, value: &str) -> Result<(), FieldError> {
+    if value.trim().is_empty() {
+        return Err(FieldError::new(field, "must not be empty"));
+    }
+    if value.chars().count() > MAX_ID_CHARS {
+        return Err(FieldError::new(
+            field,
+            format!("longer than {MAX_ID_CHARS} characters"),
+        ));
+    }
+    if let Some(c) = value.chars().find(|c| c.is_control()) {
+        return Err(FieldError::new(
+            field,
+            format!(
+                "must not contain control characters (found U+{:04X})",
+                c as u32
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn optional_identifier(field: &str, value: Option<&str>) -> Result<(), FieldError> {
+    value.map_or(Ok(()), |v| identifier(field, v))
+}
+
 fn features(field: &str, f: &BTreeMap<String, String>) -> Result<(), FieldError> {
+    if f.len() > MAX_ENTRIES {
+        return Err(FieldError::new(
+            field,
+            format!("more than {MAX_ENTRIES} features"),
+        ));
+    }
     for (k, v) in f {
-        if k.trim().is_empty() {
-            return Err(FieldError::new(field, "feature names must not be empty"));
+        identifier(field, k)
+            .map_err(|e| FieldError::new(field, format!("feature name: {}", e.reason)))?;
+        let name = format!("{field}.{k}");
+        if v.chars().count() > MAX_ID_CHARS {
+            return Err(FieldError::new(
+                name,
+                format!("longer than {MAX_ID_CHARS} characters"),
+            ));
         }
-        text(&format!("{field}.{k}"), v, false)?;
+        if v.chars().any(char::is_control) {
+            return Err(FieldError::new(name, "must not contain control characters"));
+        }
     }
     Ok(())
 }
@@ -93,7 +176,7 @@ pub struct TaskRequest {
     #[serde(default)]
     pub features: BTreeMap<String, String>,
     /// Latency and cost ceilings.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object")]
     pub constraints: ConstraintsRequest,
     /// The user on whose behalf the task runs.
     #[serde(default)]
@@ -125,9 +208,7 @@ impl TaskRequest {
 
     fn validate_at(&self, prefix: &str) -> Result<(), FieldError> {
         let f = |name: &str| format!("{prefix}{name}");
-        if let Some(id) = &self.task_id {
-            text(&f("task_id"), id, true)?;
-        }
+        optional_identifier(&f("task_id"), self.task_id.as_deref())?;
         text(&f("goal"), &self.goal, true)?;
         features(&f("features"), &self.features)?;
         for (name, v) in [
@@ -146,9 +227,9 @@ impl TaskRequest {
                 ));
             }
         }
-        if let Some(k) = &self.idempotency_key {
-            text(&f("idempotency_key"), k, true)?;
-        }
+        optional_identifier(&f("user_id"), self.user_id.as_deref())?;
+        optional_identifier(&f("session_id"), self.session_id.as_deref())?;
+        optional_identifier(&f("idempotency_key"), self.idempotency_key.as_deref())?;
         Ok(())
     }
 }
@@ -228,8 +309,10 @@ pub struct PlanArm {
 #[serde(deny_unknown_fields)]
 pub struct ExecuteRequest {
     /// The task.
+    #[serde(deserialize_with = "object")]
     pub task: TaskRequest,
     /// The plan, one arm per stage.
+    #[serde(deserialize_with = "objects")]
     pub plan: Vec<PlanArm>,
 }
 
@@ -239,10 +322,16 @@ impl Validate for ExecuteRequest {
         if self.plan.is_empty() {
             return Err(FieldError::new("plan", "must have at least one step"));
         }
+        if self.plan.len() > MAX_ENTRIES {
+            return Err(FieldError::new(
+                "plan",
+                format!("more than {MAX_ENTRIES} steps"),
+            ));
+        }
         for (i, arm) in self.plan.iter().enumerate() {
-            text(&format!("plan[{i}].stage"), &arm.stage, true)?;
-            text(&format!("plan[{i}].tool"), &arm.tool, true)?;
-            text(&format!("plan[{i}].strategy"), &arm.strategy, true)?;
+            identifier(&format!("plan[{i}].stage"), &arm.stage)?;
+            identifier(&format!("plan[{i}].tool"), &arm.tool)?;
+            identifier(&format!("plan[{i}].strategy"), &arm.strategy)?;
         }
         Ok(())
     }
@@ -282,7 +371,8 @@ pub struct ValidateRequest {
 
 impl Validate for ValidateRequest {
     fn validate(&self) -> Result<(), FieldError> {
-        text("stage", &self.stage, true)
+        identifier("stage", &self.stage)?;
+        optional_identifier("run_id", self.run_id.as_deref())
     }
 }
 
@@ -308,7 +398,7 @@ pub struct MemoryRetrieveRequest {
     #[serde(default)]
     pub tools: Vec<String>,
     /// Items wanted (1..=100, default 5).
-    #[serde(default = "default_k")]
+    #[serde(default = "default_k", deserialize_with = "whole")]
     pub k: usize,
     /// The user (for per-user scopes).
     #[serde(default)]
@@ -316,6 +406,22 @@ pub struct MemoryRetrieveRequest {
     /// The session (for per-session scopes).
     #[serde(default)]
     pub session_id: Option<String>,
+}
+
+/// A count given as a JSON number with no fractional part: JSON Schema's `integer` (which the
+/// document promises) holds `8.0` as well as `8`, and serde's `usize` would refuse the former.
+fn whole<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    use serde::de::Error as _;
+    let n = serde_json::Number::deserialize(d)?;
+    if let Some(u) = n.as_u64() {
+        return usize::try_from(u).map_err(|_| D::Error::custom(format!("{u} is too large")));
+    }
+    match n.as_f64() {
+        Some(f) if f >= 0.0 && f.fract() == 0.0 && f <= 1e15 => Ok(f as usize),
+        _ => Err(D::Error::custom(format!(
+            "expected a whole non-negative number, found {n}"
+        ))),
+    }
 }
 
 fn default_k() -> usize {
@@ -326,6 +432,17 @@ impl Validate for MemoryRetrieveRequest {
     fn validate(&self) -> Result<(), FieldError> {
         text("query", &self.query, false)?;
         features("features", &self.features)?;
+        if self.tools.len() > MAX_ENTRIES {
+            return Err(FieldError::new(
+                "tools",
+                format!("more than {MAX_ENTRIES} tools"),
+            ));
+        }
+        for (i, t) in self.tools.iter().enumerate() {
+            identifier(&format!("tools[{i}]"), t)?;
+        }
+        optional_identifier("user_id", self.user_id.as_deref())?;
+        optional_identifier("session_id", self.session_id.as_deref())?;
         if !(1..=100).contains(&self.k) {
             return Err(FieldError::new(
                 "k",
@@ -369,7 +486,7 @@ pub struct PolicySuggestRequest {
     #[serde(default)]
     pub stage: Option<String>,
     /// Arms per stage (1..=100, default 3).
-    #[serde(default = "default_arms")]
+    #[serde(default = "default_arms", deserialize_with = "whole")]
     pub k: usize,
 }
 
@@ -380,9 +497,7 @@ fn default_arms() -> usize {
 impl Validate for PolicySuggestRequest {
     fn validate(&self) -> Result<(), FieldError> {
         features("features", &self.features)?;
-        if let Some(s) = &self.stage {
-            text("stage", s, true)?;
-        }
+        optional_identifier("stage", self.stage.as_deref())?;
         if !(1..=100).contains(&self.k) {
             return Err(FieldError::new(
                 "k",
@@ -456,9 +571,9 @@ pub struct PolicyUpdateRequest {
 impl Validate for PolicyUpdateRequest {
     fn validate(&self) -> Result<(), FieldError> {
         features("features", &self.features)?;
-        text("stage", &self.stage, true)?;
-        text("tool", &self.tool, true)?;
-        text("strategy", &self.strategy, true)?;
+        identifier("stage", &self.stage)?;
+        identifier("tool", &self.tool)?;
+        identifier("strategy", &self.strategy)?;
         unit("reward", self.reward)?;
         if let Some(p) = self.propensity
             && !(p > 0.0 && p <= 1.0)
@@ -507,13 +622,9 @@ impl Validate for FeedbackRequest {
     fn validate(&self) -> Result<(), FieldError> {
         text("correction", &self.correction, true)?;
         features("features", &self.features)?;
-        if let Some(r) = &self.run_id {
-            text("run_id", r, true)?;
-        }
-        if let Some(t) = &self.tool {
-            text("tool", t, true)?;
-        }
-        Ok(())
+        optional_identifier("run_id", self.run_id.as_deref())?;
+        optional_identifier("tool", self.tool.as_deref())?;
+        optional_identifier("user_id", self.user_id.as_deref())
     }
 }
 

@@ -504,9 +504,10 @@ impl Backend for TreeBackend {
         }
         components.insert(
             "store".to_string(),
-            match self.store().get_run("") {
-                Ok(_) => "ok".to_string(),
-                Err(e) => format!("error: {e}"),
+            match (self.store().get_run(""), self.damage_seen()) {
+                (Err(e), _) => format!("error: {e}"),
+                (Ok(_), Some(damage)) => damage,
+                (Ok(_), None) => "ok".to_string(),
             },
         );
         for s in &self.servers {
@@ -560,5 +561,9 @@ impl Backend for TreeBackend {
 
     fn metrics(&self) -> Option<&Metrics> {
         Some(&self.metrics)
+    }
+
+    fn openapi(&self) -> std::borrow::Cow<'_, str> {
+        std::borrow::Cow::Borrowed(&self.openapi)
     }
 }

@@ -13,12 +13,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use hindsight::config::Config;
-use hindsight::store::{Store, StoreOptions, idempotency};
+use hindsight::store::{Claim, Store, StoreError, StoreOptions, idempotency};
 use hindsight::tools::mcp::McpServer;
 use hindsight::{ArmChoice, ErrorClass, FailureCategory, Lesson, Sop, Step, Task};
 use ractor::ActorStatus;
 use sha2::{Digest, Sha256};
 
+use crate::api::document::DocStage;
 use crate::api::types::TaskRequest;
 use crate::api::{BackendError, BackendResult};
 use crate::directory::{CallError, Slot};
@@ -45,6 +46,13 @@ pub struct TreeBackend {
     stopping: AtomicBool,
     next_id: AtomicU64,
     started_ms: u64,
+    /// Damaged records met while serving: how many, and the last one's error (for `/healthz`).
+    damage: std::sync::Mutex<(u64, Option<String>)>,
+    /// `api.shared_learning`: whether retrieval shows every tenant the statistics learned from
+    /// all tenants' runs.
+    shared_learning: bool,
+    /// The OpenAPI document made exact for the workflow and the guard.
+    openapi: String,
 }
 
 /// The failure category the policy learns an error class under: timeouts, rate limits and
@@ -95,11 +103,8 @@ impl TreeBackend {
     /// Opens the store under `config.data_dir` and starts the tree the configuration describes.
     pub async fn start(config: &Config) -> Result<TreeBackend, StartError> {
         for (i, t) in config.api.tenants.iter().enumerate() {
-            if t.name.trim().is_empty() || t.name.contains(['/', ':']) {
-                return Err(config_error(
-                    format!("api.tenants[{i}].name"),
-                    "must be non-empty and contain no `/` or `:`",
-                ));
+            if let Some(problem) = hindsight::config::tenant_name_problem(&t.name) {
+                return Err(config_error(format!("api.tenants[{i}].name"), problem));
             }
         }
         let (opts, servers) = runtime_options(config).await?;
@@ -124,8 +129,36 @@ impl TreeBackend {
                 return Err(e.into());
             }
         };
+        let ctx = runtime.ctx().clone();
+        let stages: Vec<DocStage> = ctx
+            .workflow
+            .stages()
+            .iter()
+            .map(|s| DocStage {
+                name: s.name.clone(),
+                arms: s
+                    .arms
+                    .iter()
+                    .map(|a| (a.tool.clone(), a.strategy.clone()))
+                    .collect(),
+            })
+            .collect();
+        let openapi = match crate::api::document::for_workflow(
+            crate::api::OPENAPI_JSON,
+            &stages,
+            ctx.config.guard.max_goal_chars,
+        ) {
+            Ok(doc) => doc,
+            Err(e) => {
+                runtime.stop().await;
+                for s in &servers {
+                    s.shutdown().await;
+                }
+                return Err(StartError::Runtime(RuntimeError::Rejected(e.to_string())));
+            }
+        };
         Ok(TreeBackend {
-            ctx: runtime.ctx().clone(),
+            ctx,
             submitter: runtime.submitter(),
             runtime: tokio::sync::Mutex::new(Some(runtime)),
             servers,
@@ -133,6 +166,9 @@ impl TreeBackend {
             stopping: AtomicBool::new(false),
             next_id: AtomicU64::new(0),
             started_ms: hindsight::now_ms(),
+            damage: std::sync::Mutex::new((0, None)),
+            shared_learning: config.api.shared_learning,
+            openapi,
         })
     }
 
@@ -153,6 +189,36 @@ impl TreeBackend {
     /// The store.
     pub fn store(&self) -> &Store {
         &self.ctx.store
+    }
+
+    /// A store error as the API's: a server fault (500). A damaged record is said as such
+    /// ([`BackendError::Damaged`]) and remembered for `/healthz`.
+    fn store_fault(&self, e: StoreError) -> BackendError {
+        match e {
+            StoreError::Corrupt { .. } => {
+                self.saw_damage(&e);
+                BackendError::Damaged(e.to_string())
+            }
+            other => BackendError::Internal(other.to_string()),
+        }
+    }
+
+    fn saw_damage(&self, e: &StoreError) {
+        tracing::error!(error = %e, "damaged record in the store");
+        let mut seen = self.damage.lock().unwrap_or_else(|p| p.into_inner());
+        seen.0 += 1;
+        seen.1 = Some(e.to_string());
+    }
+
+    /// The damage seen so far: `None`, or what `/healthz` says of the store.
+    fn damage_seen(&self) -> Option<String> {
+        let seen = self.damage.lock().unwrap_or_else(|p| p.into_inner());
+        seen.1.as_ref().map(|last| {
+            format!(
+                "damaged: {} damaged record(s) met since start, the last: {last}",
+                seen.0
+            )
+        })
     }
 
     fn check_running(&self) -> BackendResult<()> {
@@ -198,17 +264,12 @@ impl TreeBackend {
         let Some(key) = key else { return Ok(()) };
         let store_key = idempotency::task_claim_key(tenant, &hex16(key));
         let want = idempotency::task_claim_value(&task.task_id);
-        match self.store().get_idempotent(&store_key) {
-            Ok(Some(seen)) if seen == want => Ok(()),
-            Ok(Some(_)) => Err(BackendError::Conflict(
+        match self.store().claim_idempotent(&store_key, &want).await {
+            Ok(Claim::Claimed | Claim::Held) => Ok(()),
+            Ok(Claim::Taken(_)) => Err(BackendError::Conflict(
                 "idempotency_key was used for another task_id".into(),
             )),
-            Ok(None) => self
-                .store()
-                .put_idempotent(&store_key, &want)
-                .await
-                .map_err(|e| BackendError::Internal(e.to_string())),
-            Err(e) => Err(BackendError::Internal(e.to_string())),
+            Err(e) => Err(self.store_fault(e)),
         }
     }
 
@@ -251,6 +312,11 @@ impl TreeBackend {
         task: Task,
         plan: Option<Vec<ArmChoice>>,
     ) -> BackendResult<(RunOutcome, Vec<Step>)> {
+        // A damaged record of the task's run is the server's fault, said before the orchestrator
+        // (which would refuse the task) sees it.
+        self.store()
+            .get_run(&crate::run::run_id_for(&task))
+            .map_err(|e| self.store_fault(e))?;
         self.metrics.run_started();
         match self.submitter.run_with(task, plan).await {
             Ok(outcome) => {
@@ -287,8 +353,11 @@ impl TreeBackend {
         let rows = self
             .store()
             .scan::<Sop>(SOPS)
-            .map_err(|e| BackendError::Internal(e.to_string()))?;
-        Ok(rows.into_iter().filter_map(|(_, s)| s.ok()).collect())
+            .map_err(|e| self.store_fault(e))?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(_, s)| s.map_err(|e| self.saw_damage(&e)).ok())
+            .collect())
     }
 
     fn tenant_sops(&self, tenant: &str) -> BackendResult<Vec<Sop>> {
@@ -330,6 +399,7 @@ impl TreeBackend {
             .unwrap_or_default();
         Ok(Visible {
             tenant: tenant.to_string(),
+            shared_learning: self.shared_learning,
             lessons,
             sops,
             diary,
@@ -405,6 +475,13 @@ impl TreeBackend {
             })
             .await
             .map_err(call_error)?;
+        if run.is_none() {
+            // The orchestrator answers `None` for a record it cannot read: a damaged record is
+            // the server's fault, not an absent run.
+            self.store()
+                .get_run(run_id)
+                .map_err(|e| self.store_fault(e))?;
+        }
         Ok(run.filter(|r| r.tenant.as_deref() == Some(tenant)))
     }
 

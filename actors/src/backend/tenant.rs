@@ -8,8 +8,8 @@
 //!   `tenant:{tenant}`, `session:{tenant}/{s}`) never cross tenants.
 //! - An SOP is visible to a tenant only when every run of its evidence belongs to that tenant.
 //! - Retrieval returns lessons, SOPs, postmortems and diary notes only when they are the tenant's;
-//!   the graph's aggregate statistics over the shared workflow (`strategy`, `failure_mode`) are
-//!   returned to every tenant.
+//!   the graph's aggregate statistics over the shared workflow (`strategy`, `failure_mode`),
+//!   computed from every tenant's runs, only when `api.shared_learning` is set.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -56,6 +56,7 @@ pub fn sop_in_tenant(tenant: &str, sop: &Sop) -> bool {
 /// What one tenant may see of memory.
 pub(super) struct Visible {
     pub(super) tenant: String,
+    pub(super) shared_learning: bool,
     pub(super) lessons: BTreeSet<String>,
     pub(super) sops: BTreeSet<String>,
     pub(super) diary: BTreeSet<String>,
@@ -68,7 +69,7 @@ impl Visible {
             "sop" => self.sops.contains(id),
             "postmortem" => run_in_tenant(&self.tenant, id),
             "diary" => self.diary.contains(id),
-            "strategy" | "failure_mode" => true,
+            "strategy" | "failure_mode" => self.shared_learning,
             _ => false,
         }
     }

@@ -98,6 +98,24 @@ impl From<StoreError> for Failure {
     }
 }
 
+/// `text` safe to print on a terminal: each control character (a newline, an escape sequence's
+/// ESC) is written escaped (`\n`, `\u{1b}`), so a stored id cannot forge a line or move the
+/// cursor; everything else is unchanged.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Writes `value` as pretty JSON on stdout.
 pub fn print_json<T: serde::Serialize + ?Sized>(value: &T) -> Result<(), Failure> {
     let text = serde_json::to_string_pretty(value)
@@ -166,6 +184,16 @@ mod tests {
         assert_eq!(parse_runs("24"), Ok(24));
         let e = parse_runs("0").err().unwrap_or_default();
         assert!(e.contains("number of runs, at least 1"), "{e}");
+    }
+
+    #[test]
+    fn control_characters_are_printed_escaped() {
+        assert_eq!(printable("task-1 é"), "task-1 é");
+        assert_eq!(
+            printable("t\nrun-forged done\u{1b}[2J\r\u{7f}"),
+            "t\\nrun-forged done\\u{1b}[2J\\r\\u{7f}"
+        );
+        assert!(!printable("a\u{9b}b").chars().any(char::is_control));
     }
 
     #[test]

@@ -1,10 +1,10 @@
-//! `hindsight runs ...`: listing runs.
+//! `hindsight runs ...`: listing runs (ids printed with their control characters escaped).
 
 use clap::Subcommand;
 use hindsight::store::StoreOptions;
 
 use super::data::{format_time, open_existing};
-use super::{Failure, Global, print_json};
+use super::{Failure, Global, print_json, printable};
 
 /// `hindsight runs ...`.
 #[derive(Debug, clap::Args)]
@@ -36,7 +36,7 @@ fn list(global: &Global, json: bool) -> Result<(), Failure> {
     for run in store.list_runs()? {
         match run {
             Ok(r) => runs.push(r),
-            Err(err) => eprintln!("warning: {err}; skipped"),
+            Err(err) => eprintln!("warning: {}; skipped", printable(&err.to_string())),
         }
     }
     if json {
@@ -60,8 +60,8 @@ fn list(global: &Global, json: bool) -> Result<(), Failure> {
             .map_or_else(|| "-".to_string(), |x| format!("{x:.3}"));
         outln!(
             "{:<24} {:<20} {:<11} {:>8}  {:<24} {}",
-            r.run_id,
-            r.task_id,
+            printable(&r.run_id),
+            printable(&r.task_id),
             r.state.as_str(),
             r.attempts,
             format_time(r.updated_ms),

@@ -13,7 +13,8 @@ use super::{
     STRIP_WIDTH, SopEventKind, WindowStat,
 };
 
-/// Mean reward per window against the oracle's and random's.
+/// Mean reward per window: the expected reward of the first attempt's plan (agent, oracle,
+/// random: like with like) and the agent's realised reward after recoveries.
 pub(super) fn reward_chart(data: &ReportData) -> String {
     if data.windows.is_empty() {
         return empty_note("reward-chart", "No tasks yet.");
@@ -22,19 +23,25 @@ pub(super) fn reward_chart(data: &ReportData) -> String {
     let pick = |f: fn(&WindowStat) -> f64| data.windows.iter().map(f).map(fin).collect::<Vec<_>>();
     let series = [
         Series {
-            name: "agent",
+            name: "agent expected",
             color: "#4e79a7",
             dash: false,
-            ys: pick(|w| w.mean_reward),
+            ys: pick(|w| w.chosen_expected_reward),
         },
         Series {
-            name: "oracle",
+            name: "oracle expected",
             color: "#59a14f",
             dash: true,
             ys: pick(|w| w.oracle_mean_reward),
         },
         Series {
-            name: "random",
+            name: "agent realised",
+            color: "#f28e2b",
+            dash: false,
+            ys: pick(|w| w.mean_reward),
+        },
+        Series {
+            name: "random expected",
             color: "#e15759",
             dash: true,
             ys: pick(|w| w.random_mean_reward),
@@ -50,7 +57,7 @@ pub(super) fn reward_chart(data: &ReportData) -> String {
     };
     line_chart(
         "reward-chart",
-        "Mean reward per window: agent, oracle and random",
+        "Mean reward per window: first-attempt expected (agent, oracle, random) and the agent's realised reward after recoveries",
         &format!("window ({} tasks each)", data.window_size),
         "mean reward",
         &xs,

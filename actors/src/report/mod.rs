@@ -48,9 +48,12 @@ pub struct WindowStat {
     pub tasks: u64,
     /// Share of tasks that passed.
     pub success_rate: f64,
-    /// Mean realised reward of the agent.
+    /// Mean realised reward of the agent (after its recoveries and retries).
     pub mean_reward: f64,
-    /// Mean expected reward of the oracle's plans.
+    /// Mean expected reward of the agent's first-attempt plans: what compares with the oracle's.
+    #[serde(default)]
+    pub chosen_expected_reward: f64,
+    /// Mean expected reward of the oracle's plans (first attempt).
     pub oracle_mean_reward: f64,
     /// Mean expected reward of the uniform-random baseline.
     pub random_mean_reward: f64,
@@ -257,6 +260,7 @@ impl ReportBuilder {
                 tasks: chunk.len() as u64,
                 success_rate: chunk.iter().filter(|o| o.passed).count() as f64 / n,
                 mean_reward: mean(|o| o.reward),
+                chosen_expected_reward: mean(|o| o.expected_reward),
                 oracle_mean_reward: mean(|o| o.oracle_reward),
                 random_mean_reward: mean(|o| o.random_reward),
             });
@@ -332,4 +336,28 @@ pub fn write_report(dir: &Path, data: &ReportData) -> Result<PathBuf, ReportErro
         source,
     })?;
     Ok(path)
+}
+
+/// `ms` since the Unix epoch as an RFC 3339 UTC time, `2026-11-22T01:50:00.123Z`.
+pub fn format_time(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
 }

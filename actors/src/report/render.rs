@@ -21,12 +21,12 @@ pub fn render_report(data: &ReportData) -> String {
     );
     let _ = write!(
         out,
-        "<h1>{}</h1><p>Environment <b>{}</b>, {} tasks, windows of {} tasks, generated at {} ms since the epoch.</p>",
+        "<h1>{}</h1><p>Environment <b>{}</b>, {} tasks, windows of {} tasks, generated at {} (UTC).</p>",
         escape(title),
         escape(&data.env),
         data.tasks,
         data.window_size,
-        data.generated_ms
+        super::format_time(data.generated_ms)
     );
     out.push_str("<table id=\"summary\"><tr><th class=\"l\">figure</th><th>value</th></tr>");
     if let Some(last) = data.regret.last() {
@@ -54,19 +54,20 @@ pub fn render_report(data: &ReportData) -> String {
     }
     out.push_str("</table>");
 
-    out.push_str("<h2>Reward per window</h2>");
+    out.push_str("<h2>Reward per window</h2><p>The expected reward of the first attempt's plan, the agent's next to the oracle's and random's (like with like), and the agent's realised reward after its recoveries, which no first-attempt figure includes.</p>");
     out.push_str(&reward_chart(data));
-    out.push_str("<table id=\"windows\"><tr><th>window</th><th>first task</th><th>tasks</th><th>success</th><th>reward</th><th>oracle</th><th>random</th></tr>");
+    out.push_str("<table id=\"windows\"><tr><th>window</th><th>first task</th><th>tasks</th><th>success</th><th>agent expected, first attempt</th><th>oracle expected, first attempt</th><th>random expected, first attempt</th><th>agent realised, after recoveries</th></tr>");
     for (i, w) in data.windows.iter().enumerate() {
         let _ = write!(
             out,
-            "<tr><td>{i}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{i}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             w.start_task,
             w.tasks,
             fmt_f(w.success_rate),
-            fmt_f(w.mean_reward),
+            fmt_f(w.chosen_expected_reward),
             fmt_f(w.oracle_mean_reward),
-            fmt_f(w.random_mean_reward)
+            fmt_f(w.random_mean_reward),
+            fmt_f(w.mean_reward)
         );
     }
     out.push_str("</table>");
