@@ -8,9 +8,11 @@
 //! missing executable or module, and a 404 of the endpoint rather than of a resource), strategy
 //! when the agent's choice of tool or arguments was wrong (including an argument error wrapped in
 //! a server error), unknown when ambiguous. Figures: `docs/benchmarks.md`.
+
 mod rules;
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::{LazyLock, OnceLock};
 
 use aho_corasick::{AhoCorasick, AhoCorasickKind};
@@ -46,58 +48,81 @@ fn required_prefixes(pattern: &str) -> Option<Vec<Vec<u8>>> {
     Some(lits.iter().map(|l| l.as_bytes().to_vec()).collect())
 }
 
-/// A rule list compiled for "the first rule, in priority order, with a matching pattern".
+/// The rule tables, tried in this order of priority (each in its own order).
+#[derive(Debug, Clone, Copy)]
+enum Table {
+    /// Message rules that outrank an explicit HTTP status.
+    Before = 0,
+    /// Message rules tried when no status decided.
+    After = 1,
+    /// Rules on type names.
+    Types = 2,
+}
+
+/// The three rule tables compiled for "the first rule of a table with a matching pattern".
 ///
-/// One Aho-Corasick pass over the text finds every literal that some pattern's match must start
-/// with; only the patterns so admitted (plus the few without such literals) are run, each at
-/// most once, from its earliest admitting literal, in rule order, until one matches. Each
-/// pattern is its own small regex (compiled on first use), so no automaton over the whole
-/// alternation is built per message, and the cost stays linear: one pass for the literals and at
-/// most one linear search per pattern.
-struct Compiled {
-    /// The patterns, in rule order (each compiled on first use).
+/// One Aho-Corasick pass over a text finds every literal that some pattern's match must start
+/// with ([`Tables::scan`]); only the patterns so admitted (plus any without such literals) are
+/// run, each at most once, from its earliest admitting literal, in rule order, until one
+/// matches. Each pattern is its own small regex, compiled on first use, so no automaton over a
+/// whole alternation is built per message, and the cost stays linear: one pass for the literals
+/// and at most one linear search per pattern.
+struct Tables {
+    /// The patterns, numbered table by table in rule order (each compiled on first use).
     patterns: Vec<(String, OnceLock<Regex>)>,
     /// The rule each pattern belongs to.
-    owner: Vec<usize>,
+    owner: Vec<&'static Rule>,
+    /// The pattern numbers of each table.
+    ranges: [Range<u32>; 3],
     /// Every required literal of every pattern.
     literals: AhoCorasick,
     /// For each literal (by its index in `literals`), the patterns it admits.
     admits: Vec<Vec<u32>>,
     /// Patterns without a required literal, always tried.
     always: Vec<u32>,
-    rules: &'static [Rule],
 }
 
-impl Compiled {
-    fn new(rules: &'static [Rule]) -> Compiled {
+/// The patterns one text admits: (pattern, earliest start of an admitting literal), sorted.
+struct Candidates<'t> {
+    text: &'t str,
+    list: Vec<(u32, usize)>,
+}
+
+impl Tables {
+    fn new(tables: [&'static [Rule]; 3]) -> Tables {
         let mut patterns = Vec::new();
         let mut owner = Vec::new();
         let mut lits: Vec<Vec<u8>> = Vec::new();
         let mut admits: Vec<Vec<u32>> = Vec::new();
         let mut index: HashMap<Vec<u8>, usize> = HashMap::new();
         let mut always = Vec::new();
-        for (i, r) in rules.iter().enumerate() {
-            for p in r.patterns {
-                let p = ascii_boundaries(p);
-                let id = patterns.len() as u32;
-                match required_prefixes(&p) {
-                    Some(prefixes) => {
-                        for l in prefixes {
-                            let k = *index.entry(l.clone()).or_insert_with(|| {
-                                lits.push(l);
-                                admits.push(Vec::new());
-                                lits.len() - 1
-                            });
-                            if admits[k].last() != Some(&id) {
-                                admits[k].push(id);
+        let mut ranges = [0..0, 0..0, 0..0];
+        for (t, rules) in tables.into_iter().enumerate() {
+            let start = patterns.len() as u32;
+            for r in rules {
+                for p in r.patterns {
+                    let p = ascii_boundaries(p);
+                    let id = patterns.len() as u32;
+                    match required_prefixes(&p) {
+                        Some(prefixes) => {
+                            for l in prefixes {
+                                let k = *index.entry(l.clone()).or_insert_with(|| {
+                                    lits.push(l);
+                                    admits.push(Vec::new());
+                                    lits.len() - 1
+                                });
+                                if admits[k].last() != Some(&id) {
+                                    admits[k].push(id);
+                                }
                             }
                         }
+                        None => always.push(id),
                     }
-                    None => always.push(id),
+                    patterns.push((p, OnceLock::new()));
+                    owner.push(r);
                 }
-                patterns.push((p, OnceLock::new()));
-                owner.push(i);
             }
+            ranges[t] = start..patterns.len() as u32;
         }
         // The literals come from this file's constant patterns; building their automaton can
         // only fail on a size limit they are far below (checked by the unit tests).
@@ -106,14 +131,30 @@ impl Compiled {
             .kind(Some(AhoCorasickKind::ContiguousNFA))
             .build(&lits)
             .expect("built-in literal prefilter builds");
-        Compiled {
+        Tables {
             patterns,
             owner,
+            ranges,
             literals,
             admits,
             always,
-            rules,
         }
+    }
+
+    /// The patterns `text` admits, for every table (one pass over the text).
+    fn scan<'t>(&self, text: &'t str) -> Candidates<'t> {
+        let mut list: Vec<(u32, usize)> = self.always.iter().map(|&p| (p, 0)).collect();
+        for m in self.literals.find_overlapping_iter(text) {
+            let start = m.start();
+            list.extend(
+                self.admits[m.pattern().as_usize()]
+                    .iter()
+                    .map(|&p| (p, start)),
+            );
+        }
+        list.sort_unstable();
+        list.dedup_by_key(|c| c.0);
+        Candidates { text, list }
     }
 
     /// Pattern `id`'s regex, compiled on first use.
@@ -124,36 +165,20 @@ impl Compiled {
         re.get_or_init(|| Regex::new(p).expect("built-in error pattern compiles"))
     }
 
-    /// The first rule (in priority order) with a matching pattern.
-    fn first(&self, text: &str) -> Option<&'static Rule> {
-        // (pattern, earliest start of an admitting literal); patterns number in rule order.
-        let mut candidates: Vec<(u32, usize)> = self.always.iter().map(|&p| (p, 0)).collect();
-        for m in self.literals.find_overlapping_iter(text) {
-            let start = m.start();
-            candidates.extend(
-                self.admits[m.pattern().as_usize()]
-                    .iter()
-                    .map(|&p| (p, start)),
-            );
-        }
-        candidates.sort_unstable();
-        let mut last = None;
-        for (p, start) in candidates {
-            if last == Some(p) {
-                continue;
-            }
-            last = Some(p);
-            if self.regex(p).is_match_at(text, start) {
-                return Some(&self.rules[self.owner[p as usize]]);
-            }
-        }
-        None
+    /// The first rule of `table` (in priority order) with a pattern matching the scanned text.
+    fn first(&self, c: &Candidates<'_>, table: Table) -> Option<&'static Rule> {
+        let range = &self.ranges[table as usize];
+        let from = c.list.partition_point(|&(p, _)| p < range.start);
+        c.list[from..]
+            .iter()
+            .take_while(|&&(p, _)| p < range.end)
+            .find(|&&(p, start)| self.regex(p).is_match_at(c.text, start))
+            .map(|&(p, _)| self.owner[p as usize])
     }
 }
 
-static BEFORE: LazyLock<Compiled> = LazyLock::new(|| Compiled::new(BEFORE_STATUS));
-static AFTER: LazyLock<Compiled> = LazyLock::new(|| Compiled::new(AFTER_STATUS));
-static TYPES: LazyLock<Compiled> = LazyLock::new(|| Compiled::new(TYPE_RULES));
+static TABLES: LazyLock<Tables> =
+    LazyLock::new(|| Tables::new([BEFORE_STATUS, AFTER_STATUS, TYPE_RULES]));
 
 /// Reason phrases of 4xx/5xx statuses, as they follow a number ("503 Service Unavailable").
 const REASONS: &str = "bad request|unauthorized|payment required|forbidden|not found|method not allowed|not acceptable|proxy authentication|request time-?out|conflict|gone|length required|precondition|payload too large|request entity too large|uri too long|unsupported media type|range not satisfiable|expectation failed|misdirected|unprocessable|locked|failed dependency|too early|upgrade required|too many requests|request header fields too large|unavailable for legal|client closed|internal server error|not implemented|bad gateway|service unavailable|gateway time-?out|http version|insufficient storage|loop detected|network authentication|overloaded|server error|client error|error";
@@ -236,18 +261,34 @@ pub fn normalise(message: &str) -> String {
         (message, None)
     };
     let mut out = String::with_capacity(head.len() + tail.map_or(0, str::len) + 1);
+    // Bytes, not chars: ASCII is lowercased and its whitespace collapsed directly; a non-ASCII
+    // char is decoded only to ask whether it is whitespace, and is otherwise copied unchanged.
     let push = |s: &str, out: &mut String| {
         let mut space = out.ends_with(' ');
-        for c in s.chars() {
-            if c.is_whitespace() {
+        let b = s.as_bytes();
+        let mut i = 0;
+        while i < b.len() {
+            let (white, len) = if b[i] < 0x80 {
+                let white = matches!(b[i], b' ' | b'\t' | b'\n' | b'\x0b' | b'\x0c' | b'\r');
+                (white, 1)
+            } else {
+                let c = s[i..].chars().next().unwrap_or(' ');
+                (c.is_whitespace(), c.len_utf8())
+            };
+            if white {
                 if !space && !out.is_empty() {
                     out.push(' ');
                 }
                 space = true;
             } else {
-                out.push(c.to_ascii_lowercase());
+                if len == 1 {
+                    out.push(char::from(b[i].to_ascii_lowercase()));
+                } else {
+                    out.push_str(&s[i..i + len]);
+                }
                 space = false;
             }
+            i += len;
         }
     };
     push(head, &mut out);
@@ -324,7 +365,8 @@ pub fn classify_error(error_type: Option<&str>, message: &str) -> ErrorClassific
 
 /// [`classify_error`] on a normalised message; `unwrap` looks inside server errors (one level).
 fn classify_normalised(error_type: Option<&str>, text: &str, unwrap: bool) -> ErrorClassification {
-    if let Some(r) = BEFORE.first(text) {
+    let found = TABLES.scan(text);
+    if let Some(r) = TABLES.first(&found, Table::Before) {
         return verdict(r);
     }
     if let Some(code) = http_status(text) {
@@ -341,7 +383,7 @@ fn classify_normalised(error_type: Option<&str>, text: &str, unwrap: bool) -> Er
             v
         };
     }
-    if let Some(r) = AFTER.first(text) {
+    if let Some(r) = TABLES.first(&found, Table::After) {
         let v = verdict(r);
         return if unwrap && SERVER_ERROR_RULES.contains(&r.name) {
             unwrap_server_error(text, v)
@@ -351,16 +393,20 @@ fn classify_normalised(error_type: Option<&str>, text: &str, unwrap: bool) -> Er
     }
     let ty = error_type.map(normalise).unwrap_or_default();
     if !ty.is_empty() {
-        if let Some(r) = BEFORE.first(&ty).or_else(|| AFTER.first(&ty)) {
+        let in_ty = TABLES.scan(&ty);
+        if let Some(r) = TABLES
+            .first(&in_ty, Table::Before)
+            .or_else(|| TABLES.first(&in_ty, Table::After))
+        {
             let mut v = verdict(r);
             v.rule = format!("type_{}", r.name);
             return v;
         }
-        if let Some(r) = TYPES.first(&ty) {
+        if let Some(r) = TABLES.first(&in_ty, Table::Types) {
             return verdict(r);
         }
     }
-    if let Some(r) = TYPES.first(text) {
+    if let Some(r) = TABLES.first(&found, Table::Types) {
         let mut v = verdict(r);
         v.confidence -= 0.1;
         return v;
@@ -387,9 +433,7 @@ mod tests {
             }
         }
         let _ = &*STATUS;
-        let _ = &*BEFORE;
-        let _ = &*AFTER;
-        let _ = &*TYPES;
+        let _ = &*TABLES;
     }
 
     #[test]
@@ -491,10 +535,10 @@ mod tests {
             })
             .collect();
         texts.extend(["", "x", "eof", "-32601", "tool"].map(String::from));
-        for (rules, compiled) in [
-            (BEFORE_STATUS, &*BEFORE),
-            (AFTER_STATUS, &*AFTER),
-            (TYPE_RULES, &*TYPES),
+        for (rules, table) in [
+            (BEFORE_STATUS, Table::Before),
+            (AFTER_STATUS, Table::After),
+            (TYPE_RULES, Table::Types),
         ] {
             let plain: Vec<Vec<Regex>> = rules
                 .iter()
@@ -508,7 +552,8 @@ mod tests {
                 let want = (rules.iter().zip(&plain))
                     .find(|(_, res)| res.iter().any(|re| re.is_match(t)))
                     .map(|(r, _)| r.name);
-                assert_eq!(compiled.first(t).map(|r| r.name), want, "{t}");
+                let got = TABLES.first(&TABLES.scan(t), table).map(|r| r.name);
+                assert_eq!(got, want, "{t}");
             }
         }
     }
