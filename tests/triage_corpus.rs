@@ -28,6 +28,11 @@ fn load(name: &str) -> Vec<Labelled> {
 
 /// Category and class accuracy over `rows`, printing each miss.
 fn accuracy(rows: &[Labelled]) -> (f64, f64) {
+    accuracy_of(rows, true)
+}
+
+/// Category and class accuracy over `rows`, printing each miss if `show_misses`.
+fn accuracy_of(rows: &[Labelled], show_misses: bool) -> (f64, f64) {
     let (mut cat_ok, mut class_ok, mut both_ok) = (0usize, 0usize, 0usize);
     for r in rows {
         let c = classify_error(r.error_type.as_deref(), &r.error_message);
@@ -36,7 +41,7 @@ fn accuracy(rows: &[Labelled]) -> (f64, f64) {
         cat_ok += cat as usize;
         class_ok += class as usize;
         both_ok += (cat && class) as usize;
-        if !(cat && class) {
+        if show_misses && !(cat && class) {
             println!(
                 "MISS {:?} {:?}: got {}/{} ({}), want {}/{}",
                 r.error_type,
@@ -79,6 +84,18 @@ fn holdout_accuracy() {
     let (cat, class) = accuracy(&rows);
     assert!(cat >= 0.8, "holdout category accuracy {cat}");
     assert!(class >= 0.75, "holdout class accuracy {class}");
+}
+
+/// Real-world messages written for issue 57 before any rule change and never tuned on
+/// (`tests/fixtures/README.md`): the out-of-sample accuracy the issue asks for. Its misses are not
+/// printed, so that no rule is written against them.
+#[test]
+fn heldout_real_accuracy_is_at_least_90_percent() {
+    let rows = load("errors_heldout_real.jsonl");
+    assert!(rows.len() >= 150, "held-out set has {} rows", rows.len());
+    print!("held-out real: ");
+    let (cat, _) = accuracy_of(&rows, false);
+    assert!(cat >= 0.90, "held-out real category accuracy {cat}");
 }
 
 #[test]

@@ -1,16 +1,23 @@
 //! The error classifier: `(error_type, message) -> {category, error_class, confidence, rule}`.
 //!
-//! Deterministic and linear in the input: every pattern is compiled once (`LazyLock`) by the
-//! `regex` crate, whose automata never backtrack, and the message is bounded (head and tail kept)
-//! and normalised (ASCII-lowercased, whitespace runs collapsed) in one pass before matching.
-//! Labelling follows promptise's conventions: infrastructure when the environment failed,
-//! strategy when the agent's choice of tool or arguments was wrong, unknown when ambiguous.
+//! Deterministic and linear in the input: the message is bounded (head and tail kept) and
+//! normalised (ASCII-lowercased, whitespace runs collapsed) in one pass; one Aho-Corasick pass
+//! then finds the literals the rules' patterns must start with, and only the patterns so admitted
+//! run, each once, as its own `regex` automaton (no backtracking), in priority order. Labelling
+//! follows promptise's conventions: infrastructure when the environment failed (including a
+//! missing executable or module, and a 404 of the endpoint rather than of a resource), strategy
+//! when the agent's choice of tool or arguments was wrong (including an argument error wrapped in
+//! a server error), unknown when ambiguous. Figures: `docs/benchmarks.md`.
 
 mod rules;
 
-use std::sync::LazyLock;
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{LazyLock, OnceLock};
 
-use regex::{Regex, RegexSet};
+use aho_corasick::{AhoCorasick, AhoCorasickKind};
+use regex::Regex;
+use regex_syntax::hir::literal::{ExtractKind, Extractor};
 
 use crate::taxonomy::{ErrorClass, ErrorClassification, FailureCategory};
 use rules::{AFTER_STATUS, BEFORE_STATUS, Rule, TYPE_RULES};
@@ -29,45 +36,149 @@ fn ascii_boundaries(p: &str) -> String {
     p.replace(r"\b", r"(?-u:\b)")
 }
 
-/// A rule list compiled into one `RegexSet` (one linear pass tells every pattern that matched)
-/// plus the index of the rule each pattern belongs to.
-struct Compiled {
-    set: RegexSet,
-    owner: Vec<usize>,
-    rules: &'static [Rule],
+/// The literals one of which every match of `pattern` starts with, or `None` when no such finite
+/// set of non-empty literals exists (the pattern is then tried on every text).
+fn required_prefixes(pattern: &str) -> Option<Vec<Vec<u8>>> {
+    let hir = regex_syntax::parse(pattern).ok()?;
+    let seq = Extractor::new().kind(ExtractKind::Prefix).extract(&hir);
+    let lits = seq.literals()?;
+    if lits.is_empty() || lits.iter().any(|l| l.as_bytes().is_empty()) {
+        return None;
+    }
+    Some(lits.iter().map(|l| l.as_bytes().to_vec()).collect())
 }
 
-impl Compiled {
-    fn new(rules: &'static [Rule]) -> Compiled {
-        let mut patterns: Vec<String> = Vec::new();
+/// The rule tables, tried in this order of priority (each in its own order).
+#[derive(Debug, Clone, Copy)]
+enum Table {
+    /// Message rules that outrank an explicit HTTP status.
+    Before = 0,
+    /// Message rules tried when no status decided.
+    After = 1,
+    /// Rules on type names.
+    Types = 2,
+}
+
+/// The three rule tables compiled for "the first rule of a table with a matching pattern".
+///
+/// One Aho-Corasick pass over a text finds every literal that some pattern's match must start
+/// with ([`Tables::scan`]); only the patterns so admitted (plus any without such literals) are
+/// run, each at most once, from its earliest admitting literal, in rule order, until one
+/// matches. Each pattern is its own small regex, compiled on first use, so no automaton over a
+/// whole alternation is built per message, and the cost stays linear: one pass for the literals
+/// and at most one linear search per pattern.
+struct Tables {
+    /// The patterns, numbered table by table in rule order (each compiled on first use).
+    patterns: Vec<(String, OnceLock<Regex>)>,
+    /// The rule each pattern belongs to.
+    owner: Vec<&'static Rule>,
+    /// The pattern numbers of each table.
+    ranges: [Range<u32>; 3],
+    /// Every required literal of every pattern.
+    literals: AhoCorasick,
+    /// For each literal (by its index in `literals`), the patterns it admits.
+    admits: Vec<Vec<u32>>,
+    /// Patterns without a required literal, always tried.
+    always: Vec<u32>,
+}
+
+/// The patterns one text admits: (pattern, earliest start of an admitting literal), sorted.
+struct Candidates<'t> {
+    text: &'t str,
+    list: Vec<(u32, usize)>,
+}
+
+impl Tables {
+    fn new(tables: [&'static [Rule]; 3]) -> Tables {
+        let mut patterns = Vec::new();
         let mut owner = Vec::new();
-        for (i, r) in rules.iter().enumerate() {
-            for p in r.patterns {
-                patterns.push(ascii_boundaries(p));
-                owner.push(i);
+        let mut lits: Vec<Vec<u8>> = Vec::new();
+        let mut admits: Vec<Vec<u32>> = Vec::new();
+        let mut index: HashMap<Vec<u8>, usize> = HashMap::new();
+        let mut always = Vec::new();
+        let mut ranges = [0..0, 0..0, 0..0];
+        for (t, rules) in tables.into_iter().enumerate() {
+            let start = patterns.len() as u32;
+            for r in rules {
+                for p in r.patterns {
+                    let p = ascii_boundaries(p);
+                    let id = patterns.len() as u32;
+                    match required_prefixes(&p) {
+                        Some(prefixes) => {
+                            for l in prefixes {
+                                let k = *index.entry(l.clone()).or_insert_with(|| {
+                                    lits.push(l);
+                                    admits.push(Vec::new());
+                                    lits.len() - 1
+                                });
+                                if admits[k].last() != Some(&id) {
+                                    admits[k].push(id);
+                                }
+                            }
+                        }
+                        None => always.push(id),
+                    }
+                    patterns.push((p, OnceLock::new()));
+                    owner.push(r);
+                }
             }
+            ranges[t] = start..patterns.len() as u32;
         }
+        // The literals come from this file's constant patterns; building their automaton can
+        // only fail on a size limit they are far below (checked by the unit tests).
+        #[allow(clippy::expect_used)]
+        let literals = AhoCorasick::builder()
+            .kind(Some(AhoCorasickKind::ContiguousNFA))
+            .build(&lits)
+            .expect("built-in literal prefilter builds");
+        Tables {
+            patterns,
+            owner,
+            ranges,
+            literals,
+            admits,
+            always,
+        }
+    }
+
+    /// The patterns `text` admits, for every table (one pass over the text).
+    fn scan<'t>(&self, text: &'t str) -> Candidates<'t> {
+        let mut list: Vec<(u32, usize)> = self.always.iter().map(|&p| (p, 0)).collect();
+        for m in self.literals.find_overlapping_iter(text) {
+            let start = m.start();
+            list.extend(
+                self.admits[m.pattern().as_usize()]
+                    .iter()
+                    .map(|&p| (p, start)),
+            );
+        }
+        list.sort_unstable();
+        list.dedup_by_key(|c| c.0);
+        Candidates { text, list }
+    }
+
+    /// Pattern `id`'s regex, compiled on first use.
+    fn regex(&self, id: u32) -> &Regex {
+        let (p, re) = &self.patterns[id as usize];
         // The patterns are constants of this file, checked by the unit tests below.
         #[allow(clippy::expect_used)]
-        let set = RegexSet::new(&patterns).expect("built-in error patterns compile");
-        Compiled { set, owner, rules }
+        re.get_or_init(|| Regex::new(p).expect("built-in error pattern compiles"))
     }
 
-    /// The first rule (in priority order) with a matching pattern.
-    fn first(&self, text: &str) -> Option<&'static Rule> {
-        // Patterns are numbered in rule order, so the first match belongs to the first rule.
-        let rules = self.rules;
-        self.set
-            .matches(text)
+    /// The first rule of `table` (in priority order) with a pattern matching the scanned text.
+    fn first(&self, c: &Candidates<'_>, table: Table) -> Option<&'static Rule> {
+        let range = &self.ranges[table as usize];
+        let from = c.list.partition_point(|&(p, _)| p < range.start);
+        c.list[from..]
             .iter()
-            .next()
-            .map(|p| &rules[self.owner[p]])
+            .take_while(|&&(p, _)| p < range.end)
+            .find(|&&(p, start)| self.regex(p).is_match_at(c.text, start))
+            .map(|&(p, _)| self.owner[p as usize])
     }
 }
 
-static BEFORE: LazyLock<Compiled> = LazyLock::new(|| Compiled::new(BEFORE_STATUS));
-static AFTER: LazyLock<Compiled> = LazyLock::new(|| Compiled::new(AFTER_STATUS));
-static TYPES: LazyLock<Compiled> = LazyLock::new(|| Compiled::new(TYPE_RULES));
+static TABLES: LazyLock<Tables> =
+    LazyLock::new(|| Tables::new([BEFORE_STATUS, AFTER_STATUS, TYPE_RULES]));
 
 /// Reason phrases of 4xx/5xx statuses, as they follow a number ("503 Service Unavailable").
 const REASONS: &str = "bad request|unauthorized|payment required|forbidden|not found|method not allowed|not acceptable|proxy authentication|request time-?out|conflict|gone|length required|precondition|payload too large|request entity too large|uri too long|unsupported media type|range not satisfiable|expectation failed|misdirected|unprocessable|locked|failed dependency|too early|upgrade required|too many requests|request header fields too large|unavailable for legal|client closed|internal server error|not implemented|bad gateway|service unavailable|gateway time-?out|http version|insufficient storage|loop detected|network authentication|overloaded|server error|client error|error";
@@ -150,18 +261,34 @@ pub fn normalise(message: &str) -> String {
         (message, None)
     };
     let mut out = String::with_capacity(head.len() + tail.map_or(0, str::len) + 1);
+    // Bytes, not chars: ASCII is lowercased and its whitespace collapsed directly; a non-ASCII
+    // char is decoded only to ask whether it is whitespace, and is otherwise copied unchanged.
     let push = |s: &str, out: &mut String| {
         let mut space = out.ends_with(' ');
-        for c in s.chars() {
-            if c.is_whitespace() {
+        let b = s.as_bytes();
+        let mut i = 0;
+        while i < b.len() {
+            let (white, len) = if b[i] < 0x80 {
+                let white = matches!(b[i], b' ' | b'\t' | b'\n' | b'\x0b' | b'\x0c' | b'\r');
+                (white, 1)
+            } else {
+                let c = s[i..].chars().next().unwrap_or(' ');
+                (c.is_whitespace(), c.len_utf8())
+            };
+            if white {
                 if !space && !out.is_empty() {
                     out.push(' ');
                 }
                 space = true;
             } else {
-                out.push(c.to_ascii_lowercase());
+                if len == 1 {
+                    out.push(char::from(b[i].to_ascii_lowercase()));
+                } else {
+                    out.push_str(&s[i..i + len]);
+                }
                 space = false;
             }
+            i += len;
         }
     };
     push(head, &mut out);
@@ -186,41 +313,100 @@ fn verdict(r: &Rule) -> ErrorClassification {
     }
 }
 
+/// Rules whose verdict is a generic server-side failure: an exception named inside one decides.
+const SERVER_ERROR_RULES: &[&str] = &["jsonrpc_server_error", "grpc_status", "network"];
+
+/// An exception type named in the text (`ValueError:`, `java.lang.IllegalStateException(`), as
+/// servers wrap the exception that made them fail.
+static INNER_EXCEPTION: LazyLock<Regex> = LazyLock::new(|| {
+    #[allow(clippy::expect_used)]
+    Regex::new(&ascii_boundaries(
+        r"\b[a-z_][a-z0-9_.]*(?:error|exception)\b ?[:(]",
+    ))
+    .expect("built-in exception pattern compiles")
+});
+
+/// The last exception type named in `text` and the text after it, if any.
+fn inner_exception(text: &str) -> Option<(&str, &str)> {
+    let m = INNER_EXCEPTION.find_iter(text).last()?;
+    let name = m.as_str().trim_end_matches([':', '(', ' ']);
+    Some((name, &text[m.end()..]))
+}
+
+/// A server error's verdict, unless the exception it wraps is the agent's fault: then that one.
+fn unwrap_server_error(text: &str, outer: ErrorClassification) -> ErrorClassification {
+    let Some((name, rest)) = inner_exception(text) else {
+        return outer;
+    };
+    let inner = classify_normalised(Some(name), rest.trim_start(), false);
+    if inner.category == Strat {
+        ErrorClassification {
+            rule: format!("wrapped_{}", inner.rule),
+            ..inner
+        }
+    } else {
+        outer
+    }
+}
+
 /// Classifies one error by its type name (`TimeoutError`, `reqwest::Error`, ...) and message.
 ///
-/// Priority: context overflow, unknown tool, a named bad argument (even under a 5xx), rate
-/// limits and quotas, invalid credentials, then an explicit HTTP status, then protocol codes and
-/// phrases (JSON-RPC/MCP, gRPC, timeouts, DNS, TLS, network, database contention, schema and
-/// parse errors, not found, unsupported input, conflicts), then the type name, else unknown.
+/// Priority: context overflow, unknown tool, a missing executable or module (the environment),
+/// a 404 of the endpoint rather than a resource (no route, unknown session), a named bad
+/// argument (even under a 5xx), JSON-RPC codes of definite meaning, rate limits and quotas,
+/// invalid credentials, then an explicit HTTP status, then protocol codes and phrases (JSON-RPC/
+/// MCP, gRPC, timeouts, DNS, TLS, network, database contention, schema and parse errors, not
+/// found, unsupported input, conflicts), then the type name, else unknown. A 5xx or another
+/// generic server error that names the exception it wraps takes that exception's verdict when it
+/// is the agent's fault (`500: ValueError: invalid literal for int()` is a bad argument).
 pub fn classify_error(error_type: Option<&str>, message: &str) -> ErrorClassification {
-    let text = normalise(message);
-    if let Some(r) = BEFORE.first(&text) {
+    classify_normalised(error_type, &normalise(message), true)
+}
+
+/// [`classify_error`] on a normalised message; `unwrap` looks inside server errors (one level).
+fn classify_normalised(error_type: Option<&str>, text: &str, unwrap: bool) -> ErrorClassification {
+    let found = TABLES.scan(text);
+    if let Some(r) = TABLES.first(&found, Table::Before) {
         return verdict(r);
     }
-    if let Some(code) = http_status(&text) {
+    if let Some(code) = http_status(text) {
         let (category, error_class, confidence) = status_verdict(code);
-        return ErrorClassification {
+        let v = ErrorClassification {
             category,
             error_class,
             confidence,
             rule: format!("http_status_{code}"),
         };
+        return if unwrap && code >= 500 {
+            unwrap_server_error(text, v)
+        } else {
+            v
+        };
     }
-    if let Some(r) = AFTER.first(&text) {
-        return verdict(r);
+    if let Some(r) = TABLES.first(&found, Table::After) {
+        let v = verdict(r);
+        return if unwrap && SERVER_ERROR_RULES.contains(&r.name) {
+            unwrap_server_error(text, v)
+        } else {
+            v
+        };
     }
     let ty = error_type.map(normalise).unwrap_or_default();
     if !ty.is_empty() {
-        if let Some(r) = BEFORE.first(&ty).or_else(|| AFTER.first(&ty)) {
+        let in_ty = TABLES.scan(&ty);
+        if let Some(r) = TABLES
+            .first(&in_ty, Table::Before)
+            .or_else(|| TABLES.first(&in_ty, Table::After))
+        {
             let mut v = verdict(r);
             v.rule = format!("type_{}", r.name);
             return v;
         }
-        if let Some(r) = TYPES.first(&ty) {
+        if let Some(r) = TABLES.first(&in_ty, Table::Types) {
             return verdict(r);
         }
     }
-    if let Some(r) = TYPES.first(&text) {
+    if let Some(r) = TABLES.first(&found, Table::Types) {
         let mut v = verdict(r);
         v.confidence -= 0.1;
         return v;
@@ -247,9 +433,7 @@ mod tests {
             }
         }
         let _ = &*STATUS;
-        let _ = &*BEFORE;
-        let _ = &*AFTER;
-        let _ = &*TYPES;
+        let _ = &*TABLES;
     }
 
     #[test]
@@ -293,5 +477,84 @@ mod tests {
         assert_eq!((c.category, c.error_class), (Infra, Timeout));
         let c = classify_error(Some("TypeError"), "fetch failed");
         assert_eq!((c.category, c.error_class), (Infra, TransientNetwork));
+    }
+
+    #[test]
+    fn issue_57_kinds() {
+        // The environment lacks an executable or module: not the agent's arguments.
+        for (ty, m) in [
+            (None, "bash: yq: command not found"),
+            (Some("ModuleNotFoundError"), "No module named 'lxml'"),
+            (
+                None,
+                "exec: \"terraform\": executable file not found in $PATH",
+            ),
+        ] {
+            let c = classify_error(ty, m);
+            assert_eq!(
+                (c.category, c.error_class),
+                (Infra, DeterministicFailure),
+                "{m}"
+            );
+        }
+        // A 404 of the endpoint (router, gateway, session) is not a missing resource.
+        for m in [
+            "HTTP 404: no route matched",
+            "404: Session not found",
+            "Cannot POST /v9/run",
+        ] {
+            assert_eq!(classify_error(None, m).category, Infra, "{m}");
+        }
+        let c = classify_error(None, "HTTP 404: no such user 'bob'");
+        assert_eq!((c.category, c.error_class), (Strat, NotFound));
+        // A server error wrapping an argument error is the argument's fault; wrapping a network
+        // error, or naming no exception, it stays infrastructure.
+        let c = classify_error(None, "HTTP 500: ValueError: invalid literal for int(): 'x'");
+        assert_eq!((c.category, c.rule.as_str()), (Strat, "wrapped_schema"));
+        let c = classify_error(None, "HTTP 500: ConnectionError: connection refused");
+        assert_eq!(c.category, Infra);
+        assert_eq!(classify_error(None, "HTTP 500: boom").category, Infra);
+        // JSON-RPC codes of definite meaning outrank the transport's status.
+        let c = classify_error(None, r#"HTTP 500: {"error":{"code":-32601}}"#);
+        assert_eq!((c.category, c.error_class), (Strat, NotFound));
+        let c = classify_error(None, r#"HTTP 400: {"error":{"code":-32603}}"#);
+        assert_eq!(c.category, Strat, "the 400 decides a generic -32603");
+    }
+
+    #[test]
+    fn prefilter_agrees_with_trying_every_pattern() {
+        // On every training message (and a few edge cases) the first rule found through the
+        // literal prefilter is the first rule a plain scan of every pattern finds.
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/errors.jsonl");
+        let corpus = std::fs::read_to_string(path).unwrap();
+        let mut texts: Vec<String> = corpus
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                normalise(v["error_message"].as_str().unwrap())
+            })
+            .collect();
+        texts.extend(["", "x", "eof", "-32601", "tool"].map(String::from));
+        for (rules, table) in [
+            (BEFORE_STATUS, Table::Before),
+            (AFTER_STATUS, Table::After),
+            (TYPE_RULES, Table::Types),
+        ] {
+            let plain: Vec<Vec<Regex>> = rules
+                .iter()
+                .map(|r| {
+                    let ps = r.patterns.iter();
+                    ps.map(|p| Regex::new(&ascii_boundaries(p)).unwrap())
+                        .collect()
+                })
+                .collect();
+            for t in &texts {
+                let want = (rules.iter().zip(&plain))
+                    .find(|(_, res)| res.iter().any(|re| re.is_match(t)))
+                    .map(|(r, _)| r.name);
+                let got = TABLES.first(&TABLES.scan(t), table).map(|r| r.name);
+                assert_eq!(got, want, "{t}");
+            }
+        }
     }
 }
