@@ -39,12 +39,10 @@ fn write_config(dir: &Path, shared: bool) -> PathBuf {
     let file = dir.join("hindsight.toml");
     let text = format!(
         r#"data_dir = "{data}"
+seed = 42
 
 [store]
 durability = "immediate"
-
-[policy]
-seed = 42
 
 [api]
 listen = "127.0.0.1:0"
