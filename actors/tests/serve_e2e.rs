@@ -2,33 +2,19 @@
 //! tree. Every route, tenant isolation (runs, SOPs, memory), bad bodies, missing and wrong keys,
 //! graceful shutdown on SIGTERM (exit 0) and the runs still there after a restart.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::Duration;
 
+mod daemon_support;
+
+use daemon_support::{Daemon, start, terminate};
 use hindsight::config::hash_key;
 use hindsight_actors::api::ROUTES;
 use serde_json::{Value, json};
 
 const KEY_A: &str = "acme-secret-token";
 const KEY_B: &str = "globex-secret-token";
-
-/// A running daemon; killed if a test fails before it is stopped.
-struct Daemon {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
 
 fn write_config(dir: &Path) -> std::path::PathBuf {
     let file = dir.join("hindsight.toml");
@@ -74,45 +60,6 @@ level = "warn"
     file
 }
 
-/// Starts `hindsight serve --config FILE` and waits (bounded) for its address line.
-fn start(config: &Path, log: &Path) -> Daemon {
-    let stderr = std::fs::File::create(log).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hindsight"))
-        .arg("serve")
-        .arg("--config")
-        .arg(config)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(stderr))
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    let line = rx
-        .recv_timeout(Duration::from_secs(120))
-        .unwrap_or_else(|_| {
-            panic!(
-                "the daemon printed no address: {}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            )
-        });
-    let base = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| {
-            panic!(
-                "unexpected first line `{line}`; log: {}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            )
-        })
-        .to_string();
-    Daemon { child, base }
-}
-
 fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
@@ -154,23 +101,6 @@ async fn post(c: &reqwest::Client, d: &Daemon, path: &str, key: &str, body: Valu
 
 async fn get(c: &reqwest::Client, d: &Daemon, path: &str, key: &str) -> (u16, Value) {
     call(c, d, "GET", path, Some(key), None).await
-}
-
-/// Sends SIGTERM and waits (bounded) for the exit; returns whether it exited 0.
-fn terminate(mut d: Daemon) -> bool {
-    let pid = d.child.id().to_string();
-    let status = Command::new("kill")
-        .args(["-TERM", pid.as_str()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -TERM {pid} failed");
-    for _ in 0..300 {
-        if let Some(status) = d.child.try_wait().unwrap() {
-            return status.success();
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("the daemon did not exit within 30 s of SIGTERM");
 }
 
 fn field(body: &Value) -> &str {

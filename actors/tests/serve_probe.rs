@@ -4,12 +4,13 @@
 //! duplicate `Authorization` headers, malformed JSON and the tenant names `config check` takes.
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::Duration;
 
+mod daemon_support;
+
+use daemon_support::{Daemon, terminate};
 use hindsight::config::hash_key;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -17,21 +18,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 const KEY_A: &str = "acme-secret-token";
 const KEY_B: &str = "globex-secret-token";
 const KEY_OPS: &str = "operator-secret-token";
-
-/// A running daemon; killed if a test fails before it is stopped.
-struct Daemon {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
 
 /// A configuration of three tenants: `acme` and `globex` (plain keys) and `ops` (a key with the
 /// `policy_update` right); `shared` sets `api.shared_learning`.
@@ -75,45 +61,9 @@ level = "warn"
     file
 }
 
-/// Starts `hindsight serve --config FILE` and waits (bounded) for its address line.
+/// Starts the daemon on `config`, its log beside it.
 fn start(config: &Path) -> Daemon {
-    let log = config.with_extension("log");
-    let stderr = std::fs::File::create(&log).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hindsight"))
-        .arg("serve")
-        .arg("--config")
-        .arg(config)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(stderr))
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    let line = rx
-        .recv_timeout(Duration::from_secs(120))
-        .unwrap_or_else(|_| panic!("no address: {}", std::fs::read_to_string(&log).unwrap()));
-    let base = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line `{line}`"))
-        .to_string();
-    Daemon { child, base }
-}
-
-/// Sends SIGTERM and waits for the exit; returns whether it exited 0.
-fn terminate(mut d: Daemon) -> bool {
-    let pid = d.child.id().to_string();
-    let status = Command::new("kill")
-        .args(["-TERM", pid.as_str()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -TERM {pid} failed");
-    d.child.wait().unwrap().success()
+    daemon_support::start(config, &config.with_extension("log"))
 }
 
 fn client() -> reqwest::Client {
