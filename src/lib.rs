@@ -20,3 +20,12 @@ pub mod triage;
 
 pub use record::*;
 pub use taxonomy::*;
+
+/// The text of a caught panic's payload (`panic!` with a literal or a formatted message).
+pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())
+        .unwrap_or("no message")
+}

@@ -403,11 +403,7 @@ impl Store {
             },
         ));
         let db = opened.unwrap_or_else(|panic| {
-            let what = panic
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| panic.downcast_ref::<&str>().copied())
-                .unwrap_or("no message");
+            let what = crate::panic_text(panic.as_ref());
             Err(open_err(format!(
                 "the file is damaged: reading it failed inside redb ({what})"
             )))

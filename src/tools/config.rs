@@ -76,6 +76,7 @@ pub struct ToolsConfig {
     pub mcp: Vec<McpServerConfig>,
     /// Simulated environment files (relative paths from the working directory).
     pub sim_envs: Vec<PathBuf>,
-    /// The seed of the simulated tools.
+    /// The seed of the simulated tools a [`Toolbox`](crate::tools::Toolbox) loads (a tree
+    /// seeds its workflow's tools with its own seed).
     pub sim_seed: u64,
 }

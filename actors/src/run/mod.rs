@@ -286,7 +286,7 @@ pub fn spawn_driver(ctx: Arc<TreeCtx>, run: Run, task: Task, resume: bool) {
             Err(join) if join.is_panic() => {
                 let reason = format!(
                     "the driver of run {run_id} panicked: {}",
-                    panic_message(join.into_panic().as_ref())
+                    hindsight::panic_text(join.into_panic().as_ref())
                 );
                 tracing::error!(run_id = %run_id, "{reason}; the run ends failed");
                 RunOutcome::rejected(&ended, reason)
@@ -318,17 +318,6 @@ pub fn spawn_driver(ctx: Arc<TreeCtx>, run: Run, task: Task, resume: bool) {
             }
         }
     });
-}
-
-/// The text of a panic's payload (`panic!` with a literal or a formatted message).
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic without a message".to_string()
-    }
 }
 
 /// Errors that end a driver early (the run then ends failed, with this reason).
