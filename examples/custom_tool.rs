@@ -14,6 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use hindsight::Task;
+use hindsight::run::workflow::{OutputCheck, WorkflowArm, WorkflowStage};
 use hindsight::store::Durability;
 use hindsight::taxonomy::{ErrorClass, FailureCategory};
 use hindsight::tools::sim::RewardConfig;
@@ -22,7 +23,6 @@ use hindsight::tools::{
 };
 use hindsight_actors::policy::PolicyMsg;
 use hindsight_actors::runtime::{Runtime, RuntimeOptions, WorkflowSource};
-use hindsight_actors::workflow::{OutputCheck, WorkflowArm, WorkflowStage};
 use serde_json::{Map, Value, json};
 
 /// Any error of the example.

@@ -18,9 +18,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hindsight::learn::adaptive::AdaptiveConfig;
-use hindsight::learn::bandit::{Policy, PolicyConfig};
+use hindsight::learn::bandit::PolicyConfig;
 use hindsight::learn::distill::DistillConfig;
 use hindsight::learn::sop::SopConfig;
+use hindsight::run::workflow::Workflow;
 use hindsight::store::{Durability, KvTable, Store, StoreOptions};
 use hindsight::tools::sim::SimEnv;
 use hindsight::tools::{ToolRegistry, ToolRunner, VirtualClock};
@@ -33,12 +34,10 @@ use hindsight_actors::plugin::{
 use hindsight_actors::policy::PolicyMsg;
 use hindsight_actors::reflect_retry::{ReflectRetryConfig, default_validator};
 use hindsight_actors::run::RunOutcome;
-use hindsight_actors::runtime::{reward_params, stage_arms};
 use hindsight_actors::supervisor::{
     ChildSpec, ChildState, Strategy, Supervisor, SupervisorOptions,
 };
 use hindsight_actors::tree::{self, TreeConfig, TreeSpec};
-use hindsight_actors::workflow::Workflow;
 use hindsight_actors::workload::sim_task;
 use serde::{Deserialize, Serialize};
 
@@ -150,11 +149,7 @@ fn build_tree(store: &Store, env: &SimEnv, seed: u64) -> Result<tree::Tree, BoxE
     }
     let registry = Arc::new(registry);
     let workflow = Arc::new(Workflow::from_sim(&env, &registry)?);
-    let policy_config = PolicyConfig {
-        reward: reward_params(workflow.reward_config()),
-        ..PolicyConfig::default()
-    };
-    let policy = Policy::new(policy_config, stage_arms(&workflow))?;
+    let policy = workflow.policy(PolicyConfig::default())?;
     // Simulated tools report virtual latency, so backoff waits are virtual too.
     let runner = Arc::new(
         ToolRunner::new(registry, Arc::new(VirtualClock::new()), seed)

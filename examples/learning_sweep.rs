@@ -1,15 +1,15 @@
-//! Measures the learning core (the policy, its fallbacks and the distilled ranker, without the
-//! actors) on many simulated environments and seeds at once: the quick way to see what a
-//! `[policy]` setting does across a family of environments before the tree is run on them
-//! (`hindsight bench learning --runs`), about five times faster per run.
+//! Measures learning on many simulated environments and seeds at once, each run on the core's
+//! interpreter of the run machine (`hindsight bench learning --engine core`: the tree's decisions
+//! at one task in flight, without actors or a store), runs in parallel over the cores: the quick
+//! way to see what a `[policy]` setting does across a family of environments before the tree is
+//! run on them (`hindsight bench learning --runs`).
 //!
 //! `cargo run --release --example learning_sweep -- [--seeds 1-4] [--tasks 1000]
-//! [--config FILE] [--fallbacks 3] [--delay 3] [--quiet] ENV.toml...`
+//! [--config FILE] [--quiet] ENV.toml...`
 //!
 //! Each run learns from nothing with the embedded defaults, or with `--config FILE`'s `[policy]`,
-//! `[distill]` and `[adaptive]` sections as the daemon would. Stages retry with up to `--fallbacks` other
-//! arms (as the tree's replans do) and outcomes are learned `--delay` tasks late (as with four
-//! tasks in flight). It prints each run's regret ratio and drifted-tasks-after-recovery figure
+//! `[distill]`, `[adaptive]` and `[triage]` sections as the daemon would. It prints each run's
+//! regret ratio and drifted-tasks-after-recovery figure
 //! (unless `--quiet`), the environments whose mean of either is above 0.2, and the means with
 //! the count of runs above 0.2. For example, with environments from the `random_env` example:
 //! `cargo run --release --example random_env -- /tmp/envs 1 12 --wide`, then this on
@@ -22,19 +22,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use hindsight::config::Config;
-use hindsight::learn::sim_run::{SimRunConfig, run_learning_with};
 use hindsight::tools::sim::SimEnv;
-use hindsight_actors::backend::apply_learning;
-use hindsight_actors::runtime::RuntimeOptions;
+use hindsight_actors::bench::{self, Engine, LearningPlan, LearningSettings};
 
-const USAGE: &str = "usage: learning_sweep [--seeds A-B] [--tasks N] [--config FILE] [--fallbacks N] [--delay N] [--quiet] ENV.toml...";
+const USAGE: &str =
+    "usage: learning_sweep [--seeds A-B] [--tasks N] [--config FILE] [--quiet] ENV.toml...";
 
 /// What to run.
 struct Args {
     seeds: (u64, u64),
     tasks: u64,
     config: Option<PathBuf>,
-    sim: SimRunConfig,
     quiet: bool,
     envs: Vec<PathBuf>,
 }
@@ -44,11 +42,6 @@ fn parse_args() -> Result<Args, Box<dyn Error>> {
         seeds: (1, 4),
         tasks: 1000,
         config: None,
-        sim: SimRunConfig {
-            stage_fallbacks: 3,
-            feedback_delay: 3,
-            ..SimRunConfig::default()
-        },
         quiet: false,
         envs: Vec::new(),
     };
@@ -66,8 +59,6 @@ fn parse_args() -> Result<Args, Box<dyn Error>> {
             }
             "--tasks" => args.tasks = value("--tasks")?.parse()?,
             "--config" => args.config = Some(value("--config")?.into()),
-            "--fallbacks" => args.sim.stage_fallbacks = value("--fallbacks")?.parse()?,
-            "--delay" => args.sim.feedback_delay = value("--delay")?.parse()?,
             "--quiet" => args.quiet = true,
             flag if flag.starts_with("--") => return Err(format!("{flag}? {USAGE}").into()),
             env => args.envs.push(env.into()),
@@ -110,17 +101,13 @@ fn sweep() -> Result<(), Box<dyn Error>> {
         Some(path) => Some(Config::load(Some(path.as_path()))?),
         None => None,
     };
+    let settings = config
+        .as_ref()
+        .zip(args.config.as_deref())
+        .map(|(config, file)| LearningSettings { config, file });
     let mut envs = Vec::new();
     for path in &args.envs {
-        let env = SimEnv::load(path)?;
-        // The policy the tree would learn with on this environment.
-        let mut opts = RuntimeOptions::new(".", env.clone());
-        if let Some(c) = &config {
-            apply_learning(c, &mut opts);
-        }
-        let mut sim = args.sim.clone();
-        sim.distill = opts.distill.clone();
-        envs.push((path.clone(), env, opts.policy.clone(), sim));
+        envs.push((path.clone(), SimEnv::load(path)?));
     }
     let mut jobs: Vec<(usize, u64)> = (0..envs.len())
         .flat_map(|e| (args.seeds.0..=args.seeds.1).map(move |s| (e, s)))
@@ -135,12 +122,27 @@ fn sweep() -> Result<(), Box<dyn Error>> {
                 // The guard is moved into the closure and dropped there: the lock is held
                 // for the pop only.
                 while let Some((e, seed)) = jobs.lock().ok().and_then(|mut j| j.pop()) {
-                    let (path, env, policy, sim) = &envs[e];
-                    let r = run_learning_with(env, policy.clone(), sim, args.tasks, seed)
+                    let (path, env) = &envs[e];
+                    let plan = LearningPlan {
+                        tasks: args.tasks,
+                        seed,
+                        concurrency: 1,
+                        engine: Engine::Core,
+                        keep: None,
+                        settings,
+                    };
+                    let r = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .map_err(|err| err.to_string())
+                        .and_then(|rt| {
+                            rt.block_on(bench::learning(env, plan))
+                                .map_err(|err| err.to_string())
+                        })
                         .map(|(r, _)| RunResult {
                             env: path.display().to_string(),
                             seed,
-                            regret_ratio: r.regret_ratio,
+                            regret_ratio: r.summary.regret_ratio,
                             drift_after: r.drift.map(|d| d.regret_ratio_after_recovery),
                         })
                         .map_err(|err| format!("{} seed {seed}: {err}", path.display()));

@@ -13,6 +13,7 @@ pub mod learn;
 pub mod memory;
 pub mod model;
 pub mod record;
+pub mod run;
 pub mod store;
 pub mod taxonomy;
 pub mod tools;

@@ -4,55 +4,31 @@
 
 use std::path::PathBuf;
 
-use hindsight::learn::PolicyConfig;
+use hindsight::ExperienceTuple;
 use hindsight::learn::bandit::{Policy, PolicySnapshot};
 use hindsight::learn::distill::{EvaluationConfig, evaluate_log};
 use hindsight::learn::ope::Objective;
-use hindsight::learn::sim_run::{SimRunConfig, run_learning_with};
 use hindsight::store::{Durability, KvTable, Store, StoreOptions};
 use hindsight::tools::sim::SimEnv;
-use hindsight::{ExperienceTuple, RunResult, RunState};
-
-fn tuples(trace: &[hindsight::learn::sim_run::TaskTrace]) -> Vec<ExperienceTuple> {
-    trace
-        .iter()
-        .map(|t| ExperienceTuple {
-            run_id: format!("run-{}", t.task),
-            task_id: format!("task-{}", t.task),
-            plan_id: t.plan.join(","),
-            user_id: None,
-            context_features: t.features.clone(),
-            arms: t.arms.clone(),
-            steps: vec![],
-            result: RunResult {
-                state: if t.passed {
-                    RunState::Succeeded
-                } else {
-                    RunState::Failed
-                },
-                passed: t.passed,
-                output: None,
-                latency_ms: 0.0,
-                cost: 0.0,
-                attempts: 1,
-            },
-            reward: t.reward,
-            user_feedback: None,
-            time_ms: t.task,
-        })
-        .collect()
-}
+use hindsight_actors::runtime::RuntimeOptions;
+use hindsight_actors::workload::{record_of, sim_task, summarize};
 
 #[tokio::test]
 async fn the_log_and_the_policy_survive_a_restart_and_are_evaluated() {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("config/envs/bank_statements.toml");
     let env = SimEnv::load(&path).unwrap();
-    let cfg = SimRunConfig {
-        trace: true,
-        ..SimRunConfig::default()
-    };
-    let (report, policy) = run_learning_with(&env, PolicyConfig::default(), &cfg, 600, 4).unwrap();
-    let log = tuples(&report.trace);
+    let mut opts = RuntimeOptions::new("", env.clone());
+    opts.seed = 4;
+    let mut local = hindsight_actors::bench::core_runner(&env, opts).unwrap();
+    let mut records = Vec::new();
+    for i in 0..600 {
+        let task = sim_task(&env, 4, i);
+        let outcome = local.run(task.clone()).await.unwrap();
+        records.push(record_of(&env, i, &task, &outcome));
+    }
+    let report = summarize(&env, &records, 0);
+    let log = local.experiences().to_vec();
+    let policy = local.planner().policy.clone();
 
     let dir = tempfile::tempdir().unwrap();
     {
@@ -88,7 +64,7 @@ async fn the_log_and_the_policy_survive_a_restart_and_are_evaluated() {
     let live = Policy::restore(snap).unwrap();
     assert_eq!(live.snapshot(), policy.snapshot());
     let (mut r1, mut r2) = (fastrand::Rng::with_seed(1), fastrand::Rng::with_seed(1));
-    let f = &report.trace[0].features;
+    let f = &records[0].features;
     assert_eq!(live.choose(f, &mut r1), policy.choose(f, &mut r2));
 
     // The trace's rows carry no steps, so they are evaluated on what each run earned.

@@ -10,16 +10,18 @@
 #[path = "../examples/random_env.rs"]
 mod random_env;
 
-use hindsight::learn::PolicyConfig;
-use hindsight::learn::sim_run::run_learning;
 use hindsight::tools::sim::SimEnv;
+
+mod common;
+use common::core_learning::learn as learn_core;
 
 /// Runs 1,000 tasks of random environment `env_seed` with run seed 1: `(stages, regret ratio)`.
 fn learn(env_seed: u64) -> (usize, f64) {
     let text = random_env::generate(env_seed);
     let env = SimEnv::parse(&text, &format!("random-{env_seed}.toml"))
         .unwrap_or_else(|e| panic!("random environment {env_seed} does not parse: {e}\n{text}"));
-    let r = run_learning(&env, PolicyConfig::default(), 1000, 1).unwrap();
+    let (b, _) = learn_core(&env, 1000, 1);
+    let r = &b.summary;
     eprintln!(
         "random-{env_seed}: {} stages, regret ratio {:.3}, oracle {:.3}, random {:.3}",
         env.stages().len(),
@@ -27,8 +29,8 @@ fn learn(env_seed: u64) -> (usize, f64) {
         r.oracle_mean_reward,
         r.random_mean_reward
     );
-    assert_eq!(r.infra_failures_learned_from, 0);
-    assert!(r.infra_failures_seen > 0, "random-{env_seed} has faults");
+    assert_eq!(b.infra_failures_learned_from, 0);
+    assert!(b.infra_failures_ignored > 0, "random-{env_seed} has faults");
     (env.stages().len(), r.regret_ratio)
 }
 
@@ -104,10 +106,10 @@ fn many_features_do_not_cost_the_bar() {
             .map(|noise| {
                 scope.spawn(move || {
                     let env = bank_with_noise(noise);
-                    let r = run_learning(&env, PolicyConfig::default(), 1000, 1).unwrap();
+                    let (r, _) = learn_core(&env, 1000, 1);
                     assert_eq!(r.infra_failures_learned_from, 0);
                     let drift = r.drift.map_or(f64::NAN, |d| d.regret_ratio_after_recovery);
-                    (noise, r.regret_ratio, drift)
+                    (noise, r.summary.regret_ratio, drift)
                 })
             })
             .collect();

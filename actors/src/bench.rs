@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use hindsight::learn::sim_run::{DriftRecovery, DriftTracker};
+use crate::drift::{DriftRecovery, DriftTracker};
 use hindsight::store::Durability;
 use hindsight::tools::sim::SimEnv;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -208,6 +208,8 @@ pub struct LearningBench {
     /// The workload's KPIs.
     #[serde(flatten)]
     pub summary: Summary,
+    /// The interpreter the tasks ran on.
+    pub engine: Engine,
     /// SOPs promoted to stable during the workload.
     pub sops_promoted: u64,
     /// Share of first attempts that repeated a strategy error the same task cluster had already
@@ -239,20 +241,99 @@ pub struct LearningSettings<'a> {
     pub file: &'a Path,
 }
 
-/// Runs `tasks` tasks of `env` through a fresh tree (durability off: the bench measures learning,
-/// not the disk) and returns the KPIs and every task's record. The tree's store is a temporary
-/// directory, or `keep` (which must be new or empty) when the store is wanted afterwards. The
-/// tree learns with the embedded defaults, or with `settings` when given.
+/// Which interpreter of the run machine runs the learning bench's tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Engine {
+    /// The core's interpreter: one task after another in this process, without actors or a
+    /// store (fast; the same decisions as the tree with one task in flight).
+    Core,
+    /// The supervision tree, with its actors and store: what the daemon runs.
+    #[default]
+    Tree,
+}
+
+/// How `hindsight bench learning` runs: the tasks, the seed, the engine and its settings.
+#[derive(Debug, Clone, Copy)]
+pub struct LearningPlan<'a> {
+    /// Tasks to run.
+    pub tasks: u64,
+    /// Seed of the tasks and of every choice.
+    pub seed: u64,
+    /// Tasks in flight at once (the core engine runs one at a time).
+    pub concurrency: usize,
+    /// The interpreter.
+    pub engine: Engine,
+    /// Keep the tree's store in this new or empty directory.
+    pub keep: Option<&'a Path>,
+    /// Learning settings other than the embedded defaults.
+    pub settings: Option<LearningSettings<'a>>,
+}
+
+/// What a learning run leaves besides its task records.
+struct Learned {
+    records: Vec<TaskRecord>,
+    infra_learned: u64,
+    infra_ignored: u64,
+    ranker: crate::policy::DistillStatus,
+    sops_promoted: u64,
+    restarts: u64,
+}
+
+/// Runs `plan.tasks` tasks of `env` on a fresh engine and returns the KPIs and every task's
+/// record. The tree runs on a temporary store (durability off: the bench measures learning, not
+/// the disk), or on `plan.keep` (which must be new or empty) when the store is wanted afterwards.
+/// Both engines learn with the embedded defaults, or with `plan.settings` when given.
 pub async fn learning(
     env: &SimEnv,
-    tasks: u64,
-    seed: u64,
-    concurrency: usize,
-    keep: Option<&Path>,
-    settings: Option<LearningSettings<'_>>,
+    plan: LearningPlan<'_>,
 ) -> Result<(LearningBench, Vec<TaskRecord>), RuntimeError> {
+    let t = Instant::now();
+    let learned = match plan.engine {
+        Engine::Tree => learn_on_tree(env, &plan).await?,
+        Engine::Core => learn_on_core(env, &plan).await?,
+    };
+    let seconds = t.elapsed().as_secs_f64();
+    let records = learned.records;
+    let mut summary = workload::summarize(env, &records, learned.restarts);
+    summary.ranker = Some(learned.ranker);
+    let repeat_error_rate = repeat_error_rate(&records);
+    let mut drift = DriftTracker::new(env, RECOVERY_TASKS);
+    for r in &records {
+        drift.add(r.task, &r.features, r.regret(), r.random_regret());
+    }
+    let drift = drift.finish(plan.tasks);
+    Ok((
+        LearningBench {
+            summary,
+            engine: plan.engine,
+            sops_promoted: learned.sops_promoted,
+            repeat_error_rate,
+            infra_failures_learned_from: learned.infra_learned,
+            infra_failures_ignored: learned.infra_ignored,
+            drift,
+            seconds,
+            config: plan.settings.map(|s| s.file.display().to_string()),
+        },
+        records,
+    ))
+}
+
+/// The runtime options of a learning run on `dir`.
+fn learning_options(env: &SimEnv, dir: &Path, plan: &LearningPlan<'_>) -> RuntimeOptions {
+    let mut opts = RuntimeOptions::new(dir, env.clone());
+    opts.durability = Durability::None;
+    opts.seed = plan.seed;
+    if let Some(s) = plan.settings {
+        crate::backend::apply_learning(s.config, &mut opts);
+    }
+    opts
+}
+
+/// The learning run on a fresh tree.
+async fn learn_on_tree(env: &SimEnv, plan: &LearningPlan<'_>) -> Result<Learned, RuntimeError> {
     let temp;
-    let dir = match keep {
+    let dir = match plan.keep {
         Some(dir) => {
             let occupied = std::fs::read_dir(dir)
                 .map(|mut entries| entries.next().is_some())
@@ -270,16 +351,16 @@ pub async fn learning(
             temp.path()
         }
     };
-    let mut opts = RuntimeOptions::new(dir, env.clone());
-    opts.durability = Durability::None;
-    opts.seed = seed;
-    if let Some(s) = settings {
-        crate::backend::apply_learning(s.config, &mut opts);
-    }
-    let rt = Runtime::start(opts).await?;
-    let t = Instant::now();
-    let records = workload::run_tasks(&rt, env, seed, tasks, concurrency, |_| {}).await?;
-    let seconds = t.elapsed().as_secs_f64();
+    let rt = Runtime::start(learning_options(env, dir, plan)).await?;
+    let records = workload::run_tasks(
+        &rt,
+        env,
+        plan.seed,
+        plan.tasks,
+        plan.concurrency.max(1),
+        |_| {},
+    )
+    .await?;
     let stats = rt
         .ctx()
         .dir
@@ -293,27 +374,101 @@ pub async fn learning(
     let sops_promoted = crate::policy::sops_promoted(rt.store())?;
     let restarts = rt.restarts();
     rt.shutdown().await;
-    let mut summary = workload::summarize(env, &records, restarts);
-    summary.ranker = Some(ranker);
-    let repeat_error_rate = repeat_error_rate(&records);
-    let mut drift = DriftTracker::new(env, RECOVERY_TASKS);
-    for r in &records {
-        drift.add(r.task, &r.features, r.regret(), r.random_regret());
-    }
-    let drift = drift.finish(tasks);
-    Ok((
-        LearningBench {
-            summary,
-            sops_promoted,
-            repeat_error_rate,
-            infra_failures_learned_from: stats.infra_learned,
-            infra_failures_ignored: stats.infra_ignored,
-            drift,
-            seconds,
-            config: settings.map(|s| s.file.display().to_string()),
-        },
+    Ok(Learned {
         records,
+        infra_learned: stats.infra_learned,
+        infra_ignored: stats.infra_ignored,
+        ranker,
+        sops_promoted,
+        restarts,
+    })
+}
+
+/// The core's interpreter of the run machine on `env`'s tasks, built from `opts` as
+/// [`Runtime::start`] builds the tree (the same tools, seeds, policy, rules and ReflectRetry), for
+/// benchmarks and sweeps that run tasks one after another without actors or a store.
+pub fn core_runner(
+    env: &SimEnv,
+    opts: RuntimeOptions,
+) -> Result<hindsight::run::local::LocalRunner, RuntimeError> {
+    let mut registry = hindsight::tools::ToolRegistry::new();
+    crate::runtime::register_sim_tools(&mut registry, env, opts.seed)?;
+    let registry = std::sync::Arc::new(registry);
+    let workflow = std::sync::Arc::new(hindsight::run::Workflow::from_sim(
+        &env.clone().with_seed(opts.seed),
+        &registry,
+    )?);
+    opts.distill.validate()?;
+    let planner = hindsight::learn::planner::Planner::new(
+        workflow.policy(opts.policy)?,
+        hindsight::learn::sop::SopBook::new(opts.sop),
+        hindsight::learn::distill::Distiller::new(opts.distill),
+        0,
+        Default::default(),
+        Default::default(),
+        opts.seed,
+    );
+    let runner = hindsight::tools::ToolRunner::new(
+        registry,
+        std::sync::Arc::new(hindsight::tools::VirtualClock::new()),
+        opts.seed,
+    );
+    let rules = opts.tree.rules.for_workflow(&workflow);
+    Ok(hindsight::run::local::LocalRunner::new(
+        workflow,
+        runner,
+        rules,
+        planner,
+        opts.reflect_retry,
+        opts.validator,
     ))
+}
+
+/// The learning run on the core's interpreter.
+async fn learn_on_core(env: &SimEnv, plan: &LearningPlan<'_>) -> Result<Learned, RuntimeError> {
+    if plan.keep.is_some() {
+        return Err(RuntimeError::Rejected(
+            "--keep keeps the tree's store, and the core engine has none: give --engine tree"
+                .to_string(),
+        ));
+    }
+    if plan.concurrency > 1 {
+        return Err(RuntimeError::Rejected(format!(
+            "the core engine runs one task at a time, not {}: give --concurrency 1 or --engine tree",
+            plan.concurrency
+        )));
+    }
+    let mut local = core_runner(env, learning_options(env, Path::new(""), plan))?;
+    let mut records = Vec::with_capacity(plan.tasks as usize);
+    for index in 0..plan.tasks {
+        let task = workload::sim_task(env, plan.seed, index);
+        let outcome = local
+            .run(task.clone())
+            .await
+            .map_err(|e| RuntimeError::Rejected(e.to_string()))?;
+        records.push(workload::record_of(env, index, &task, &outcome));
+    }
+    let planner = local.planner();
+    let d = &planner.distiller;
+    Ok(Learned {
+        records,
+        infra_learned: planner.policy.infra_learned(),
+        infra_ignored: planner.policy.infra_ignored(),
+        ranker: crate::policy::DistillStatus {
+            fits: d.fits,
+            promotions: d.promotions,
+            in_force: d.active.is_some(),
+            ranked_choices: planner.ranked_choices(),
+            last: d.last.clone(),
+        },
+        sops_promoted: planner
+            .sops
+            .sops
+            .iter()
+            .filter(|s| s.status != hindsight::SopStatus::Candidate)
+            .count() as u64,
+        restarts: 0,
+    })
 }
 
 /// The bar on the learning bench: a run's regret ratio at most this.

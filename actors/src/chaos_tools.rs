@@ -12,7 +12,7 @@ use hindsight::{ErrorClass, FailureCategory};
 use crate::chaos::{ActorFault, ChaosHandle, ChaosPlan};
 use crate::chaos_hook::{FaultDecider, InjectedFault};
 use crate::runtime::RuntimeError;
-use crate::workflow::stable_hash;
+use hindsight::run::workflow::stable_hash;
 
 /// Loads a fault plan; errors name the file and the key.
 pub fn load(path: &Path) -> Result<ChaosPlan, RuntimeError> {

@@ -67,18 +67,7 @@ pub fn read_outcome(
 /// What a caller is told when its task could not be run at all.
 pub type SubmitResult = Result<RunOutcome, String>;
 
-/// Changes a driver asks for along with a transition.
-#[derive(Debug, Clone, Default)]
-pub struct RunPatch {
-    /// Attempts started so far.
-    pub attempts: Option<u32>,
-    /// The plan in force.
-    pub plan_id: Option<String>,
-    /// The SOP in force.
-    pub sop_id: Option<String>,
-    /// Why the run ended.
-    pub reason: Option<String>,
-}
+pub use hindsight::run::RunPatch;
 
 /// Messages of the orchestrator.
 pub enum OrchestratorMsg {
@@ -502,7 +491,7 @@ impl OrchestratorState {
         let mut forget = Vec::new();
         for attempt in 0..=outcome.attempts {
             for stage in self.ctx.workflow.stages() {
-                let key = crate::run::idempotency_key(&run_id, attempt, &stage.name);
+                let key = hindsight::store::idempotency::call_key(&run_id, attempt, &stage.name);
                 forget.push(WriteOp::delete_idempotent(&key));
             }
         }

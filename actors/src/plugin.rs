@@ -11,78 +11,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hindsight::{ErrorClass, Task};
+use hindsight::Task;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use serde::{Deserialize, Serialize};
 
 use crate::chaos_hook::ChaosHook;
 use crate::directory::Slot;
 use crate::supervisor::ChildSpec;
 
-/// Something that happened during a run, as plugins see it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "event", rename_all = "snake_case")]
-pub enum RunEvent {
-    /// A stage's tool call finished well.
-    StepSucceeded {
-        /// The stage.
-        stage: String,
-        /// The tool.
-        tool: String,
-    },
-    /// A stage's tool call failed.
-    Error {
-        /// The stage.
-        stage: String,
-        /// The tool.
-        tool: String,
-        /// The class of the error.
-        class: ErrorClass,
-        /// The message.
-        message: String,
-    },
-    /// Validation passed or failed.
-    Validation {
-        /// Whether the output passed.
-        passed: bool,
-        /// Why not, when it did not.
-        reason: Option<String>,
-    },
-    /// The triage loop chose a recovery.
-    Recovery {
-        /// The failure type.
-        failure: String,
-        /// The action kind.
-        action: String,
-    },
-}
-
-/// What a run looks like to `after_run`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RunReport {
-    /// The run.
-    pub run_id: String,
-    /// The 1-based round of ReflectRetry this report closes.
-    pub round: u32,
-    /// Whether the run passed validation.
-    pub passed: bool,
-    /// Everything that happened in this round.
-    pub events: Vec<RunEvent>,
-}
-
-/// A plugin's answer to a finished run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub enum Verdict {
-    /// Let the result stand.
-    Accept,
-    /// Send the run back to the orchestrator with this reflection in its context.
-    Retry {
-        /// Which retry this is (1-based).
-        attempt: u32,
-        /// The reflection message.
-        reflection: String,
-    },
-}
+pub use hindsight::run::{RunEvent, RunReport, Verdict};
 
 /// Error a plugin callback may return; it is logged, never fails the run.
 pub type PluginError = Box<dyn std::error::Error + Send + Sync>;

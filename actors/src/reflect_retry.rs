@@ -2,44 +2,16 @@
 //! its validator says `Err(reason)`, sends it back to the orchestrator with a reflection message,
 //! up to `max_retries` times per run. Retry counts are persisted before each verdict.
 
-use std::sync::Arc;
-
 use hindsight::store::{KvTable, Store};
 
-use crate::plugin::{Plugin, PluginError, RunEvent, RunReport, Verdict};
+use crate::plugin::{Plugin, PluginError, RunReport, Verdict};
 
 /// The table holding each run's retry count.
 pub const RETRY_COUNTS: KvTable = KvTable::new("reflect_retry_counts");
 
 pub use hindsight::config::{DEFAULT_REFLECT_TEMPLATE as DEFAULT_TEMPLATE, ReflectRetryConfig};
 
-/// Judges a finished run by its events: `Ok(())` or `Err(reason)`.
-pub type RunValidator = Arc<dyn Fn(&[RunEvent]) -> Result<(), String> + Send + Sync>;
-
-/// The default validator: the run's last validation, if it failed, is an error with its reason
-/// (an earlier failure that a recovery fixed is not).
-pub fn default_validator() -> RunValidator {
-    Arc::new(|events: &[RunEvent]| {
-        let last = events.iter().rev().find_map(|e| match e {
-            RunEvent::Validation { passed, reason } => Some((*passed, reason.clone())),
-            _ => None,
-        });
-        match last {
-            Some((false, reason)) => {
-                Err(reason.unwrap_or_else(|| "the output failed validation".to_string()))
-            }
-            _ => Ok(()),
-        }
-    })
-}
-
-/// Fills the template.
-pub fn render_reflection(template: &str, attempt: u32, max: u32, reason: &str) -> String {
-    template
-        .replace("{attempt}", &attempt.to_string())
-        .replace("{max}", &max.to_string())
-        .replace("{reason}", reason)
-}
+pub use hindsight::run::{RunValidator, default_validator, render_reflection};
 
 /// The ReflectRetry plugin.
 pub struct ReflectRetry {
@@ -57,27 +29,6 @@ impl ReflectRetry {
             store,
         }
     }
-
-    /// Why the run should be retried, if it should: the validator's reason; else, for a run that
-    /// did not pass, its last error event (error events alone trigger a reflection). A run that
-    /// passed after recovering from errors is not sent back.
-    fn reason(&self, passed: bool, events: &[RunEvent]) -> Option<String> {
-        if let Err(reason) = (self.validator)(events) {
-            return Some(reason);
-        }
-        if passed {
-            return None;
-        }
-        events.iter().rev().find_map(|e| match e {
-            RunEvent::Error {
-                stage,
-                tool,
-                class,
-                message,
-            } => Some(format!("{stage}: {tool} failed ({class}): {message}")),
-            _ => None,
-        })
-    }
 }
 
 impl Plugin for ReflectRetry {
@@ -86,35 +37,15 @@ impl Plugin for ReflectRetry {
     }
 
     async fn after_run(&mut self, report: &RunReport) -> Result<Verdict, PluginError> {
-        let Some(reason) = self.reason(report.passed, &report.events) else {
-            return Ok(Verdict::Accept);
-        };
         // The count is keyed by run and persisted before the verdict, so a restart of this actor
-        // (or of the process) never grants a run more than `max_retries` retries. A message
-        // handled twice (the caller re-sends after a crash) is recognised by its round.
+        // (or of the process) never grants a run more than `max_retries` retries.
         let done: u32 = self.store.get(RETRY_COUNTS, &report.run_id)?.unwrap_or(0);
-        let attempt = if report.round <= done {
-            report.round
-        } else {
-            done + 1
-        };
-        if attempt > self.config.max_retries {
-            return Ok(Verdict::Accept);
+        let (verdict, now) =
+            hindsight::run::reflect_verdict(&self.config, &self.validator, report, done);
+        if now > done {
+            self.store.put(RETRY_COUNTS, &report.run_id, &now).await?;
         }
-        if attempt > done {
-            self.store
-                .put(RETRY_COUNTS, &report.run_id, &attempt)
-                .await?;
-        }
-        Ok(Verdict::Retry {
-            attempt,
-            reflection: render_reflection(
-                &self.config.template,
-                attempt,
-                self.config.max_retries,
-                &reason,
-            ),
-        })
+        Ok(verdict)
     }
 }
 
@@ -122,6 +53,7 @@ impl Plugin for ReflectRetry {
 mod tests {
     use super::*;
     use hindsight::ErrorClass;
+    use hindsight::run::RunEvent;
 
     fn error() -> RunEvent {
         RunEvent::Error {

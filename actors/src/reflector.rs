@@ -21,7 +21,7 @@ use crate::applied::{Applied, read_snapshot};
 use crate::chaos_hook::ChaosHook;
 use crate::directory::Slot;
 use crate::memory::MemoryMsg;
-use crate::workflow::Workflow;
+use hindsight::run::workflow::Workflow;
 
 /// The table of the reflector's snapshot.
 pub const REFLECTOR: KvTable = KvTable::new("reflector");

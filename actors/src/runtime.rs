@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hindsight::learn::bandit::{Policy, PolicyConfig, PolicyError, RewardParams, StageArms};
+use hindsight::learn::bandit::{PolicyConfig, PolicyError};
 use hindsight::store::{CompactReport, Durability, Store, StoreError, StoreOptions};
 use hindsight::tools::sim::{SimEnv, SimError};
 use hindsight::tools::{ToolRegistry, ToolRunner};
@@ -19,10 +19,10 @@ use crate::reflect_retry::{ReflectRetryConfig, RunValidator, default_validator};
 use crate::run::{RunOutcome, TreeCtx};
 use crate::supervisor::{RestartStats, Supervisor, SupervisorMsg};
 use crate::tree::{self, TreeConfig, TreeSpec};
-use crate::workflow::{UnknownTool, Workflow};
 use hindsight::learn::adaptive::AdaptiveConfig;
 use hindsight::learn::distill::DistillConfig;
 use hindsight::learn::sop::SopConfig;
+use hindsight::run::workflow::{UnknownTool, Workflow};
 use hindsight::tools::VirtualClock;
 
 /// Why the runtime could not start or answer.
@@ -105,9 +105,9 @@ pub enum WorkflowSource {
         /// The workflow's name.
         name: String,
         /// The stages and their candidate arms.
-        stages: Vec<crate::workflow::WorkflowStage>,
+        stages: Vec<hindsight::run::workflow::WorkflowStage>,
         /// Checks a stage's output.
-        check: crate::workflow::OutputCheck,
+        check: hindsight::run::workflow::OutputCheck,
         /// The reward of a run.
         reward: hindsight::tools::sim::RewardConfig,
     },
@@ -208,31 +208,18 @@ fn spawn_compactor(store: Store, period: Duration) -> AbortOnDrop {
     }))
 }
 
-/// The policy's reward parameters from a reward configuration.
-pub fn reward_params(r: &hindsight::tools::sim::RewardConfig) -> RewardParams {
-    RewardParams {
-        success: r.success,
-        latency: r.latency,
-        cost: r.cost,
-        max_cost: r.max_cost,
-        sla_ms: r.sla_ms,
+/// Registers the tools of simulated environment `env`, seeded by `seed`.
+pub fn register_sim_tools(
+    registry: &mut ToolRegistry,
+    env: &SimEnv,
+    seed: u64,
+) -> Result<(), RuntimeError> {
+    for tool in env.clone().with_seed(seed).tools() {
+        registry
+            .register(tool)
+            .map_err(|e| RuntimeError::Rejected(e.to_string()))?;
     }
-}
-
-/// The bandit's stages and arms from a workflow.
-pub fn stage_arms(workflow: &Workflow) -> Vec<StageArms> {
-    workflow
-        .stages()
-        .iter()
-        .map(|s| StageArms {
-            stage: s.name.clone(),
-            arms: s
-                .arms
-                .iter()
-                .map(|a| hindsight::learn::bandit::Arm::new(a.tool.clone(), a.strategy.clone()))
-                .collect(),
-        })
-        .collect()
+    Ok(())
 }
 
 /// Submits tasks to a running tree; cheap to clone.
@@ -292,11 +279,7 @@ impl Runtime {
     ) -> Result<Runtime, RuntimeError> {
         let mut registry = opts.registry;
         if let WorkflowSource::Sim(env) = &opts.workflow {
-            for tool in env.clone().with_seed(opts.seed).tools() {
-                registry
-                    .register(tool)
-                    .map_err(|e| RuntimeError::Rejected(e.to_string()))?;
-            }
+            register_sim_tools(&mut registry, env, opts.seed)?;
         }
         if let Some(chaos) = &opts.chaos {
             registry = crate::chaos_tools::wrap_registry(registry, chaos);
@@ -330,9 +313,7 @@ impl Runtime {
             } => Workflow::new(name, stages, &registry, check, reward)?,
         });
         opts.distill.validate()?;
-        let mut policy_config = opts.policy;
-        policy_config.reward = reward_params(workflow.reward_config());
-        let policy = Policy::new(policy_config, stage_arms(&workflow))?;
+        let policy = workflow.policy(opts.policy)?;
         // Simulated tools report virtual latency: backoff waits are virtual too.
         let runner = Arc::new(
             ToolRunner::new(registry.clone(), Arc::new(VirtualClock::new()), opts.seed)

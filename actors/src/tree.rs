@@ -16,13 +16,12 @@ use crate::memory::{MemoryActor, MemoryArgs, MemoryMsg};
 use crate::orchestrator::{Orchestrator, OrchestratorArgs, OrchestratorMsg};
 use crate::plugin::{PluginFactory, PluginMsg, PluginSlot, PluginSpec, host_child};
 use crate::policy::{PolicyActor, PolicyArgs, PolicyMsg};
-use crate::recovery::TriageSetup;
 use crate::reflect_retry::{ReflectRetry, ReflectRetryConfig, RunValidator};
 use crate::reflector::{ReflectorActor, ReflectorArgs, ReflectorMsg};
 use crate::run::{LiveRuns, TreeCtx};
 use crate::supervisor::{ChildSpec, Strategy, SupervisorOptions};
 use crate::validator::{Validator, ValidatorArgs, ValidatorMsg};
-use crate::workflow::Workflow;
+use hindsight::run::{RunRules, Workflow};
 
 /// The live actors of one tree, each in a slot its actor fills at every (re)start.
 pub struct Directory {
@@ -62,18 +61,10 @@ impl Default for Directory {
 /// Limits and switches shared by every run.
 #[derive(Clone)]
 pub struct TreeConfig {
-    /// Recoveries per ReflectRetry round before the run is escalated.
-    pub max_recovery_attempts: u32,
-    /// Attempts per run, all causes together (the first, each recovery, each round ReflectRetry
-    /// or a plugin sent back): a recovery past it escalates the run, a round past it is not
-    /// started and the last result stands. 0 = no cap; the default, 12, is every attempt the
-    /// other defaults allow (three rounds of four), so it binds only when an embedder's plugins
-    /// add rounds.
-    pub max_total_attempts: u32,
+    /// How failures are classified and recovered, and the caps on recoveries and attempts.
+    pub rules: RunRules,
     /// How long a stage's call (retries included) may take before the run gives up on it.
     pub stage_timeout: Duration,
-    /// The failure classifier and policy.
-    pub triage: Arc<TriageSetup>,
     /// What a task must satisfy to be run (checked at ingress, by the orchestrator).
     pub guard: hindsight::guard::GuardConfig,
 }
@@ -81,10 +72,8 @@ pub struct TreeConfig {
 impl Default for TreeConfig {
     fn default() -> Self {
         TreeConfig {
-            max_recovery_attempts: 3,
-            max_total_attempts: 12,
+            rules: RunRules::default(),
             stage_timeout: Duration::from_secs(120),
-            triage: Arc::new(TriageSetup::default()),
             guard: hindsight::guard::GuardConfig::default(),
         }
     }
@@ -148,17 +137,7 @@ fn hook(faults: &Option<FaultDecider>, actor: &'static str) -> Option<ChaosHook>
 /// them with `Supervisor::child_spec`.
 pub fn build(spec: TreeSpec) -> Tree {
     let mut config = spec.config.clone();
-    // A wrong tool is recovered from by retrying with the manifest of the tools that fit (the
-    // failed arm ruled out); the workflow's own, unless the setup brought one.
-    if !config.triage.has_manifest() {
-        config.triage = Arc::new(
-            config
-                .triage
-                .as_ref()
-                .clone()
-                .with_manifest(spec.workflow.manifest()),
-        );
-    }
+    config.rules = config.rules.for_workflow(&spec.workflow);
     let ctx = Arc::new(TreeCtx {
         store: spec.store.clone(),
         dir: Directory {

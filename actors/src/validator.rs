@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use crate::chaos_hook::ChaosHook;
 use crate::directory::Slot;
-use crate::workflow::Workflow;
+use hindsight::run::workflow::Workflow;
 
 /// The verdict per stage, in plan order: `Err(reason)` says why the stage's output failed.
 pub type Validation = Vec<(String, Result<(), String>)>;

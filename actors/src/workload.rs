@@ -13,7 +13,7 @@ use tokio::sync::Semaphore;
 
 use crate::run::RunOutcome;
 use crate::runtime::{Runtime, RuntimeError};
-use crate::workflow::sim_task_id;
+use hindsight::run::workflow::sim_task_id;
 
 /// Where a workload remembers how far it got, per environment and seed.
 pub const PROGRESS: KvTable = KvTable::new("workload_progress");
@@ -198,7 +198,9 @@ pub fn sim_task(env: &SimEnv, seed: u64, index: u64) -> Task {
     }
 }
 
-fn record_of(env: &SimEnv, index: u64, task: &Task, outcome: &RunOutcome) -> TaskRecord {
+/// The record of task `index` of `env` from its outcome, with the oracle's and the random
+/// baseline's expected rewards.
+pub fn record_of(env: &SimEnv, index: u64, task: &Task, outcome: &RunOutcome) -> TaskRecord {
     // A plan's expected reward, when it has one arm per stage the environment knows.
     let value = |plan: &[(String, String)]| {
         (plan.len() == env.stages().len())

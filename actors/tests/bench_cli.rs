@@ -214,6 +214,81 @@ fn learning_bench_runs_several_seeds_and_gives_their_spread() {
     assert!(!trace.exists());
 }
 
+/// The run machine's two interpreters take the same decisions: with one task in flight and the
+/// same seed, the core's (`--engine core`) and the tree's write the same trace, byte for byte.
+/// Web research promotes SOPs within its first 400 tasks, so the A/B router is in the trace too.
+#[test]
+fn the_core_and_the_tree_write_the_same_trace() {
+    for (env, tasks) in [
+        ("bank_statements.toml", "300"),
+        ("web_research.toml", "400"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let env = env_file(env);
+        let trace = |engine: &str| {
+            let trace = dir.path().join(format!("{engine}.jsonl"));
+            let out = hindsight(
+                dir.path(),
+                &[
+                    "bench",
+                    "learning",
+                    "--env",
+                    env.to_str().unwrap(),
+                    "--engine",
+                    engine,
+                    "--tasks",
+                    tasks,
+                    "--seed",
+                    "7",
+                    "--concurrency",
+                    "1",
+                    "--trace",
+                    trace.to_str().unwrap(),
+                    "--json",
+                ],
+            );
+            assert!(
+                out.status.success(),
+                "{engine}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(report["engine"], engine);
+            (std::fs::read(&trace).unwrap(), report)
+        };
+        let (core, core_report) = trace("core");
+        let (tree, tree_report) = trace("tree");
+        assert!(!core.is_empty());
+        assert!(core == tree, "{}: the traces differ", env.display());
+        for key in [
+            "regret_ratio",
+            "sops_promoted",
+            "success_rate",
+            "reflect_retries",
+        ] {
+            assert_eq!(core_report[key], tree_report[key], "{key}");
+        }
+    }
+}
+
+/// The core engine runs one task at a time and keeps no store: it says so rather than run
+/// something else than asked.
+#[test]
+fn the_core_engine_refuses_what_it_cannot_do() {
+    let dir = tempfile::tempdir().unwrap();
+    for (extra, words) in [
+        (["--concurrency", "4"], "one task at a time"),
+        (["--keep", "kept"], "has none"),
+    ] {
+        let mut args = vec!["bench", "learning", "--engine", "core", "--tasks", "10"];
+        args.extend(extra);
+        let out = hindsight(dir.path(), &args);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(words), "{err}");
+    }
+}
+
 #[test]
 fn learning_bench_names_a_missing_environment_file() {
     let dir = tempfile::tempdir().unwrap();

@@ -3,6 +3,9 @@
 //! messages. Every task ends exactly once, its caller is answered, restarts are counted,
 //! nothing that was acknowledged is lost, and every outcome is learned exactly once.
 
+mod sim_support;
+use sim_support::stage_arms;
+
 use std::collections::HashSet;
 use std::path::PathBuf;
 
@@ -118,7 +121,7 @@ async fn a_thousand_tasks_under_actor_panics_and_tool_faults_each_end_exactly_on
     // fresh policy learns from the log.
     let mut fresh = hindsight::learn::bandit::Policy::new(
         hindsight::learn::bandit::PolicyConfig::default(),
-        hindsight::learn::sim_run::stage_arms(&env),
+        stage_arms(&env),
     )
     .unwrap();
     for (_, e) in &log {

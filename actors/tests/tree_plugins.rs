@@ -329,7 +329,7 @@ async fn the_total_attempts_cap_holds_against_a_plugin_that_always_sends_runs_ba
         let seen = Arc::new(Mutex::new(Seen::default()));
         let mut opts = options(dir.path(), vec![recorder(&seen, true, None).max_retries(6)]);
         opts.reflect_retry.max_retries = 0;
-        opts.tree.max_total_attempts = cap;
+        opts.tree.rules.max_total_attempts = cap;
         let rt = Runtime::start(opts).await.unwrap();
         let records = workload::run_tasks(&rt, &env, 3, 6, 2, |_| {})
             .await

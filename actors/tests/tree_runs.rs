@@ -1,6 +1,9 @@
 //! The supervision tree end to end on the simulated bank-statements environment: runs end
 //! exactly once, learning persists across restarts, ReflectRetry sends runs back.
 
+mod sim_support;
+use sim_support::stage_arms;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -594,11 +597,7 @@ async fn a_repaired_plan_logs_the_fallbacks_propensity() {
 /// What a fresh policy learns from the whole log: every settled stage outcome, once.
 fn learnable(env: &SimEnv, log: &[hindsight::ExperienceTuple]) -> u64 {
     use hindsight::learn::bandit::{Policy, PolicyConfig};
-    let mut p = Policy::new(
-        PolicyConfig::default(),
-        hindsight::learn::sim_run::stage_arms(env),
-    )
-    .unwrap();
+    let mut p = Policy::new(PolicyConfig::default(), stage_arms(env)).unwrap();
     for e in log {
         p.update(&hindsight_actors::policy::observation_of(e));
     }
@@ -679,7 +678,7 @@ async fn a_wrong_tool_is_replaced_not_called_again() {
 /// falls between the two (the record of what was learned early is persisted with the snapshot).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_attempt_is_learned_when_it_ends_and_never_again_from_the_log() {
-    use hindsight_actors::first_attempt::settled_steps;
+    use hindsight::learn::first_attempt::settled_steps;
     let dir = tempfile::tempdir().unwrap();
     let env = env();
     let rt = Runtime::start(options(dir.path())).await.unwrap();

@@ -8,11 +8,12 @@ pub mod bandit;
 pub mod cluster;
 pub mod distill;
 pub mod drift;
+pub mod first_attempt;
 pub mod ids;
 pub mod ope;
+pub mod planner;
 pub mod posterior;
 pub mod reflector;
-pub mod sim_run;
 pub mod sop;
 pub mod stats;
 

@@ -243,7 +243,7 @@ impl Backend for TreeBackend {
             .await
             .map_err(call_error)?;
         let cluster = hindsight::learn::cluster::cluster_key(&request.features);
-        let seed = crate::workflow::stable_hash(&cluster);
+        let seed = hindsight::run::workflow::stable_hash(&cluster);
         let stages = ranked
             .into_iter()
             .filter(|(stage, _)| request.stage.as_ref().is_none_or(|s| s == stage))
@@ -256,8 +256,11 @@ impl Backend for TreeBackend {
                         (*v, sd * scale)
                     })
                     .collect();
-                let shares =
-                    stage_propensities(&values, 512, seed ^ crate::workflow::stable_hash(&stage));
+                let shares = stage_propensities(
+                    &values,
+                    512,
+                    seed ^ hindsight::run::workflow::stable_hash(&stage),
+                );
                 let arms = arms
                     .into_iter()
                     .zip(shares)

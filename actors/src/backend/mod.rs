@@ -502,7 +502,7 @@ impl TreeBackend {
 /// Whether `stage` has the arm `(tool, strategy)`; if not, the error names the field at fault
 /// (`{prefix}tool` or `{prefix}strategy`) and what the stage offers.
 fn check_arm(
-    stage: &crate::workflow::WorkflowStage,
+    stage: &hindsight::run::workflow::WorkflowStage,
     tool: &str,
     strategy: &str,
     prefix: &str,

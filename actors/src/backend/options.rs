@@ -42,8 +42,8 @@ pub fn apply_learning(config: &Config, opts: &mut RuntimeOptions) {
     opts.policy = config.policy.clone();
     opts.distill = config.distill.clone();
     opts.adaptive = config.adaptive.clone();
-    opts.tree.max_recovery_attempts = config.triage.max_recovery_attempts;
-    opts.tree.max_total_attempts = config.triage.max_total_attempts;
+    opts.tree.rules.max_recovery_attempts = config.triage.max_recovery_attempts;
+    opts.tree.rules.max_total_attempts = config.triage.max_total_attempts;
 }
 
 /// The options of the tree a configuration describes, and the MCP servers it started.
@@ -94,9 +94,9 @@ pub async fn runtime_options(
     }
     opts.tree.guard = config.guard.clone();
     if let Some(path) = &config.triage.policy_file {
-        let setup = crate::recovery::TriageSetup::load(path)
+        let setup = hindsight::run::TriageSetup::load(path)
             .map_err(|e| config_error("triage.policy_file", e.to_string()))?;
-        opts.tree.triage = Arc::new(setup);
+        opts.tree.rules.triage = Arc::new(setup);
     }
     opts.reflect_retry = config.reflect_retry.clone();
     if let Some(path) = &config.chaos.plan {

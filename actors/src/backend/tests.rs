@@ -56,12 +56,12 @@ async fn the_daemon_and_an_embedding_program_learn_with_the_same_defaults() {
 #[tokio::test]
 async fn the_triage_caps_reach_the_tree() {
     let opts = options_of("[triage]\nmax_recovery_attempts = 2\nmax_total_attempts = 4\n").await;
-    assert_eq!(opts.tree.max_recovery_attempts, 2);
-    assert_eq!(opts.tree.max_total_attempts, 4);
+    assert_eq!(opts.tree.rules.max_recovery_attempts, 2);
+    assert_eq!(opts.tree.rules.max_total_attempts, 4);
     let defaults = options_of("").await;
     assert_eq!(
-        defaults.tree.max_total_attempts,
-        crate::tree::TreeConfig::default().max_total_attempts
+        defaults.tree.rules.max_total_attempts,
+        crate::tree::TreeConfig::default().rules.max_total_attempts
     );
 }
 
@@ -143,7 +143,7 @@ fn propensities_sum_to_one_and_favour_the_better_arm() {
 
 #[test]
 fn an_arm_the_stage_lacks_is_refused_naming_the_field_and_the_choices() {
-    use crate::workflow::{WorkflowArm, WorkflowStage};
+    use hindsight::run::{WorkflowArm, WorkflowStage};
     let arm = |tool: &str, strategy: &str| WorkflowArm {
         tool: tool.into(),
         strategy: strategy.into(),

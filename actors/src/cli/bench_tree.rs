@@ -83,9 +83,14 @@ pub struct LearningArgs {
     /// Write one JSON line per task here.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
-    /// Tasks in flight at once.
-    #[arg(long, default_value_t = 4)]
-    pub concurrency: usize,
+    /// Tasks in flight at once (default 4 on the tree; the core engine runs one at a time).
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// The interpreter of the run machine: `tree` (the supervision tree, what the daemon runs)
+    /// or `core` (one task after another in this process, no actors or store; with
+    /// `--concurrency 1` both write the same `--trace` for the same seed).
+    #[arg(long, value_enum, default_value_t = bench::Engine::Tree)]
+    pub engine: bench::Engine,
     /// Keep the run's store in this new or empty directory (for `report`, `policy evaluate`,
     /// `diary` with `--data DIR`); by default it runs on a temporary store, never on `--data`.
     #[arg(long, value_name = "DIR")]
@@ -108,6 +113,26 @@ fn load_config(args: &LearningArgs) -> Result<Option<hindsight::config::Config>,
             hindsight::config::Config::load(Some(path)).map_err(|e| Failure::new(e.to_string()))
         })
         .transpose()
+}
+
+/// The learning bench's plan from the command line, on `seed`.
+fn plan<'a>(
+    args: &'a LearningArgs,
+    seed: u64,
+    settings: Option<bench::LearningSettings<'a>>,
+) -> bench::LearningPlan<'a> {
+    let default = match args.engine {
+        bench::Engine::Tree => 4,
+        bench::Engine::Core => 1,
+    };
+    bench::LearningPlan {
+        tasks: args.tasks,
+        seed,
+        concurrency: args.concurrency.unwrap_or(default).max(1),
+        engine: args.engine,
+        keep: args.keep.as_deref(),
+        settings,
+    }
 }
 
 /// One line of the trace.
@@ -145,16 +170,9 @@ pub async fn learning(_global: &Global, args: LearningArgs) -> Result<(), Failur
     if args.runs > 1 {
         return learning_runs(&env, &args, settings).await;
     }
-    let (b, records) = bench::learning(
-        &env,
-        args.tasks,
-        args.seed,
-        args.concurrency.max(1),
-        args.keep.as_deref(),
-        settings,
-    )
-    .await
-    .map_err(|e| Failure::new(e.to_string()))?;
+    let (b, records) = bench::learning(&env, plan(&args, args.seed, settings))
+        .await
+        .map_err(|e| Failure::new(e.to_string()))?;
     if let Some(path) = &args.trace {
         let file = std::fs::File::create(path).map_err(|e| {
             Failure::new(format!(
@@ -243,16 +261,9 @@ async fn learning_runs(
     let seeds: Vec<u64> = (0..args.runs).map(|i| args.seed.wrapping_add(i)).collect();
     let mut per_run = Vec::with_capacity(seeds.len());
     for &seed in &seeds {
-        let (b, _) = bench::learning(
-            env,
-            args.tasks,
-            seed,
-            args.concurrency.max(1),
-            None,
-            settings,
-        )
-        .await
-        .map_err(|e| Failure::new(format!("run with seed {seed}: {e}")))?;
+        let (b, _) = bench::learning(env, plan(args, seed, settings))
+            .await
+            .map_err(|e| Failure::new(format!("run with seed {seed}: {e}")))?;
         if !args.json {
             outln!(
                 "seed {seed}: regret ratio {:.3}, success {:.1}%{}",

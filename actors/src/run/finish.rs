@@ -1,79 +1,30 @@
-//! finish: the end of a run: its final state, the experience logged, the learners fed.
+//! finish: the end of a run: the experience logged durably (once), the learners fed.
 
 use std::sync::Arc;
 
+use hindsight::Task;
+use hindsight::run::Finished;
 use hindsight::store::WriteOp;
-use hindsight::{ExperienceTuple, RunResult, RunState, Task, now_ms};
-use serde_json::Value;
 
 use crate::memory::MemoryMsg;
 use crate::policy::PolicyMsg;
 use crate::reflector::ReflectorMsg;
 
-use super::{DriveError, DriverState, LOGGED, RunOutcome, TreeCtx};
+use super::{DriveError, LOGGED, RunOutcome, TreeCtx};
 
-/// Ends the run: the experience is logged durably, the learners are fed, a diary note written.
+/// Ends the run: the experience is logged durably and the learners are fed; returns what the
+/// caller gets.
 pub(super) async fn finish(
     ctx: &TreeCtx,
-    run_id: &str,
     task: &Arc<Task>,
-    st: DriverState,
-    state: RunState,
-    reason: Option<String>,
-    resumed: bool,
+    finished: Finished,
 ) -> Result<RunOutcome, DriveError> {
-    let passed = state == RunState::Succeeded;
-    let reward = ctx.workflow.reward(passed, st.latency_ms, st.cost);
-    let plan = st.plan.clone();
-    let output = if passed {
-        Some(Value::Object(st.outputs.clone().into_iter().collect()))
-    } else {
-        None
-    };
-    let outcome = RunOutcome {
-        run_id: run_id.to_string(),
-        task_id: task.task_id.clone(),
-        state,
-        passed,
-        attempts: st.attempt + 1,
-        reflect_retries: st.reflect_retries,
-        plan_id: plan.as_ref().map(|p| p.plan_id.clone()),
-        sop_id: plan.as_ref().and_then(|p| p.sop_id.clone()),
-        arms: st.first_arms.clone(),
-        final_arms: plan.as_ref().map(|p| p.arms.clone()).unwrap_or_default(),
-        reward,
-        latency_ms: st.latency_ms,
-        cost: st.cost,
-        output: output.clone(),
-        reason: reason.clone(),
-        recoveries: st.recoveries.clone(),
-        tool_calls: st.tool_calls,
-        tool_errors: st.tool_errors.clone(),
-        resumed,
-        explored: st.explored,
-        citations: st.citations.clone(),
-        greedy_arms: st.first_greedy.clone(),
-    };
-    let experience = ExperienceTuple {
-        run_id: run_id.to_string(),
-        task_id: task.task_id.clone(),
-        plan_id: st.first_plan_id.clone(),
-        user_id: task.user_id.clone(),
-        context_features: task.features.clone(),
-        arms: st.first_arms.clone(),
-        steps: st.steps,
-        result: RunResult {
-            state,
-            passed,
-            output,
-            latency_ms: st.latency_ms,
-            cost: st.cost,
-            attempts: st.attempt + 1,
-        },
-        reward,
-        user_feedback: None,
-        time_ms: now_ms(),
-    };
+    let Finished {
+        outcome,
+        experience,
+    } = finished;
+    let run_id = outcome.run_id.as_str();
+    let attempt = outcome.attempts.saturating_sub(1);
     // The experience is logged once per run: a run resumed after a crash that fell between
     // logging it and recording the run's end finds its marker and does not log it again (the
     // learners already replayed it from the log at start).
@@ -84,7 +35,7 @@ pub(super) async fn finish(
         .store
         .write_batch(vec![
             WriteOp::experience(&experience)?,
-            WriteOp::put(LOGGED, run_id, &st.attempt)?,
+            WriteOp::put(LOGGED, run_id, &attempt)?,
         ])
         .await?;
     let Some(seq) = written.first().copied().flatten() else {

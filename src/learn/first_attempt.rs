@@ -13,8 +13,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use hindsight::learn::bandit::{Arm, StageObservation, StageOutcome};
-use hindsight::{FailureCategory, Step};
+use crate::learn::bandit::{Arm, StageObservation, StageOutcome};
+use crate::{FailureCategory, Step};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 

@@ -5,9 +5,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use hindsight::Task;
-use hindsight::tools::ToolRegistry;
-use hindsight::tools::sim::{RewardConfig, SimEnv};
+use crate::Task;
+use crate::learn::bandit::{Arm, Policy, PolicyConfig, PolicyError, RewardParams, StageArms};
+use crate::tools::ToolRegistry;
+use crate::tools::sim::{RewardConfig, SimEnv};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -186,9 +187,41 @@ impl Workflow {
         (self.check)(stage, output)
     }
 
+    /// The bandit's stages and arms.
+    pub fn stage_arms(&self) -> Vec<StageArms> {
+        self.stages
+            .iter()
+            .map(|s| StageArms {
+                stage: s.name.clone(),
+                arms: s
+                    .arms
+                    .iter()
+                    .map(|a| Arm::new(a.tool.clone(), a.strategy.clone()))
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// A policy over this workflow's arms: `config` with the workflow's reward.
+    pub fn policy(&self, mut config: PolicyConfig) -> Result<Policy, PolicyError> {
+        config.reward = reward_params(&self.reward);
+        Policy::new(config, self.stage_arms())
+    }
+
     /// A run's reward.
     pub fn reward(&self, passed: bool, latency_ms: f64, cost: f64) -> f64 {
         self.reward.reward(passed, latency_ms, cost)
+    }
+}
+
+/// The bandit's reward parameters from a reward configuration.
+pub fn reward_params(r: &RewardConfig) -> RewardParams {
+    RewardParams {
+        success: r.success,
+        latency: r.latency,
+        cost: r.cost,
+        max_cost: r.max_cost,
+        sla_ms: r.sla_ms,
     }
 }
 

@@ -4,11 +4,11 @@
 
 use std::path::Path;
 
-use hindsight::triage::classify::{Classifier, FailureInput, RulesClassifier};
-use hindsight::triage::config::{PolicyError, PolicyFile};
-use hindsight::triage::context::RunError;
-use hindsight::triage::policy::{FailureContext, FailurePolicy, PolicyState};
-use hindsight::{ErrorClass, FailureCategory, FailureType, RecoveryAction, Task, Trajectory};
+use crate::triage::classify::{Classifier, FailureInput, RulesClassifier};
+use crate::triage::config::{PolicyError, PolicyFile};
+use crate::triage::context::RunError;
+use crate::triage::policy::{FailureContext, FailurePolicy, PolicyState};
+use crate::{ErrorClass, FailureCategory, FailureType, RecoveryAction, Task, Trajectory};
 
 /// The tree's failure policy, embedded (see `config/tree_policy.toml`).
 pub const TREE_POLICY: &str = include_str!("../../config/tree_policy.toml");
@@ -180,7 +180,7 @@ impl TriageSetup {
                 },
             };
         }
-        let classification = hindsight::triage::classify::Classification {
+        let classification = crate::triage::classify::Classification {
             failure_type: ft,
             error: None,
             rule: rule.clone(),

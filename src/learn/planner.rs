@@ -1,0 +1,338 @@
+//! planner: what chooses plans and learns from runs, as one value: the contextual bandit, the SOP
+//! book and its A/B router, the ranker distilled from the log, the explorations in flight and
+//! the first attempts learned ahead of their experience. The policy actor owns one and persists
+//! it; the core's run interpreter owns one in memory. Both feed it the same events in the same
+//! order, so both choose alike.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::learn::bandit::{Observation, Policy, Routing, StageObservation, UpdateSummary};
+use crate::learn::distill::{DistillOutcome, Distiller};
+use crate::learn::first_attempt::{FirstAttempts, step_observations};
+use crate::learn::ope::{Objective, log_for};
+use crate::learn::sop::{SopBook, SopEvent};
+use crate::run::{PlanChoice, parse_sop_plan_id, sop_plan_id};
+use crate::{ArmChoice, ExperienceTuple, Task};
+
+/// Choices after which an exploration still in flight no longer holds its arms back.
+pub const IN_FLIGHT_CHOICES: u64 = 64;
+
+/// The planner's state. See the module's documentation.
+#[derive(Debug, Clone)]
+pub struct Planner {
+    /// The bandit.
+    pub policy: Policy,
+    /// The SOPs and their A/B router.
+    pub sops: SopBook,
+    /// SOP promotions and rollbacks not yet taken by [`Planner::take_sop_events`].
+    sop_events: Vec<SopEvent>,
+    rng: fastrand::Rng,
+    /// Every experience with `seq <= watermark` has been learned.
+    watermark: u64,
+    /// Experiences above the watermark already learned.
+    applied: BTreeSet<u64>,
+    /// The ranker distilled from the log and its schedule.
+    pub distiller: Distiller,
+    /// Choices whose plan came from the ranker.
+    ranked_choices: u64,
+    /// Explorations in flight: the task, the choice count when it was chosen, and the arms it
+    /// explores (flat indices). Cleared when the task's experience is observed, or after
+    /// [`IN_FLIGHT_CHOICES`] more choices (a run that never ends, a crash).
+    in_flight: Vec<(String, u64, Vec<usize>)>,
+    /// Plans chosen by the router.
+    choices: u64,
+    /// Runs whose first attempt was learned before their experience.
+    first_attempts: FirstAttempts,
+    /// Stage observations learned from first attempts.
+    learned_at_first_attempt: u64,
+}
+
+impl Planner {
+    /// A planner from its learned parts, up to experience `watermark` (plus `applied` above
+    /// it). Its choices draw from a stream derived from `seed` and the watermark, so a restart
+    /// does not replay the same choices.
+    pub fn new(
+        policy: Policy,
+        sops: SopBook,
+        distiller: Distiller,
+        watermark: u64,
+        applied: BTreeSet<u64>,
+        first_attempts: FirstAttempts,
+        seed: u64,
+    ) -> Planner {
+        Planner {
+            policy,
+            sops,
+            sop_events: Vec::new(),
+            rng: fastrand::Rng::with_seed(seed ^ watermark.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+            watermark,
+            applied,
+            distiller,
+            ranked_choices: 0,
+            in_flight: Vec::new(),
+            choices: 0,
+            first_attempts,
+            learned_at_first_attempt: 0,
+        }
+    }
+
+    /// Every experience with a sequence number up to this one has been learned.
+    pub fn watermark(&self) -> u64 {
+        self.watermark
+    }
+
+    /// Experiences above the watermark already learned.
+    pub fn applied(&self) -> &BTreeSet<u64> {
+        &self.applied
+    }
+
+    /// The first attempts learned ahead of their experience.
+    pub fn first_attempts(&self) -> &FirstAttempts {
+        &self.first_attempts
+    }
+
+    /// Choices whose plan came from the ranker.
+    pub fn ranked_choices(&self) -> u64 {
+        self.ranked_choices
+    }
+
+    /// Stage observations learned from first attempts.
+    pub fn learned_at_first_attempt(&self) -> u64 {
+        self.learned_at_first_attempt
+    }
+
+    /// Whether SOP events wait to be taken.
+    pub fn has_sop_events(&self) -> bool {
+        !self.sop_events.is_empty()
+    }
+
+    /// The SOP promotions and rollbacks since the last call.
+    pub fn take_sop_events(&mut self) -> Vec<SopEvent> {
+        std::mem::take(&mut self.sop_events)
+    }
+
+    /// Records experience `seq` as learned without learning it (a record that cannot be read).
+    pub fn mark_applied(&mut self, seq: u64) {
+        self.applied.insert(seq);
+        while self.applied.remove(&(self.watermark + 1)) {
+            self.watermark += 1;
+        }
+    }
+
+    /// Learns logged experience `seq` (what its first attempt taught was learned when that
+    /// attempt ended: only the rest now) and records its run for the SOPs. False when it was
+    /// learned before.
+    pub fn observe(&mut self, seq: u64, exp: &ExperienceTuple) -> bool {
+        if seq <= self.watermark || self.applied.contains(&seq) {
+            return false;
+        }
+        match self.first_attempts.take(&exp.run_id) {
+            Some(learned) => {
+                let rest = observation_of_steps(exp, |i| !learned.steps.contains(&i));
+                self.learn_part(&rest, learned.visited);
+            }
+            None => {
+                self.policy.update(&observation_of(exp));
+            }
+        }
+        self.in_flight.retain(|(task, ..)| task != &exp.task_id);
+        let via_sop = parse_sop_plan_id(&exp.plan_id);
+        let first_passed = exp.result.passed && exp.result.attempts == 1;
+        self.sops.record_run(
+            &exp.context_features,
+            &exp.arms,
+            first_passed,
+            &exp.run_id,
+            via_sop,
+        );
+        if seq.is_multiple_of(10) {
+            let events = self.sops.consolidate(exp.time_ms);
+            self.sop_events.extend(events);
+        }
+        self.mark_applied(seq);
+        true
+    }
+
+    /// Learns part of a task's outcomes: as the rest of the task when an earlier part already
+    /// counted its clusters as visited.
+    fn learn_part(&mut self, observation: &Observation, visited: bool) -> UpdateSummary {
+        if visited {
+            self.policy.update_rest(observation)
+        } else {
+            self.policy.update(observation)
+        }
+    }
+
+    /// Learns the settled steps of a run's first attempt that were not learned before.
+    pub fn learn_first_attempt(
+        &mut self,
+        run_id: &str,
+        task_id: &str,
+        features: BTreeMap<String, String>,
+        steps: Vec<(u32, Vec<StageObservation>)>,
+    ) {
+        // Its explorations' results are back.
+        self.in_flight.retain(|(task, ..)| task != task_id);
+        let (stages, visited) = self.first_attempts.admit(run_id, steps);
+        if stages.is_empty() {
+            return;
+        }
+        let summary = self.learn_part(&Observation { features, stages }, visited);
+        if summary.learned > 0 {
+            self.first_attempts.visited(run_id);
+        }
+        self.learned_at_first_attempt += u64::from(summary.learned);
+    }
+
+    /// When a ranker fit is due: the sequence number after which the experiences to fit on
+    /// start (the newest `window` of them).
+    pub fn distill_from(&self) -> Option<u64> {
+        self.distiller.due(self.watermark).then(|| {
+            self.watermark
+                .saturating_sub(self.distiller.config.window as u64)
+        })
+    }
+
+    /// Fits and evaluates a ranker on `log` (the experiences after [`Planner::distill_from`]),
+    /// rewarded by their first attempt.
+    pub fn refit(&mut self, log: &[ExperienceTuple]) -> Option<DistillOutcome> {
+        let reward = self.policy.config().reward.clone();
+        let log = log_for(log, Objective::FirstAttempt, &reward).0;
+        let mut rng = fastrand::Rng::with_seed(self.watermark ^ 0xd157_111e);
+        self.distiller
+            .refit(self.watermark, &log, &self.policy, &mut rng)
+    }
+
+    /// A plan for `task`: a new one (`base: None`, [`Planner::route`]), or `base` repaired: each
+    /// of its arms that `exclude` rules out (stage, tool, strategy) is replaced by the policy's
+    /// fallback among the arms not ruled out.
+    pub fn choose(
+        &mut self,
+        task: &Task,
+        base: Option<Vec<ArmChoice>>,
+        exclude: &[(String, String, String)],
+    ) -> Result<PlanChoice, String> {
+        let Some(mut arms) = base else {
+            return Ok(self.route(task));
+        };
+        for (s, stage) in self.policy.stages().to_vec().iter().enumerate() {
+            let Some(current) = arms.get(s) else {
+                return Err(format!(
+                    "the plan to repair has no arm for stage {}",
+                    stage.stage
+                ));
+            };
+            let is_out = |tool: &str, strategy: &str| {
+                exclude
+                    .iter()
+                    .any(|(st, t, g)| st == &stage.stage && t == tool && g == strategy)
+            };
+            if !is_out(&current.tool, &current.strategy) {
+                continue;
+            }
+            let tried: Vec<usize> = stage
+                .arms
+                .iter()
+                .enumerate()
+                .filter(|(_, a)| is_out(&a.tool, &a.strategy))
+                .map(|(i, _)| i)
+                .collect();
+            let Some((pick, propensity)) =
+                self.policy
+                    .fallback_with_propensity(&task.features, s, &tried, &mut self.rng)
+            else {
+                return Err(format!(
+                    "every arm of stage {} failed for this task ({} tried)",
+                    stage.stage,
+                    tried.len()
+                ));
+            };
+            let arm = &stage.arms[pick];
+            arms[s] = ArmChoice {
+                stage: stage.stage.clone(),
+                tool: arm.tool.clone(),
+                strategy: arm.strategy.clone(),
+                propensity,
+            };
+        }
+        Ok(PlanChoice::new(arms, None, false))
+    }
+
+    /// A new plan for `task`. The policy draws a plan (a promoted ranker plans its exploit
+    /// share, the policy explores); where a stable SOP is in force, the A/B router gives
+    /// the SOP the draws that land on the greedy plan, except a holdout share that stays with
+    /// the policy as the baseline. Exploration is never routed away: an SOP promoted before the
+    /// cluster's best arm was found would otherwise take the tries that find it. Every run's
+    /// propensities are the whole mixture's, whichever way it went, so that off-policy
+    /// evaluation weighs SOP and holdout runs alike by what chose them.
+    fn route(&mut self, task: &Task) -> PlanChoice {
+        let features = &task.features;
+        let exploit = self.distiller.exploit_plan(&self.policy, features);
+        // The SOP in force, with its plan's arm indices: one that matches, fits the stages, and
+        // that the policy's own evidence since the promotion (a drift, say) has not overtaken.
+        let in_force = self.sops.matching_stable_sop(features).and_then(|sop| {
+            let indices = self.policy.choice_indices(&sop.plan)?;
+            let gap = self.policy.shortfall(features, &sop.plan)?;
+            (gap <= self.sops.config.defer_margin).then_some((sop, indices))
+        });
+        self.choices += 1;
+        let oldest = self.choices.saturating_sub(IN_FLIGHT_CHOICES);
+        self.in_flight.retain(|(_, at, _)| *at > oldest);
+        let exploring: Vec<usize> = self
+            .in_flight
+            .iter()
+            .flat_map(|(_, _, arms)| arms.iter().copied())
+            .collect();
+        let routing = Routing {
+            ranker: exploit.as_deref(),
+            sop: in_force
+                .as_ref()
+                .map(|(_, indices)| (indices.as_slice(), self.sops.sop_share())),
+            exploring: &exploring,
+        };
+        let choice = self.policy.choose_routed(features, routing, &mut self.rng);
+        self.ranked_choices += u64::from(choice.ranked);
+        if !choice.explored.is_empty() {
+            self.in_flight
+                .push((task.task_id.clone(), self.choices, choice.explored.clone()));
+        }
+        let arms = choice.arm_choices();
+        let mut plan = match in_force {
+            Some((sop, _)) if choice.sop => {
+                let mut plan = PlanChoice::new(arms, Some(sop.sop_id.clone()), true);
+                plan.plan_id = sop_plan_id(&sop.sop_id, sop.version);
+                plan.sop_version = Some(sop.version);
+                plan
+            }
+            _ => PlanChoice::new(arms, None, choice.greedy),
+        };
+        plan.greedy_arms = self
+            .policy
+            .plan_arms(&choice.greedy_plan)
+            .unwrap_or_default();
+        plan
+    }
+}
+
+/// The bandit observation of an experience: one entry per stage call, its outcome taken from the
+/// step's `outcome` mark (`valid`, `invalid`, or a failure category); a call whose output was
+/// never validated says nothing about validity and is left out. Infrastructure faults retried
+/// inside a call are reported too (the policy counts and ignores them).
+pub fn observation_of(exp: &ExperienceTuple) -> Observation {
+    observation_of_steps(exp, |_| true)
+}
+
+/// [`observation_of`] over the steps whose index `keep` accepts.
+fn observation_of_steps(exp: &ExperienceTuple, keep: impl Fn(u32) -> bool) -> Observation {
+    let stages = exp
+        .steps
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| u32::try_from(*i).is_ok_and(&keep))
+        .flat_map(|(_, step)| step_observations(step))
+        .collect();
+    Observation {
+        features: exp.context_features.clone(),
+        stages,
+    }
+}

@@ -1,0 +1,1222 @@
+//! machine: the run machine. It carries one run through the lifecycle of DESIGN.md (plan,
+//! execute stage by stage, validate, triage and recover, ReflectRetry, the experience) as plain
+//! data: [`RunMachine::handle`] takes an [`Event`] (the answer to the last command) and the
+//! machine queues the [`Command`]s to perform next, which [`RunMachine::poll`] hands out in order.
+//! Commands that need an answer (choose a plan, call a tool, validate, ...) are answered with the
+//! matching event; the others (checkpoint, notify, learn) are performed and forgotten. The
+//! machine performs no I/O and reads no clock: the tree's driver and the core's
+//! [`super::local`] interpreter perform its commands, and given the same answers and the same
+//! seed they take the same decisions.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::learn::bandit::{Arm, StageObservation};
+use crate::learn::first_attempt::settled_steps;
+use crate::{
+    ArmChoice, Checkpoint, ErrorClass, ExperienceTuple, FailureCategory, FailureType,
+    RecoveryAction, RunResult, RunState, Step, Task, Trajectory,
+};
+
+use super::call::{Budget, CallOutcome, StageCall};
+use super::outcome::{RecoveryRecord, RunOutcome};
+use super::plan::PlanChoice;
+use super::recovery::{AttemptFailure, TriageSetup};
+use super::report::{RunEvent, RunReport, Verdict};
+use super::workflow::{Workflow, stable_hash, task_index};
+
+/// The rules a run is carried by: how failures are classified and recovered, and the caps.
+#[derive(Debug, Clone)]
+pub struct RunRules {
+    /// The failure classifier and policy.
+    pub triage: Arc<TriageSetup>,
+    /// Recoveries per ReflectRetry round before the run is escalated.
+    pub max_recovery_attempts: u32,
+    /// Attempts per run, all causes together (the first, each recovery, each round ReflectRetry
+    /// or a plugin sent back): a recovery past it escalates the run, a round past it is not
+    /// started and the last result stands. 0 = no cap; the default, 12, is every attempt the
+    /// other defaults allow (three rounds of four), so it binds only when an embedder's plugins
+    /// add rounds.
+    pub max_total_attempts: u32,
+}
+
+impl Default for RunRules {
+    fn default() -> Self {
+        RunRules {
+            triage: Arc::new(TriageSetup::default()),
+            max_recovery_attempts: 3,
+            max_total_attempts: 12,
+        }
+    }
+}
+
+impl RunRules {
+    /// These rules for runs of `workflow`: a wrong tool is recovered from by retrying with the
+    /// manifest of the tools that fit (the failed arm ruled out), the workflow's own unless the
+    /// triage setup brought one.
+    pub fn for_workflow(mut self, workflow: &Workflow) -> RunRules {
+        if !self.triage.has_manifest() {
+            self.triage = Arc::new(
+                self.triage
+                    .as_ref()
+                    .clone()
+                    .with_manifest(workflow.manifest()),
+            );
+        }
+        self
+    }
+}
+
+/// Changes asked for along with a transition of the run's state.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunPatch {
+    /// Attempts started so far.
+    pub attempts: Option<u32>,
+    /// The plan in force.
+    pub plan_id: Option<String>,
+    /// The SOP in force.
+    pub sop_id: Option<String>,
+    /// Why the run ended.
+    pub reason: Option<String>,
+}
+
+/// One plugin's answer to a round's report.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginAnswer {
+    /// The plugin's name.
+    pub name: String,
+    /// Retries it may ask for per run.
+    pub max_retries: u32,
+    /// Its verdict (`None`: it was down, failed or did not answer in time, which accepts).
+    pub verdict: Option<Verdict>,
+}
+
+/// What the machine asks its interpreter to do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// Announce the run to the plugins, retrieve what memory holds for it and look up a plan
+    /// given with the task; answered by [`Event::Prepared`].
+    Prepare,
+    /// Choose a plan (`base: None`), or repair `base` by replacing its arms that `exclude` rules
+    /// out (stage, tool, strategy); answered by [`Event::Planned`].
+    Choose {
+        /// The plan to repair.
+        base: Option<Vec<ArmChoice>>,
+        /// Arms ruled out for this run.
+        exclude: Vec<(String, String, String)>,
+    },
+    /// Move the run from `from` to `next` durably; answered by [`Event::Transitioned`].
+    Transition {
+        /// The state the machine last saw acknowledged.
+        from: RunState,
+        /// The state to move to.
+        next: RunState,
+        /// Changes to record with it.
+        patch: RunPatch,
+    },
+    /// Write this checkpoint of the run (no answer).
+    Checkpoint(Box<RunProgress>),
+    /// Show an event to the plugins (no answer).
+    Notify(RunEvent),
+    /// Teach the policy the settled stage outcomes of the run's first attempt, as soon as it
+    /// ended (no answer).
+    LearnFirstAttempt(Vec<(u32, Vec<StageObservation>)>),
+    /// Call a stage's tool; answered by [`Event::Called`].
+    Call(Box<StageCall>),
+    /// Validate these stage outputs; answered by [`Event::Validated`].
+    Validate(Vec<(String, Value)>),
+    /// Read the run's checkpoint of this name (the latest when `None`); answered by
+    /// [`Event::CheckpointLoaded`].
+    LoadCheckpoint(Option<String>),
+    /// Have ReflectRetry and the plugins judge the round; answered by [`Event::Reviewed`].
+    Review(RunReport),
+    /// The run is over: record its end, log the experience, answer the callers.
+    Finish(Box<Finished>),
+}
+
+/// The end of a run: what the caller gets and the experience the learners get.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finished {
+    /// What the caller gets.
+    pub outcome: RunOutcome,
+    /// The experience tuple to log.
+    pub experience: ExperienceTuple,
+}
+
+/// What the interpreter answers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The answer to [`Command::Prepare`].
+    Prepared {
+        /// Citations of the memory items retrieved.
+        citations: Vec<String>,
+        /// What memory and the lessons suggest for the first attempt.
+        guidance: Option<String>,
+        /// A plan given with the task, to be run as given.
+        forced: Option<Vec<ArmChoice>>,
+    },
+    /// The answer to [`Command::Choose`].
+    Planned(Result<PlanChoice, String>),
+    /// The answer to [`Command::Transition`]: the state now recorded.
+    Transitioned(RunState),
+    /// The answer to [`Command::Call`].
+    Called {
+        /// What the call did.
+        outcome: CallOutcome,
+        /// When it ended (ms since the epoch).
+        at_ms: u64,
+    },
+    /// The answer to [`Command::Validate`]: a verdict per stage.
+    Validated(Vec<(String, Result<(), String>)>),
+    /// The answer to [`Command::LoadCheckpoint`].
+    CheckpointLoaded(Option<Checkpoint>),
+    /// The answer to [`Command::Review`].
+    Reviewed {
+        /// ReflectRetry's verdict (`Accept` when it did not answer).
+        reflect_retry: Verdict,
+        /// The embedder's plugins' answers, in their order.
+        plugins: Vec<PluginAnswer>,
+        /// When the round was judged (ms since the epoch).
+        at_ms: u64,
+    },
+}
+
+/// Why the machine cannot go on.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RunError {
+    /// A checkpoint of the run does not decode (the run is not restarted from scratch, which
+    /// could repeat calls that were made).
+    #[error("checkpoint {step} of run {run_id} does not decode: {reason}")]
+    Checkpoint {
+        /// The run.
+        run_id: String,
+        /// The checkpoint's step index.
+        step: u32,
+        /// The decoder's message.
+        reason: String,
+    },
+    /// A checkpoint could not be encoded.
+    #[error("checkpoint of run {run_id} cannot be encoded: {reason}")]
+    Encode {
+        /// The run.
+        run_id: String,
+        /// The encoder's message.
+        reason: String,
+    },
+    /// The machine waits for an answer to no command (a fault in the machine or its
+    /// interpreter).
+    #[error("run {0}: the run machine stopped without ending the run")]
+    Stalled(String),
+    /// An event came that answers no command the machine is waiting on.
+    #[error("run {run_id}: {event} does not answer what the run waits for ({waiting})")]
+    Unexpected {
+        /// The run.
+        run_id: String,
+        /// The event's kind.
+        event: &'static str,
+        /// What the machine waits for.
+        waiting: &'static str,
+    },
+}
+
+/// What a run has done so far: everything a checkpoint holds, so that a run resumes where it
+/// was.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunProgress {
+    /// 0-based attempt over all rounds.
+    pub attempt: u32,
+    /// 1-based ReflectRetry round.
+    pub round: u32,
+    /// Recovery attempts in the current round.
+    pub recoveries_in_round: u32,
+    /// The plan in force.
+    pub plan: Option<PlanChoice>,
+    /// The first attempt's arms.
+    pub first_arms: Vec<ArmChoice>,
+    /// Whether the first plan explored.
+    pub explored: bool,
+    /// The policy's greedy plan when it chose the first plan.
+    #[serde(default)]
+    pub first_greedy: Vec<Arm>,
+    /// The first plan's id (`sop:<id>@<version>` when it followed an SOP).
+    pub first_plan_id: String,
+    /// The next stage to run in this attempt.
+    pub next_stage: usize,
+    /// Outputs of the completed stages of this attempt.
+    pub outputs: BTreeMap<String, Value>,
+    /// The step (index into `steps`) that produced each output.
+    pub output_step: BTreeMap<String, usize>,
+    /// A stage of a non-idempotent tool whose call was started and not seen to end.
+    pub in_flight: Option<usize>,
+    /// Arms ruled out by recoveries in this round.
+    pub excluded: Vec<(String, String, String)>,
+    /// The reflection or hint to plan with.
+    pub guidance: Option<String>,
+    /// Latency over every call.
+    pub latency_ms: f64,
+    /// Cost over every call.
+    pub cost: f64,
+    /// Tool calls made (retries included; replays excluded).
+    pub tool_calls: u32,
+    /// Tool errors by class.
+    pub tool_errors: BTreeMap<ErrorClass, u32>,
+    /// The recoveries made.
+    pub recoveries: Vec<RecoveryRecord>,
+    /// ReflectRetry rounds that sent the run back.
+    pub reflect_retries: u32,
+    /// The run state last acknowledged.
+    pub state: Option<RunState>,
+    /// The failure policy's per-run counters.
+    pub policy_state: crate::triage::policy::PolicyState,
+    /// Citations of what memory retrieved for the run.
+    pub citations: Vec<String>,
+    /// Events of the current round (for ReflectRetry).
+    pub events: Vec<RunEvent>,
+    /// Retries each of the embedder's plugins asked for, by name.
+    #[serde(default)]
+    pub plugin_retries: BTreeMap<String, u32>,
+    /// Every step of every attempt.
+    pub steps: Vec<Step>,
+}
+
+impl RunProgress {
+    /// Goes back to stage `at` of `plan`: the outputs of the stages before it stand.
+    fn rewind_to(&mut self, plan: &PlanChoice, at: usize) {
+        let later: Vec<&str> = plan
+            .arms
+            .iter()
+            .skip(at)
+            .map(|a| a.stage.as_str())
+            .collect();
+        self.outputs
+            .retain(|stage, _| !later.contains(&stage.as_str()));
+        self.output_step
+            .retain(|stage, _| !later.contains(&stage.as_str()));
+        self.next_stage = at;
+    }
+
+    /// The steps of the current attempt, as a trajectory for the classifier.
+    fn attempt_trajectory(&self) -> Trajectory {
+        let mut t = Trajectory::default();
+        for s in self.steps.iter().filter(|s| {
+            s.metadata.get("attempt").and_then(Value::as_u64) == Some(u64::from(self.attempt))
+        }) {
+            t.push(s.clone());
+        }
+        t
+    }
+
+    /// Marks each producing step of `verdicts` `valid` or `invalid` (what the learners read),
+    /// with the validator's reason as its error.
+    fn mark(&mut self, verdicts: &[(String, Result<(), String>)]) {
+        for (stage, verdict) in verdicts {
+            let Some(step) = self
+                .output_step
+                .get(stage)
+                .and_then(|&i| self.steps.get_mut(i))
+            else {
+                continue;
+            };
+            let mark = if verdict.is_ok() { "valid" } else { "invalid" };
+            step.metadata.insert("outcome".into(), Value::from(mark));
+            if let Err(reason) = verdict {
+                step.error = Some(reason.clone());
+                step.error_class = Some(ErrorClass::SchemaMismatch);
+            }
+        }
+    }
+
+    /// Outputs that succeeded and were not validated yet.
+    fn unvalidated(&self) -> Vec<(String, Value)> {
+        self.outputs
+            .iter()
+            .filter(|(stage, _)| {
+                self.output_step
+                    .get(*stage)
+                    .and_then(|&i| self.steps.get(i))
+                    .is_some_and(|step| {
+                        step.metadata.get("outcome").and_then(Value::as_str) == Some("success")
+                    })
+            })
+            .map(|(stage, v)| (stage.clone(), v.clone()))
+            .collect()
+    }
+}
+
+/// Where the machine waits, and what it goes on with when the answer comes.
+#[derive(Debug, Clone, Default)]
+enum Phase {
+    /// Not started.
+    #[default]
+    Idle,
+    /// For [`Event::Prepared`].
+    Preparing,
+    /// For the first plan of an attempt.
+    Planning,
+    /// For a repaired plan after the failure of stage `stage` of `old`.
+    Repairing { old: PlanChoice, stage: usize },
+    /// For a transition, then `then`.
+    Moving(After),
+    /// For the call of stage `stage`.
+    Calling { stage: usize, call: Box<StageCall> },
+    /// For the validation of an attempt's outputs.
+    Validating,
+    /// For the validation of outputs left unvalidated by a round that ended in `end`.
+    Settling { end: RoundEnd },
+    /// For the checkpoint to roll back to (the latest when `None`).
+    RollingBack { checkpoint: Option<String> },
+    /// For the round's verdicts.
+    Reviewing { end: RoundEnd },
+    /// The run is over.
+    Done,
+}
+
+/// What comes after an acknowledged transition.
+#[derive(Debug, Clone)]
+enum After {
+    Planned,
+    Executing,
+    Validating,
+    Recovering(Box<AttemptFailure>),
+    NextRound,
+}
+
+/// How a round ended.
+#[derive(Debug, Clone)]
+struct RoundEnd {
+    state: RunState,
+    reason: Option<String>,
+}
+
+/// One run's machine. See the module's documentation.
+pub struct RunMachine {
+    run_id: String,
+    task: Arc<Task>,
+    workflow: Arc<Workflow>,
+    rules: Arc<RunRules>,
+    st: RunProgress,
+    resumed: bool,
+    phase: Phase,
+    out: VecDeque<Command>,
+}
+
+impl RunMachine {
+    /// A machine for a new run of `task`.
+    pub fn new(
+        run_id: impl Into<String>,
+        task: Arc<Task>,
+        workflow: Arc<Workflow>,
+        rules: Arc<RunRules>,
+    ) -> RunMachine {
+        RunMachine {
+            run_id: run_id.into(),
+            task,
+            workflow,
+            rules,
+            st: RunProgress {
+                round: 1,
+                ..RunProgress::default()
+            },
+            resumed: false,
+            phase: Phase::Idle,
+            out: VecDeque::new(),
+        }
+    }
+
+    /// A machine that goes on from `checkpoint` (a run resumed after a crash).
+    pub fn resume(
+        run_id: impl Into<String>,
+        task: Arc<Task>,
+        workflow: Arc<Workflow>,
+        rules: Arc<RunRules>,
+        checkpoint: Checkpoint,
+    ) -> Result<RunMachine, RunError> {
+        let mut m = RunMachine::new(run_id, task, workflow, rules);
+        m.st = decode(checkpoint)?;
+        m.resumed = true;
+        Ok(m)
+    }
+
+    /// The run.
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    /// The task.
+    pub fn task(&self) -> &Arc<Task> {
+        &self.task
+    }
+
+    /// What the run has done so far.
+    pub fn progress(&self) -> &RunProgress {
+        &self.st
+    }
+
+    /// The checkpoint record of `progress` for this run at `created_ms`.
+    pub fn checkpoint_of(
+        run_id: &str,
+        progress: &RunProgress,
+        created_ms: u64,
+    ) -> Result<Checkpoint, RunError> {
+        let state = serde_json::to_value(progress).map_err(|e| RunError::Encode {
+            run_id: run_id.to_string(),
+            reason: e.to_string(),
+        })?;
+        Ok(Checkpoint {
+            run_id: run_id.to_string(),
+            step_index: progress.steps.len() as u32,
+            name: None,
+            state,
+            completed_steps: Vec::new(),
+            created_ms,
+        })
+    }
+
+    /// The next command to perform, if any; `None` while the machine waits for an answer (or
+    /// when the run is over). Starts the run on its first call.
+    pub fn poll(&mut self) -> Option<Command> {
+        if matches!(self.phase, Phase::Idle) {
+            self.phase = Phase::Preparing;
+            self.out.push_back(Command::Prepare);
+        }
+        self.out.pop_front()
+    }
+
+    /// Whether the run is over (its [`Command::Finish`] was issued).
+    pub fn is_done(&self) -> bool {
+        matches!(self.phase, Phase::Done)
+    }
+
+    /// Takes the answer to the command the machine waits on.
+    pub fn handle(&mut self, event: Event) -> Result<(), RunError> {
+        let phase = std::mem::take(&mut self.phase);
+        match (phase, event) {
+            (
+                Phase::Preparing,
+                Event::Prepared {
+                    citations,
+                    guidance,
+                    forced,
+                },
+            ) => {
+                self.st.citations = citations;
+                if self.st.guidance.is_none() {
+                    self.st.guidance = guidance;
+                }
+                if let Some(arms) = forced
+                    && self.st.plan.is_none()
+                    && self.st.first_arms.is_empty()
+                {
+                    // A plan given with the task (the API's `/execute`) is run as given.
+                    let plan = PlanChoice::new(arms, None, true);
+                    self.st.first_arms = plan.arms.clone();
+                    self.st.first_plan_id = plan.plan_id.clone();
+                    self.st.plan = Some(plan);
+                }
+                self.attempt_start();
+            }
+            (Phase::Planning, Event::Planned(choice)) => match choice {
+                Ok(plan) => {
+                    if self.st.first_arms.is_empty() {
+                        self.st.first_arms = plan.arms.clone();
+                        self.st.explored = !plan.greedy;
+                        self.st.first_greedy = plan.greedy_arms.clone();
+                        self.st.first_plan_id = plan.plan_id.clone();
+                    }
+                    self.st.plan = Some(plan);
+                    self.attempt_start();
+                }
+                Err(reason) => self.round_end(RunState::Failed, Some(reason)),
+            },
+            (Phase::Repairing { old, stage }, Event::Planned(choice)) => match choice {
+                Ok(plan) => {
+                    self.st.plan = Some(plan);
+                    self.st.rewind_to(&old, stage);
+                    self.checkpoint();
+                    self.attempt_start();
+                }
+                Err(reason) => self.round_end(RunState::Failed, Some(reason)),
+            },
+            (Phase::Moving(after), Event::Transitioned(state)) => {
+                self.st.state = Some(state);
+                match after {
+                    After::Planned => self.after_planned(),
+                    After::Executing => self.run_stages(),
+                    After::Validating => self.validate(),
+                    After::Recovering(failure) => self.recover(*failure),
+                    After::NextRound => {
+                        self.checkpoint();
+                        self.attempt_start();
+                    }
+                }
+            }
+            (Phase::Calling { stage, call }, Event::Called { outcome, at_ms }) => {
+                self.called(stage, *call, outcome, at_ms)
+            }
+            (Phase::Validating, Event::Validated(verdicts)) => self.validated(verdicts),
+            (Phase::Settling { end }, Event::Validated(verdicts)) => {
+                self.st.mark(&verdicts);
+                self.review(end);
+            }
+            (Phase::RollingBack { checkpoint }, Event::CheckpointLoaded(found)) => match found {
+                Some(cp) => {
+                    // State and trajectory come back together: the plan, the stage to go on
+                    // from, the outputs so far and the steps that produced them.
+                    let saved = decode(cp)?;
+                    self.st.plan = saved.plan;
+                    self.st.next_stage = saved.next_stage;
+                    self.st.outputs = saved.outputs;
+                    self.st.output_step = saved.output_step;
+                    self.checkpoint();
+                    self.attempt_start();
+                }
+                None => {
+                    self.round_end(
+                        RunState::Escalated,
+                        Some(format!(
+                            "rollback asked for checkpoint {} of run {}, which does not exist",
+                            checkpoint.as_deref().unwrap_or("(latest)"),
+                            self.run_id
+                        )),
+                    );
+                }
+            },
+            (
+                Phase::Reviewing { end },
+                Event::Reviewed {
+                    reflect_retry,
+                    plugins,
+                    at_ms,
+                },
+            ) => self.reviewed(end, reflect_retry, plugins, at_ms),
+            (phase, event) => {
+                let waiting = phase.name();
+                self.phase = phase;
+                return Err(RunError::Unexpected {
+                    run_id: self.run_id.clone(),
+                    event: event.name(),
+                    waiting,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn wait(&mut self, phase: Phase, command: Command) {
+        self.phase = phase;
+        self.out.push_back(command);
+    }
+
+    fn checkpoint(&mut self) {
+        self.out
+            .push_back(Command::Checkpoint(Box::new(self.st.clone())));
+    }
+
+    fn event(&mut self, event: RunEvent) {
+        self.out.push_back(Command::Notify(event.clone()));
+        self.st.events.push(event);
+    }
+
+    fn transition(&mut self, next: RunState, patch: RunPatch, then: After) {
+        let from = self.st.state.unwrap_or(RunState::Received);
+        self.wait(
+            Phase::Moving(then),
+            Command::Transition { from, next, patch },
+        );
+    }
+
+    /// An attempt begins (or goes on after a resume): a plan, then its transitions.
+    fn attempt_start(&mut self) {
+        let Some(plan) = self.st.plan.clone() else {
+            self.wait(
+                Phase::Planning,
+                Command::Choose {
+                    base: None,
+                    exclude: Vec::new(),
+                },
+            );
+            return;
+        };
+        // A run resumed from a checkpoint taken while it executed goes on executing: its plan
+        // was acknowledged before the crash and planning it again is no transition the state
+        // machine allows.
+        if !matches!(self.st.state, Some(RunState::Planned | RunState::Executing)) {
+            let patch = RunPatch {
+                attempts: Some(self.st.attempt + 1),
+                plan_id: Some(plan.plan_id.clone()),
+                sop_id: plan.sop_id.clone(),
+                reason: None,
+            };
+            self.transition(RunState::Planned, patch, After::Planned);
+            return;
+        }
+        self.after_planned();
+    }
+
+    fn after_planned(&mut self) {
+        if self.st.state != Some(RunState::Executing) {
+            self.transition(RunState::Executing, RunPatch::default(), After::Executing);
+            return;
+        }
+        self.run_stages();
+    }
+
+    /// Calls the plan's next stage, or validates when every stage ran.
+    fn run_stages(&mut self) {
+        let Some(plan) = self.st.plan.clone() else {
+            self.round_end(RunState::Failed, Some("no plan could be made".to_string()));
+            return;
+        };
+        let i = self.st.next_stage;
+        let Some(arm) = plan.arms.get(i).cloned() else {
+            self.transition(RunState::Validating, RunPatch::default(), After::Validating);
+            return;
+        };
+        let idempotent = self.workflow.is_idempotent(&arm.tool);
+        if self.st.in_flight == Some(i) && !idempotent {
+            // A non-idempotent call was started before a crash and its end was never seen: it is
+            // in doubt, and repeating it silently could do it twice. The failure policy decides.
+            self.st.in_flight = None;
+            let message = format!(
+                "the call of {} at stage {} was in flight when the process stopped; its outcome is in doubt",
+                arm.tool, arm.stage
+            );
+            self.event(RunEvent::Error {
+                stage: arm.stage.clone(),
+                tool: arm.tool.clone(),
+                class: ErrorClass::DeterministicFailure,
+                message: message.clone(),
+            });
+            self.attempt_failed(AttemptFailure {
+                trajectory: self.st.attempt_trajectory(),
+                stage: i,
+                message,
+                error_type: Some("InDoubt".to_string()),
+                class: None,
+                category: FailureCategory::Unknown,
+                retry_after_ms: None,
+            });
+            return;
+        }
+        if !idempotent {
+            self.st.in_flight = Some(i);
+            self.checkpoint();
+        }
+        let call = StageCall {
+            run_id: self.run_id.clone(),
+            task_index: task_index(&self.task),
+            attempt: self.st.attempt,
+            stage: arm.stage.clone(),
+            tool: arm.tool.clone(),
+            args: self
+                .workflow
+                .args(&arm.stage, &arm.tool, &arm.strategy, &self.st.outputs),
+            features: self.task.features.clone(),
+            idempotency_key: crate::store::idempotency::call_key(
+                &self.run_id,
+                self.st.attempt,
+                &arm.stage,
+            ),
+            budget: Budget::remaining(&self.task.constraints, self.st.latency_ms, self.st.cost),
+        };
+        self.wait(
+            Phase::Calling {
+                stage: i,
+                call: Box::new(call.clone()),
+            },
+            Command::Call(Box::new(call)),
+        );
+    }
+
+    fn called(&mut self, i: usize, call: StageCall, outcome: CallOutcome, at_ms: u64) {
+        let Some(arm) = self.st.plan.as_ref().and_then(|p| p.arms.get(i)).cloned() else {
+            self.round_end(RunState::Failed, Some("no plan could be made".to_string()));
+            return;
+        };
+        let st = &mut self.st;
+        st.in_flight = None;
+        st.latency_ms += outcome.latency_ms;
+        st.cost += outcome.cost;
+        st.tool_calls += outcome.calls;
+        for class in &outcome.error_classes {
+            *st.tool_errors.entry(*class).or_insert(0) += 1;
+        }
+        let mut step = Step {
+            index: st.steps.len() as u32,
+            action: "tool_call".to_string(),
+            tool_called: Some(arm.tool.clone()),
+            tool_input: Some(call.args.clone()),
+            timestamp_ms: at_ms,
+            latency_ms: outcome.latency_ms,
+            cost: outcome.cost,
+            idempotent: self.workflow.is_idempotent(&arm.tool),
+            idempotency_key: Some(call.idempotency_key.clone()),
+            ..Step::default()
+        };
+        step.metadata
+            .insert("stage".into(), Value::from(arm.stage.clone()));
+        step.metadata
+            .insert("strategy".into(), Value::from(arm.strategy.clone()));
+        step.metadata
+            .insert("attempt".into(), Value::from(st.attempt));
+        step.metadata
+            .insert("infra_errors".into(), Value::from(outcome.infra_errors));
+        // What the arm itself took, without the infrastructure faults retried inside the call
+        // and their backoff: the policy learns latency and cost from these, never from faults.
+        step.metadata
+            .insert("own_latency_ms".into(), Value::from(outcome.own_latency_ms));
+        step.metadata
+            .insert("own_cost".into(), Value::from(outcome.own_cost));
+        step.metadata
+            .insert("replayed".into(), Value::from(outcome.replayed));
+        match outcome.result {
+            Ok(value) => {
+                step.tool_output = Some(value.clone());
+                step.metadata
+                    .insert("outcome".into(), Value::from("success"));
+                st.steps.push(step);
+                st.outputs.insert(arm.stage.clone(), value);
+                st.output_step.insert(arm.stage.clone(), st.steps.len() - 1);
+                st.next_stage += 1;
+                self.event(RunEvent::StepSucceeded {
+                    stage: arm.stage.clone(),
+                    tool: arm.tool.clone(),
+                });
+                self.checkpoint();
+                self.run_stages();
+            }
+            Err(err) => {
+                step.error = Some(err.message.clone());
+                step.error_class = Some(err.class);
+                step.exception_type = Some(err.class.to_string());
+                step.metadata
+                    .insert("outcome".into(), Value::from(err.category.as_str()));
+                st.steps.push(step);
+                self.event(RunEvent::Error {
+                    stage: arm.stage.clone(),
+                    tool: arm.tool.clone(),
+                    class: err.class,
+                    message: err.message.clone(),
+                });
+                self.checkpoint();
+                self.attempt_failed(AttemptFailure {
+                    trajectory: self.st.attempt_trajectory(),
+                    stage: i,
+                    message: err.message,
+                    error_type: Some(err.class.to_string()),
+                    class: Some(err.class),
+                    category: err.category,
+                    retry_after_ms: err.retry_after_ms,
+                });
+            }
+        }
+    }
+
+    fn validate(&mut self) {
+        let Some(plan) = &self.st.plan else {
+            self.round_end(RunState::Failed, Some("no plan could be made".to_string()));
+            return;
+        };
+        let outputs: Vec<(String, Value)> = plan
+            .arms
+            .iter()
+            .filter_map(|a| {
+                self.st
+                    .outputs
+                    .get(&a.stage)
+                    .map(|v| (a.stage.clone(), v.clone()))
+            })
+            .collect();
+        self.wait(Phase::Validating, Command::Validate(outputs));
+    }
+
+    fn validated(&mut self, verdicts: Vec<(String, Result<(), String>)>) {
+        self.st.mark(&verdicts);
+        let first_invalid = verdicts
+            .into_iter()
+            .find_map(|(stage, v)| v.err().map(|reason| (stage, reason)));
+        let Some((stage, reason)) = first_invalid else {
+            self.event(RunEvent::Validation {
+                passed: true,
+                reason: None,
+            });
+            self.learn_first_attempt();
+            self.round_end(RunState::Succeeded, None);
+            return;
+        };
+        self.event(RunEvent::Validation {
+            passed: false,
+            reason: Some(reason.clone()),
+        });
+        let at = self
+            .st
+            .plan
+            .as_ref()
+            .and_then(|p| p.arms.iter().position(|a| a.stage == stage))
+            .unwrap_or(0);
+        self.attempt_failed(AttemptFailure {
+            trajectory: self.st.attempt_trajectory(),
+            stage: at,
+            message: format!("validation failed: {reason}"),
+            error_type: Some("ValidationError".to_string()),
+            class: Some(ErrorClass::SchemaMismatch),
+            category: FailureCategory::Strategy,
+            retry_after_ms: None,
+        });
+    }
+
+    /// When the run's first attempt has just ended (passed, failed or rejected by its
+    /// validator), its settled stage outcomes go to the policy, which learns them now rather
+    /// than when the run ends ([`crate::learn::first_attempt`]).
+    fn learn_first_attempt(&mut self) {
+        if self.st.attempt != 0 {
+            return;
+        }
+        let steps = settled_steps(&self.st.steps, 0);
+        if !steps.is_empty() {
+            self.out.push_back(Command::LearnFirstAttempt(steps));
+        }
+    }
+
+    fn attempt_failed(&mut self, failure: AttemptFailure) {
+        self.learn_first_attempt();
+        self.transition(
+            RunState::Recovering,
+            RunPatch::default(),
+            After::Recovering(Box::new(failure)),
+        );
+    }
+
+    /// Triage: the failure is classified and the failure policy picks the recovery, within the
+    /// caps.
+    fn recover(&mut self, failure: AttemptFailure) {
+        let Some(plan) = self.st.plan.clone() else {
+            self.round_end(RunState::Failed, Some("no plan could be made".to_string()));
+            return;
+        };
+        let mut rng = fastrand::Rng::with_seed(
+            stable_hash(&self.run_id)
+                ^ u64::from(self.st.attempt).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        );
+        let counts: BTreeMap<FailureType, u32> =
+            self.st.recoveries.iter().fold(BTreeMap::new(), |mut m, r| {
+                *m.entry(r.failure).or_insert(0) += 1;
+                m
+            });
+        let decision = self.rules.triage.decide(
+            &self.task,
+            &failure,
+            &mut self.st.policy_state,
+            |ft| counts.get(&ft).copied().unwrap_or(0),
+            &mut rng,
+        );
+        self.st.recoveries.push(RecoveryRecord {
+            failure: decision.failure,
+            action: decision.action.kind().to_string(),
+        });
+        self.event(RunEvent::Recovery {
+            failure: decision.failure.to_string(),
+            action: decision.action.kind().to_string(),
+        });
+        self.st.recoveries_in_round += 1;
+        self.st.attempt += 1;
+        let (cap, total) = (
+            self.rules.max_recovery_attempts,
+            self.rules.max_total_attempts,
+        );
+        let over = if self.st.recoveries_in_round > cap {
+            Some(format!("max_recovery_attempts ({cap}) exceeded"))
+        } else if total > 0 && self.st.attempt >= total {
+            Some(format!("max_total_attempts ({total}) reached"))
+        } else {
+            None
+        };
+        let stage_name = plan
+            .arms
+            .get(failure.stage)
+            .map(|a| a.stage.clone())
+            .unwrap_or_default();
+        if let Some(over) = over {
+            self.round_end(
+                RunState::Escalated,
+                Some(format!(
+                    "{over}; last failure {} at stage {stage_name}: {}",
+                    decision.failure, failure.message
+                )),
+            );
+            return;
+        }
+        let Some(failed_arm) = plan.arms.get(failure.stage).cloned() else {
+            self.round_end(RunState::Failed, Some("no plan could be made".to_string()));
+            return;
+        };
+        match decision.action {
+            RecoveryAction::Retry {
+                inject: None,
+                delay_ms,
+                ..
+            } => {
+                // The same plan again, from the stage that failed; earlier outputs stand. The
+                // wait is virtual in a simulated environment and counts as latency.
+                self.st.latency_ms += delay_ms as f64;
+                self.st.rewind_to(&plan, failure.stage);
+            }
+            RecoveryAction::Retry {
+                inject: Some(_),
+                hint,
+                ..
+            } => {
+                // Retry with the tool manifest: only arms that fit remain.
+                let hint = hint.unwrap_or_else(|| "use only tools that fit".to_string());
+                self.repair(plan, &failed_arm, failure.stage, hint);
+                return;
+            }
+            RecoveryAction::Replan { hint } => {
+                self.repair(plan, &failed_arm, failure.stage, hint);
+                return;
+            }
+            RecoveryAction::Resume { from_subgoal } => {
+                let at = plan
+                    .arms
+                    .iter()
+                    .position(|a| a.stage == from_subgoal)
+                    .unwrap_or(failure.stage);
+                self.st.rewind_to(&plan, at);
+            }
+            RecoveryAction::Rollback { checkpoint_id } => {
+                self.wait(
+                    Phase::RollingBack {
+                        checkpoint: checkpoint_id.clone(),
+                    },
+                    Command::LoadCheckpoint(checkpoint_id),
+                );
+                return;
+            }
+            RecoveryAction::Escalate { message } => {
+                self.round_end(RunState::Escalated, Some(message));
+                return;
+            }
+            RecoveryAction::Suspend { message, .. } => {
+                self.round_end(
+                    RunState::Escalated,
+                    Some(format!("suspended for human approval: {message}")),
+                );
+                return;
+            }
+            RecoveryAction::Abort { reason } => {
+                self.round_end(RunState::Aborted, Some(reason));
+                return;
+            }
+        }
+        self.checkpoint();
+        self.attempt_start();
+    }
+
+    /// Repairs the plan after a failure: the failed arm is ruled out for this run and replaced
+    /// by the policy's best untried arm of its stage; the stages before it stand.
+    fn repair(&mut self, plan: PlanChoice, failed: &ArmChoice, stage: usize, hint: String) {
+        self.st.excluded.push((
+            failed.stage.clone(),
+            failed.tool.clone(),
+            failed.strategy.clone(),
+        ));
+        self.st.guidance = Some(hint);
+        let command = Command::Choose {
+            base: Some(plan.arms.clone()),
+            exclude: self.st.excluded.clone(),
+        };
+        self.wait(Phase::Repairing { old: plan, stage }, command);
+    }
+
+    /// The round is over: outputs left unvalidated are validated for the learners, then
+    /// ReflectRetry and the plugins judge the round.
+    fn round_end(&mut self, state: RunState, reason: Option<String>) {
+        let end = RoundEnd { state, reason };
+        if state != RunState::Succeeded {
+            // Without it a call that succeeded in a run that later failed says nothing about its
+            // arm, and the arms tried in troubled runs (fallbacks, mostly) are learned from only
+            // half as often as they are called.
+            let pending = self.st.unvalidated();
+            if !pending.is_empty() {
+                self.wait(Phase::Settling { end }, Command::Validate(pending));
+                return;
+            }
+        }
+        self.review(end);
+    }
+
+    fn review(&mut self, end: RoundEnd) {
+        let report = RunReport {
+            run_id: self.run_id.clone(),
+            round: self.st.round,
+            passed: end.state == RunState::Succeeded,
+            events: self.st.events.clone(),
+        };
+        self.wait(Phase::Reviewing { end }, Command::Review(report));
+    }
+
+    /// ReflectRetry's verdict, else the first `Retry` of a plugin with retries left, sends the
+    /// run back for another round while attempts remain; otherwise the run ends.
+    fn reviewed(
+        &mut self,
+        end: RoundEnd,
+        reflect_retry: Verdict,
+        plugins: Vec<PluginAnswer>,
+        at_ms: u64,
+    ) {
+        let may_retry = reflect_retry == Verdict::Accept;
+        let mut theirs = Verdict::Accept;
+        for answer in plugins {
+            let Some(Verdict::Retry {
+                attempt,
+                reflection,
+            }) = answer.verdict
+            else {
+                continue;
+            };
+            if !may_retry {
+                continue;
+            }
+            let used = self.st.plugin_retries.entry(answer.name).or_default();
+            if theirs == Verdict::Accept && *used < answer.max_retries {
+                *used += 1;
+                theirs = Verdict::Retry {
+                    attempt,
+                    reflection,
+                };
+            }
+        }
+        let verdict = match reflect_retry {
+            Verdict::Accept => theirs,
+            retry => retry,
+        };
+        // Every attempt the run may still make is spent: the last result stands.
+        let total = self.rules.max_total_attempts;
+        let spent = total > 0 && self.st.attempt + 1 >= total;
+        match verdict {
+            Verdict::Retry { reflection, .. } if end.state != RunState::Aborted && !spent => {
+                let st = &mut self.st;
+                st.reflect_retries += 1;
+                st.round += 1;
+                st.recoveries_in_round = 0;
+                st.attempt += 1;
+                st.guidance = Some(reflection);
+                st.events.clear();
+                st.excluded.clear();
+                st.plan = None;
+                st.next_stage = 0;
+                st.outputs.clear();
+                if end.state == RunState::Succeeded {
+                    // The run passed its stages but its validator rejected it: back to
+                    // recovering.
+                    self.transition(RunState::Recovering, RunPatch::default(), After::NextRound);
+                } else {
+                    self.checkpoint();
+                    self.attempt_start();
+                }
+            }
+            _ => self.finish(end, at_ms),
+        }
+    }
+
+    fn finish(&mut self, end: RoundEnd, at_ms: u64) {
+        let st = &self.st;
+        let passed = end.state == RunState::Succeeded;
+        let reward = self.workflow.reward(passed, st.latency_ms, st.cost);
+        let plan = st.plan.as_ref();
+        let output = passed.then(|| Value::Object(st.outputs.clone().into_iter().collect()));
+        let outcome = RunOutcome {
+            run_id: self.run_id.clone(),
+            task_id: self.task.task_id.clone(),
+            state: end.state,
+            passed,
+            attempts: st.attempt + 1,
+            reflect_retries: st.reflect_retries,
+            plan_id: plan.map(|p| p.plan_id.clone()),
+            sop_id: plan.and_then(|p| p.sop_id.clone()),
+            arms: st.first_arms.clone(),
+            final_arms: plan.map(|p| p.arms.clone()).unwrap_or_default(),
+            reward,
+            latency_ms: st.latency_ms,
+            cost: st.cost,
+            output: output.clone(),
+            reason: end.reason,
+            recoveries: st.recoveries.clone(),
+            tool_calls: st.tool_calls,
+            tool_errors: st.tool_errors.clone(),
+            resumed: self.resumed,
+            explored: st.explored,
+            citations: st.citations.clone(),
+            greedy_arms: st.first_greedy.clone(),
+        };
+        let experience = ExperienceTuple {
+            run_id: self.run_id.clone(),
+            task_id: self.task.task_id.clone(),
+            plan_id: st.first_plan_id.clone(),
+            user_id: self.task.user_id.clone(),
+            context_features: self.task.features.clone(),
+            arms: st.first_arms.clone(),
+            steps: st.steps.clone(),
+            result: RunResult {
+                state: end.state,
+                passed,
+                output,
+                latency_ms: st.latency_ms,
+                cost: st.cost,
+                attempts: st.attempt + 1,
+            },
+            reward,
+            user_feedback: None,
+            time_ms: at_ms,
+        };
+        self.wait(
+            Phase::Done,
+            Command::Finish(Box::new(Finished {
+                outcome,
+                experience,
+            })),
+        );
+    }
+}
+
+/// Decodes a run's progress from a checkpoint.
+fn decode(cp: Checkpoint) -> Result<RunProgress, RunError> {
+    serde_json::from_value(cp.state).map_err(|e| RunError::Checkpoint {
+        run_id: cp.run_id,
+        step: cp.step_index,
+        reason: e.to_string(),
+    })
+}
+
+impl Phase {
+    fn name(&self) -> &'static str {
+        match self {
+            Phase::Idle => "nothing (not started)",
+            Phase::Preparing => "preparation",
+            Phase::Planning | Phase::Repairing { .. } => "a plan",
+            Phase::Moving(_) => "a transition",
+            Phase::Calling { .. } => "a tool call",
+            Phase::Validating | Phase::Settling { .. } => "a validation",
+            Phase::RollingBack { .. } => "a checkpoint",
+            Phase::Reviewing { .. } => "the round's verdicts",
+            Phase::Done => "nothing (the run is over)",
+        }
+    }
+}
+
+impl Event {
+    fn name(&self) -> &'static str {
+        match self {
+            Event::Prepared { .. } => "prepared",
+            Event::Planned(_) => "planned",
+            Event::Transitioned(_) => "transitioned",
+            Event::Called { .. } => "called",
+            Event::Validated(_) => "validated",
+            Event::CheckpointLoaded(_) => "checkpoint loaded",
+            Event::Reviewed { .. } => "reviewed",
+        }
+    }
+}

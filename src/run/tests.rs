@@ -1,0 +1,453 @@
+//! The run machine without actors: scripted answers, and the commands it gives back.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::tools::sim::RewardConfig;
+use crate::tools::{CallContext, Tool, ToolError, ToolFuture, ToolRegistry, ToolSpec};
+use crate::{ArmChoice, Checkpoint, ErrorClass, FailureCategory, RunState, Task};
+
+/// A tool the machine never calls (the tests answer for it).
+struct Named(ToolSpec);
+
+impl Tool for Named {
+    fn spec(&self) -> &ToolSpec {
+        &self.0
+    }
+
+    fn call<'a>(&'a self, _args: Value, _ctx: &'a CallContext) -> ToolFuture<'a> {
+        Box::pin(async {
+            Ok(crate::tools::ToolOutput {
+                value: Value::Null,
+                latency_ms: 0.0,
+                cost: 0.0,
+            })
+        })
+    }
+}
+
+/// Two stages: `fetch` (idempotent `search`, or `scrape`) then `write` (non-idempotent
+/// `post`); an output passes when it is not `"bad"`.
+fn workflow() -> Arc<Workflow> {
+    let mut registry = ToolRegistry::new();
+    for (name, idempotent) in [("search", true), ("scrape", true), ("post", false)] {
+        let mut spec = ToolSpec::new(name, "a test tool");
+        spec.idempotent = idempotent;
+        registry.register(Arc::new(Named(spec))).unwrap();
+    }
+    let arm = |tool: &str| WorkflowArm {
+        tool: tool.to_string(),
+        strategy: "plain".to_string(),
+        params: Default::default(),
+    };
+    let stages = vec![
+        WorkflowStage {
+            name: "fetch".into(),
+            arms: vec![arm("search"), arm("scrape")],
+        },
+        WorkflowStage {
+            name: "write".into(),
+            arms: vec![arm("post")],
+        },
+    ];
+    let check: workflow::OutputCheck = Arc::new(|_, output| {
+        if output == &json!("bad") {
+            Err("the output is bad".to_string())
+        } else {
+            Ok(())
+        }
+    });
+    let reward = RewardConfig {
+        success: 1.0,
+        latency: 0.1,
+        cost: 0.1,
+        max_cost: 1.0,
+        sla_ms: 1000.0,
+    };
+    Arc::new(Workflow::new("test", stages, &registry, check, reward).unwrap())
+}
+
+fn task() -> Arc<Task> {
+    Arc::new(Task {
+        task_id: "t#1".into(),
+        goal: "fetch and write".into(),
+        ..Task::default()
+    })
+}
+
+fn plan(first: &str) -> PlanChoice {
+    let arm = |stage: &str, tool: &str| ArmChoice {
+        stage: stage.into(),
+        tool: tool.into(),
+        strategy: "plain".into(),
+        propensity: 0.5,
+    };
+    PlanChoice::new(vec![arm("fetch", first), arm("write", "post")], None, true)
+}
+
+fn machine() -> RunMachine {
+    RunMachine::new(
+        "run-t#1",
+        task(),
+        workflow(),
+        Arc::new(RunRules::default().for_workflow(&workflow())),
+    )
+}
+
+fn ok(value: Value) -> CallOutcome {
+    CallOutcome {
+        result: Ok(value),
+        latency_ms: 10.0,
+        cost: 0.01,
+        own_latency_ms: 10.0,
+        own_cost: 0.01,
+        calls: 1,
+        error_classes: Vec::new(),
+        infra_errors: 0,
+        replayed: false,
+    }
+}
+
+fn failed(class: ErrorClass, category: FailureCategory) -> CallOutcome {
+    CallOutcome {
+        result: Err(ToolError {
+            class,
+            category,
+            message: format!("{class}"),
+            retry_after_ms: None,
+            latency_ms: 5.0,
+            cost: 0.0,
+        }),
+        error_classes: vec![class],
+        ..ok(Value::Null)
+    }
+}
+
+/// Performs the commands that need no answer, and returns the first one that does.
+fn next(m: &mut RunMachine, seen: &mut Vec<Command>) -> Command {
+    loop {
+        let c = m.poll().expect("the machine has a command");
+        match c {
+            Command::Checkpoint(_) | Command::Notify(_) | Command::LearnFirstAttempt(_) => {
+                seen.push(c)
+            }
+            c => return c,
+        }
+    }
+}
+
+/// Answers transitions as the orchestrator would, until a command of another kind.
+fn through_transitions(m: &mut RunMachine, seen: &mut Vec<Command>) -> Command {
+    loop {
+        match next(m, seen) {
+            Command::Transition { next, .. } => m.handle(Event::Transitioned(next)).unwrap(),
+            c => return c,
+        }
+    }
+}
+
+fn reviewed(verdict: Verdict) -> Event {
+    Event::Reviewed {
+        reflect_retry: verdict,
+        plugins: Vec::new(),
+        at_ms: 7,
+    }
+}
+
+fn prepared() -> Event {
+    Event::Prepared {
+        citations: vec!["lesson:1".into()],
+        guidance: Some("from memory".into()),
+        forced: None,
+    }
+}
+
+#[test]
+fn a_clean_run_plans_calls_validates_is_reviewed_and_ends() {
+    let mut m = machine();
+    let mut seen = Vec::new();
+    assert_eq!(m.poll(), Some(Command::Prepare));
+    assert_eq!(m.poll(), None, "it waits for the preparation");
+    m.handle(prepared()).unwrap();
+    assert!(matches!(
+        next(&mut m, &mut seen),
+        Command::Choose { base: None, .. }
+    ));
+    m.handle(Event::Planned(Ok(plan("search")))).unwrap();
+    let Command::Transition {
+        from,
+        next: to,
+        patch,
+    } = next(&mut m, &mut seen)
+    else {
+        panic!("a transition to planned")
+    };
+    assert_eq!((from, to), (RunState::Received, RunState::Planned));
+    assert_eq!(patch.plan_id.as_deref(), Some("search/plain+post/plain"));
+    m.handle(Event::Transitioned(to)).unwrap();
+    let Command::Call(call) = through_transitions(&mut m, &mut seen) else {
+        panic!("the first call")
+    };
+    assert_eq!(
+        (call.stage.as_str(), call.tool.as_str()),
+        ("fetch", "search")
+    );
+    assert_eq!(call.args["strategy"], "plain");
+    m.handle(Event::Called {
+        outcome: ok(json!("page")),
+        at_ms: 1,
+    })
+    .unwrap();
+    let Command::Call(call) = through_transitions(&mut m, &mut seen) else {
+        panic!("the second call")
+    };
+    assert_eq!(call.tool, "post");
+    // The non-idempotent call was checkpointed as in flight before it was asked for.
+    let Some(Command::Checkpoint(before)) = seen.last() else {
+        panic!("a checkpoint before the non-idempotent call")
+    };
+    assert_eq!(before.in_flight, Some(1));
+    m.handle(Event::Called {
+        outcome: ok(json!("posted")),
+        at_ms: 2,
+    })
+    .unwrap();
+    let Command::Validate(outputs) = through_transitions(&mut m, &mut seen) else {
+        panic!("the validation")
+    };
+    assert_eq!(outputs.len(), 2);
+    m.handle(Event::Validated(
+        outputs.into_iter().map(|(s, _)| (s, Ok(()))).collect(),
+    ))
+    .unwrap();
+    let Command::Review(report) = next(&mut m, &mut seen) else {
+        panic!("the review")
+    };
+    assert!(report.passed);
+    assert_eq!(report.round, 1);
+    assert!(
+        seen.iter()
+            .any(|c| matches!(c, Command::LearnFirstAttempt(steps) if steps.len() == 2)),
+        "the first attempt's two settled steps are taught"
+    );
+    m.handle(reviewed(Verdict::Accept)).unwrap();
+    let Command::Finish(done) = next(&mut m, &mut seen) else {
+        panic!("the end")
+    };
+    assert!(m.is_done());
+    let (outcome, exp) = (&done.outcome, &done.experience);
+    assert_eq!(outcome.state, RunState::Succeeded);
+    assert_eq!(outcome.attempts, 1);
+    assert_eq!(outcome.citations, vec!["lesson:1".to_string()]);
+    assert_eq!(outcome.tool_calls, 2);
+    assert_eq!(exp.time_ms, 7);
+    assert_eq!(exp.steps.len(), 2);
+    assert!(
+        exp.steps
+            .iter()
+            .all(|s| s.metadata["outcome"] == json!("valid"))
+    );
+    assert_eq!(m.poll(), None);
+}
+
+#[test]
+fn a_wrong_tool_is_ruled_out_and_the_plan_repaired_from_its_stage() {
+    let mut m = machine();
+    let mut seen = Vec::new();
+    m.poll();
+    m.handle(prepared()).unwrap();
+    next(&mut m, &mut seen);
+    m.handle(Event::Planned(Ok(plan("search")))).unwrap();
+    let Command::Call(_) = through_transitions(&mut m, &mut seen) else {
+        panic!("a call")
+    };
+    m.handle(Event::Called {
+        outcome: failed(ErrorClass::ToolNotFit, FailureCategory::Strategy),
+        at_ms: 1,
+    })
+    .unwrap();
+    let Command::Choose { base, exclude } = through_transitions(&mut m, &mut seen) else {
+        panic!("a repair")
+    };
+    assert_eq!(base.map(|b| b.len()), Some(2));
+    assert_eq!(
+        exclude,
+        vec![("fetch".into(), "search".into(), "plain".into())]
+    );
+    assert!(seen.iter().any(|c| matches!(
+        c,
+        Command::Notify(RunEvent::Recovery { failure, .. }) if failure == "wrong_tool_called"
+    )));
+    m.handle(Event::Planned(Ok(plan("scrape")))).unwrap();
+    let Command::Call(call) = through_transitions(&mut m, &mut seen) else {
+        panic!("the repaired call")
+    };
+    assert_eq!((call.tool.as_str(), call.attempt), ("scrape", 1));
+    assert!(m.progress().guidance.is_some());
+}
+
+#[test]
+fn a_non_idempotent_call_in_doubt_after_a_crash_is_escalated_not_repeated() {
+    let mut m = machine();
+    let mut seen = Vec::new();
+    m.poll();
+    m.handle(prepared()).unwrap();
+    next(&mut m, &mut seen);
+    m.handle(Event::Planned(Ok(plan("search")))).unwrap();
+    through_transitions(&mut m, &mut seen);
+    m.handle(Event::Called {
+        outcome: ok(json!("page")),
+        at_ms: 1,
+    })
+    .unwrap();
+    let Command::Call(_) = through_transitions(&mut m, &mut seen) else {
+        panic!("the non-idempotent call")
+    };
+    // The process dies here: the last checkpoint has the call in flight.
+    let Some(Command::Checkpoint(saved)) = seen.last().cloned() else {
+        panic!("a checkpoint")
+    };
+    let cp = RunMachine::checkpoint_of("run-t#1", &saved, 3).unwrap();
+    let mut m = RunMachine::resume(
+        "run-t#1",
+        task(),
+        workflow(),
+        Arc::new(RunRules::default()),
+        cp,
+    )
+    .unwrap();
+    let mut seen = Vec::new();
+    m.poll();
+    m.handle(prepared()).unwrap();
+    // No call: the failure policy gets the doubt, and the tree's policy escalates it. The
+    // output of the stage before is validated for the learners.
+    let mut c = through_transitions(&mut m, &mut seen);
+    if let Command::Validate(outputs) = c {
+        assert_eq!(outputs.len(), 1);
+        m.handle(Event::Validated(vec![("fetch".into(), Ok(()))]))
+            .unwrap();
+        c = next(&mut m, &mut seen);
+    }
+    let Command::Review(report) = c else {
+        panic!("no call is repeated: {c:?}")
+    };
+    assert!(!report.passed);
+    m.handle(reviewed(Verdict::Accept)).unwrap();
+    let Command::Finish(done) = next(&mut m, &mut seen) else {
+        panic!("the end")
+    };
+    assert_eq!(done.outcome.state, RunState::Escalated);
+    assert!(done.outcome.resumed);
+    assert!(
+        done.outcome
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("in doubt")),
+        "{:?}",
+        done.outcome.reason
+    );
+}
+
+#[test]
+fn a_reflect_retry_verdict_starts_a_round_with_the_reflection_and_a_new_plan() {
+    let mut m = machine();
+    let mut seen = Vec::new();
+    m.poll();
+    m.handle(prepared()).unwrap();
+    next(&mut m, &mut seen);
+    m.handle(Event::Planned(Ok(plan("search")))).unwrap();
+    for output in [json!("bad"), json!("posted")] {
+        through_transitions(&mut m, &mut seen);
+        m.handle(Event::Called {
+            outcome: ok(output),
+            at_ms: 1,
+        })
+        .unwrap();
+    }
+    let Command::Validate(outputs) = through_transitions(&mut m, &mut seen) else {
+        panic!("the validation")
+    };
+    let verdicts = outputs
+        .iter()
+        .map(|(s, v)| (s.clone(), workflow().validate(s, v)))
+        .collect();
+    m.handle(Event::Validated(verdicts)).unwrap();
+    // The invalid output is a strategy failure: recovered within the round first.
+    let mut c = through_transitions(&mut m, &mut seen);
+    while !matches!(c, Command::Review(_)) {
+        c = match c {
+            Command::Choose { .. } => {
+                m.handle(Event::Planned(Err("no arm left".into()))).unwrap();
+                through_transitions(&mut m, &mut seen)
+            }
+            Command::Call(_) => {
+                m.handle(Event::Called {
+                    outcome: ok(json!("bad")),
+                    at_ms: 2,
+                })
+                .unwrap();
+                through_transitions(&mut m, &mut seen)
+            }
+            Command::Validate(outputs) => {
+                let verdicts = outputs
+                    .iter()
+                    .map(|(s, v)| (s.clone(), workflow().validate(s, v)))
+                    .collect();
+                m.handle(Event::Validated(verdicts)).unwrap();
+                through_transitions(&mut m, &mut seen)
+            }
+            other => panic!("{other:?}"),
+        };
+    }
+    let reflection = "[Reflect & Retry - Attempt 1/2] fix it".to_string();
+    m.handle(reviewed(Verdict::Retry {
+        attempt: 1,
+        reflection: reflection.clone(),
+    }))
+    .unwrap();
+    let c = through_transitions(&mut m, &mut seen);
+    assert!(
+        matches!(c, Command::Choose { base: None, .. }),
+        "a new plan: {c:?}"
+    );
+    assert_eq!(m.progress().guidance.as_deref(), Some(reflection.as_str()));
+    assert_eq!(m.progress().round, 2);
+    assert!(m.progress().events.is_empty(), "a round starts afresh");
+}
+
+#[test]
+fn an_answer_to_nothing_asked_is_an_error_not_a_guess() {
+    let mut m = machine();
+    m.poll();
+    let err = m
+        .handle(Event::Transitioned(RunState::Planned))
+        .unwrap_err();
+    assert!(matches!(err, RunError::Unexpected { .. }), "{err}");
+    // The machine still waits for what it asked.
+    m.handle(prepared()).unwrap();
+}
+
+#[test]
+fn a_checkpoint_that_does_not_decode_is_refused_with_the_run_and_step() {
+    let cp = Checkpoint {
+        run_id: "run-t#1".into(),
+        step_index: 4,
+        name: None,
+        state: json!({"attempt": "two"}),
+        completed_steps: Vec::new(),
+        created_ms: 0,
+    };
+    let Err(err) = RunMachine::resume(
+        "run-t#1",
+        task(),
+        workflow(),
+        Arc::new(RunRules::default()),
+        cp,
+    ) else {
+        panic!("it decoded")
+    };
+    let text = err.to_string();
+    assert!(text.contains("checkpoint 4 of run run-t#1"), "{text}");
+}
