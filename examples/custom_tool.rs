@@ -267,7 +267,7 @@ pub async fn demo(data_dir: &Path, tasks: u64) -> Result<Summary, BoxError> {
             sla_ms: 1_000.0,
         },
     };
-    let mut opts = RuntimeOptions::with_workflow(data_dir, workflow);
+    let mut opts = RuntimeOptions::new(data_dir, workflow);
     opts.registry = registry;
     opts.durability = Durability::None;
     opts.seed = 5;

@@ -16,12 +16,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use hindsight::store::Durability;
 use hindsight::tools::sim::SimEnv;
+use hindsight_actors::app::workload::sim_task;
 use hindsight_actors::plugin::RunEvent;
 use hindsight_actors::reflect_retry::{
     RETRY_COUNTS, ReflectRetryConfig, RunValidator, default_validator, render_reflection,
 };
 use hindsight_actors::runtime::{Runtime, RuntimeOptions};
-use hindsight_actors::workload::sim_task;
 
 /// Any error of the example.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

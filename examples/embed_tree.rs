@@ -25,6 +25,7 @@ use hindsight::run::workflow::Workflow;
 use hindsight::store::{Durability, KvTable, Store, StoreOptions};
 use hindsight::tools::sim::SimEnv;
 use hindsight::tools::{ToolRegistry, ToolRunner, VirtualClock};
+use hindsight_actors::app::workload::sim_task;
 use hindsight_actors::directory::Slot;
 use hindsight_actors::idempotency::StoreIdempotency;
 use hindsight_actors::orchestrator::OrchestratorMsg;
@@ -38,7 +39,6 @@ use hindsight_actors::supervisor::{
     ChildSpec, ChildState, Strategy, Supervisor, SupervisorOptions,
 };
 use hindsight_actors::tree::{self, TreeConfig, TreeSpec};
-use hindsight_actors::workload::sim_task;
 use serde::{Deserialize, Serialize};
 
 /// Any error of the example.

@@ -23,7 +23,7 @@ use std::sync::Mutex;
 
 use hindsight::config::Config;
 use hindsight::tools::sim::SimEnv;
-use hindsight_actors::bench::{self, Engine, LearningPlan, LearningSettings};
+use hindsight_actors::app::bench::{self, Engine, LearningPlan, LearningSettings};
 
 const USAGE: &str =
     "usage: learning_sweep [--seeds A-B] [--tasks N] [--config FILE] [--quiet] ENV.toml...";

@@ -10,8 +10,8 @@ use hindsight::learn::distill::{EvaluationConfig, evaluate_log};
 use hindsight::learn::ope::Objective;
 use hindsight::store::{Durability, KvTable, Store, StoreOptions};
 use hindsight::tools::sim::SimEnv;
+use hindsight_actors::app::workload::{record_of, sim_task, summarize};
 use hindsight_actors::runtime::RuntimeOptions;
-use hindsight_actors::workload::{record_of, sim_task, summarize};
 
 #[tokio::test]
 async fn the_log_and_the_policy_survive_a_restart_and_are_evaluated() {
@@ -19,7 +19,7 @@ async fn the_log_and_the_policy_survive_a_restart_and_are_evaluated() {
     let env = SimEnv::load(&path).unwrap();
     let mut opts = RuntimeOptions::new("", env.clone());
     opts.seed = 4;
-    let mut local = hindsight_actors::bench::core_runner(&env, opts).unwrap();
+    let mut local = hindsight_actors::app::bench::core_runner(&env, opts).unwrap();
     let mut records = Vec::new();
     for i in 0..600 {
         let task = sim_task(&env, 4, i);

@@ -16,7 +16,7 @@ use hindsight::run::workflow::stable_hash;
 
 /// Loads a fault plan; errors name the file and the key.
 pub fn load(path: &Path) -> Result<ChaosPlan, RuntimeError> {
-    ChaosPlan::load(path).map_err(|e| RuntimeError::Rejected(e.to_string()))
+    ChaosPlan::load(path).map_err(|e| RuntimeError::Setup(e.to_string()))
 }
 
 /// The actor fault decider of a handle: message `n` of an actor panics when the plan says so.

@@ -5,34 +5,26 @@
 //! [`runtime::Runtime::orchestrate`]; or build its children with [`tree::build`] and start them
 //! under a supervisor of your own ([`supervisor::Supervisor`]).
 
-pub mod api;
+pub mod app;
 pub mod applied;
-pub mod backend;
-pub mod bench;
 pub mod call;
 pub mod chaos;
 pub mod chaos_hook;
 pub mod chaos_tools;
-pub mod demo;
 pub mod directory;
-pub mod drift;
 pub mod executor;
 pub mod idempotency;
 pub mod journal;
 pub mod memory;
-pub mod metrics;
 pub mod orchestrator;
 pub mod plugin;
 pub mod policy;
 pub mod reflect_retry;
 pub mod reflector;
-pub mod report;
 pub mod run;
 pub mod runtime;
 pub mod supervisor;
-pub mod telemetry;
 pub mod tree;
 pub mod validator;
-pub mod workload;
 
 pub use runtime::{Runtime, RuntimeError, RuntimeOptions};

@@ -64,8 +64,24 @@ pub fn read_outcome(
     .transpose()
 }
 
+/// Why a submitted task got no outcome.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SubmitError {
+    /// The guard refused the task at ingress (nothing was run or stored but a diary note).
+    #[error("{reason}")]
+    Refused {
+        /// The task's field at fault (`goal`, `constraints.max_cost`, ...).
+        field: String,
+        /// Why, in words (redacted like the task).
+        reason: String,
+    },
+    /// The run's record or its end could not be written or read: the store failed.
+    #[error("{0}")]
+    Store(String),
+}
+
 /// What a caller is told when its task could not be run at all.
-pub type SubmitResult = Result<RunOutcome, String>;
+pub type SubmitResult = Result<RunOutcome, SubmitError>;
 
 pub use hindsight::run::RunPatch;
 
@@ -290,10 +306,10 @@ impl OrchestratorState {
                 }
                 Ok(None) => None,
                 Err(e) => {
-                    let _ = reply.send(Err(format!(
+                    let _ = reply.send(Err(SubmitError::Store(format!(
                         "cannot read run {run_id} of task {}: {e}",
                         task.task_id
-                    )));
+                    ))));
                     return Ok(());
                 }
             },
@@ -304,14 +320,18 @@ impl OrchestratorState {
                     Some(o) => Ok(Some(o.clone())),
                     None => read_outcome(&self.ctx.store, &run_id),
                 };
-                let _ = reply.send(outcome.and_then(|o| {
-                    o.ok_or_else(|| {
-                        format!(
-                            "run {run_id} of task {} ended but its outcome is not stored",
-                            task.task_id
-                        )
-                    })
-                }));
+                let _ = reply.send(
+                    outcome
+                        .and_then(|o| {
+                            o.ok_or_else(|| {
+                                format!(
+                                    "run {run_id} of task {} ended but its outcome is not stored",
+                                    task.task_id
+                                )
+                            })
+                        })
+                        .map_err(SubmitError::Store),
+                );
                 return Ok(());
             }
             Some(false) => {
@@ -336,6 +356,7 @@ impl OrchestratorState {
             Err(e) => {
                 // The reason may quote the task (an injection's excerpt): redacted like it.
                 let reason = redact(&format!("refused at ingress: {e}")).text;
+                let field = e.field();
                 tracing::warn!(task_id = %task.task_id, field = %e.field(), "{reason}");
                 let note = NewDiaryEntry {
                     time_ms: now_ms(),
@@ -352,7 +373,7 @@ impl OrchestratorState {
                     if let Err(e) = written {
                         tracing::warn!(error = %e, "the refused task's diary note was not written");
                     }
-                    let _ = reply.send(Err(reason));
+                    let _ = reply.send(Err(SubmitError::Refused { field, reason }));
                 });
                 return Ok(());
             }
@@ -515,7 +536,7 @@ impl OrchestratorState {
             for w in waiters {
                 let _ = w.send(match &answer {
                     Ok(()) => Ok(outcome.clone()),
-                    Err(e) => Err(e.clone()),
+                    Err(e) => Err(SubmitError::Store(e.clone())),
                 });
             }
             if answer.is_ok() {
@@ -558,9 +579,11 @@ impl OrchestratorState {
         };
         let answer = match held {
             Some(outcome) => Ok(outcome),
-            None => read_outcome(&self.ctx.store, run_id).and_then(|o| {
-                o.ok_or_else(|| format!("run {run_id} ended but its outcome is not stored"))
-            }),
+            None => read_outcome(&self.ctx.store, run_id)
+                .and_then(|o| {
+                    o.ok_or_else(|| format!("run {run_id} ended but its outcome is not stored"))
+                })
+                .map_err(SubmitError::Store),
         };
         for w in waiters {
             let _ = w.send(answer.clone());

@@ -105,7 +105,7 @@ pub enum PolicyMsg {
         /// `(stage, tool, strategy)` ruled out.
         exclude: Vec<(String, String, String)>,
         /// The plan, or why none can be made.
-        reply: RpcReplyPort<Result<PlanChoice, String>>,
+        reply: RpcReplyPort<Result<PlanChoice, hindsight::learn::planner::PlanError>>,
     },
     /// Learn from a logged experience (its sequence number in the experience log).
     Observe {

@@ -49,9 +49,19 @@ pub enum RuntimeError {
     /// An actor could not be reached.
     #[error(transparent)]
     Call(#[from] CallError),
-    /// The task was not run.
+    /// A submitted task got no outcome: refused at ingress, or its run could not be stored.
+    #[error(transparent)]
+    Submit(#[from] crate::orchestrator::SubmitError),
+    /// The runtime could not be set up: a tool that cannot be registered, a journal or chaos
+    /// plan that cannot be read, a compaction that failed.
     #[error("{0}")]
-    Rejected(String),
+    Setup(String),
+    /// The caller asked for something this cannot do (a bench's arguments, say).
+    #[error("{0}")]
+    Invalid(String),
+    /// A task of the runtime's own failed (a panic in a spawned task).
+    #[error("{0}")]
+    Internal(String),
 }
 
 /// How to start a runtime.
@@ -113,18 +123,23 @@ pub enum WorkflowSource {
     },
 }
 
-impl RuntimeOptions {
-    /// Defaults on the simulated environment `env` with data under `data_dir`.
-    pub fn new(data_dir: impl Into<PathBuf>, env: SimEnv) -> RuntimeOptions {
-        RuntimeOptions::with_workflow(data_dir, WorkflowSource::Sim(env))
+impl From<SimEnv> for WorkflowSource {
+    fn from(env: SimEnv) -> WorkflowSource {
+        WorkflowSource::Sim(env)
     }
+}
 
-    /// Defaults on any workflow with data under `data_dir`.
-    pub fn with_workflow(data_dir: impl Into<PathBuf>, workflow: WorkflowSource) -> RuntimeOptions {
+impl RuntimeOptions {
+    /// Defaults on `workflow` (your stages over the tools of [`RuntimeOptions::registry`], or a
+    /// simulated environment, which brings its own tools) with data under `data_dir`.
+    pub fn new(
+        data_dir: impl Into<PathBuf>,
+        workflow: impl Into<WorkflowSource>,
+    ) -> RuntimeOptions {
         RuntimeOptions {
             data_dir: data_dir.into(),
             durability: Durability::Immediate,
-            workflow,
+            workflow: workflow.into(),
             registry: ToolRegistry::new(),
             policy: PolicyConfig::default(),
             seed: 0,
@@ -186,7 +201,7 @@ async fn compact_blocking(store: &Store) -> Result<CompactReport, RuntimeError> 
     let s = store.clone();
     tokio::task::spawn_blocking(move || compact(&s))
         .await
-        .map_err(|e| RuntimeError::Rejected(format!("the store compaction stopped: {e}")))?
+        .map_err(|e| RuntimeError::Setup(format!("the store compaction stopped: {e}")))?
         .map_err(RuntimeError::from)
 }
 
@@ -217,7 +232,7 @@ pub fn register_sim_tools(
     for tool in env.clone().with_seed(seed).tools() {
         registry
             .register(tool)
-            .map_err(|e| RuntimeError::Rejected(e.to_string()))?;
+            .map_err(|e| RuntimeError::Setup(e.to_string()))?;
     }
     Ok(())
 }
@@ -254,7 +269,7 @@ impl Submitter {
                 u32::MAX,
             )
             .await?;
-        answer.map_err(RuntimeError::Rejected)
+        Ok(answer?)
     }
 }
 
@@ -285,7 +300,7 @@ impl Runtime {
             registry = crate::chaos_tools::wrap_registry(registry, chaos);
         }
         let journal = crate::journal::CallJournal::from_env().map_err(|e| {
-            RuntimeError::Rejected(format!(
+            RuntimeError::Setup(format!(
                 "cannot open the call journal named by {}: {e}",
                 crate::journal::ENV
             ))

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use hindsight::config::{ApiConfig, TenantConfig, hash_key};
 use hindsight::{ArmChoice, Run, RunState, Sop, SopStatus, Task};
-use hindsight_actors::api::types::*;
-use hindsight_actors::api::{self, Backend, BackendError, BackendResult, Principal, ROUTES};
+use hindsight_actors::app::api::types::*;
+use hindsight_actors::app::api::{self, Backend, BackendError, BackendResult, Principal, ROUTES};
 use serde_json::{Value, json};
 use tokio::sync::{Notify, oneshot};
 
@@ -23,7 +23,7 @@ struct Fake {
     feedback_by_key: Mutex<HashMap<String, u32>>,
     slow_started: Notify,
     slow_release: Notify,
-    metrics: hindsight_actors::metrics::Metrics,
+    metrics: hindsight_actors::app::metrics::Metrics,
 }
 
 fn arm(stage: &str, tool: &str) -> ArmChoice {
@@ -268,7 +268,7 @@ impl Backend for Fake {
         self.metrics.encode()
     }
 
-    fn metrics(&self) -> Option<&hindsight_actors::metrics::Metrics> {
+    fn metrics(&self) -> Option<&hindsight_actors::app::metrics::Metrics> {
         Some(&self.metrics)
     }
 }

@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use hindsight::{ArmChoice, Run, RunState, Sop, SopStatus, Task};
-use hindsight_actors::api::types::*;
-use hindsight_actors::api::{self, ErrorBody};
+use hindsight_actors::app::api::types::*;
+use hindsight_actors::app::api::{self, ErrorBody};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -491,7 +491,7 @@ fn the_document_and_the_api_agree_on_the_edges_of_every_field() {
 /// update, a goal over the guard's limit.
 #[test]
 fn the_served_document_names_the_workflows_stages_and_arms() {
-    use hindsight_actors::api::document::{DocStage, for_workflow};
+    use hindsight_actors::app::api::document::{DocStage, for_workflow};
     let stages = [
         DocStage {
             name: "extract".into(),

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use hindsight_actors::report::{PLOT_HEIGHT, PLOT_TOP};
+use hindsight_actors::app::report::{PLOT_HEIGHT, PLOT_TOP};
 use serde_json::Value;
 
 fn hindsight(args: &[&str]) -> std::process::Output {

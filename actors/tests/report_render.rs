@@ -1,7 +1,7 @@
 //! The HTML report: its SVG charts hold the data they claim (coordinates are mapped back to the
 //! data and compared), text is escaped, and it is written to disk.
 
-use hindsight_actors::report::*;
+use hindsight_actors::app::report::*;
 
 fn outcomes(seed: u64, n: u64) -> ReportBuilder {
     let mut rng = fastrand::Rng::with_seed(seed);

@@ -10,7 +10,7 @@ mod daemon_support;
 
 use daemon_support::{Daemon, start, terminate};
 use hindsight::config::hash_key;
-use hindsight_actors::api::ROUTES;
+use hindsight_actors::app::api::ROUTES;
 use serde_json::{Value, json};
 
 const KEY_A: &str = "acme-secret-token";

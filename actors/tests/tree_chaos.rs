@@ -11,9 +11,9 @@ use std::path::PathBuf;
 
 use hindsight::store::Durability;
 use hindsight::tools::sim::SimEnv;
+use hindsight_actors::app::workload;
 use hindsight_actors::chaos::{ChaosHandle, ChaosPlan};
 use hindsight_actors::runtime::{Runtime, RuntimeOptions};
-use hindsight_actors::workload;
 
 const PLAN: &str = r#"
 seed = 99

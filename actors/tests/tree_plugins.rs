@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex};
 use hindsight::Task;
 use hindsight::store::Durability;
 use hindsight::tools::sim::SimEnv;
+use hindsight_actors::app::workload;
 use hindsight_actors::plugin::{Plugin, PluginError, PluginSpec, RunEvent, RunReport, Verdict};
 use hindsight_actors::reflect_retry::ReflectRetryConfig;
 use hindsight_actors::runtime::{Runtime, RuntimeOptions};
-use hindsight_actors::workload;
 
 fn env() -> SimEnv {
     let path =

@@ -14,6 +14,25 @@ use crate::learn::sop::{SopBook, SopEvent};
 use crate::run::{PlanChoice, parse_sop_plan_id, sop_plan_id};
 use crate::{ArmChoice, ExperienceTuple, Task};
 
+/// Why no plan can be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// The plan given to repair has fewer arms than the workflow has stages.
+    #[error("the plan to repair has no arm for stage {stage}")]
+    MissingStage {
+        /// The stage without an arm.
+        stage: String,
+    },
+    /// Every arm of a stage was ruled out for this task.
+    #[error("every arm of stage {stage} failed for this task ({tried} tried)")]
+    Exhausted {
+        /// The stage.
+        stage: String,
+        /// Arms ruled out.
+        tried: usize,
+    },
+}
+
 /// Choices after which an exploration still in flight no longer holds its arms back.
 pub const IN_FLIGHT_CHOICES: u64 = 64;
 
@@ -211,16 +230,15 @@ impl Planner {
         task: &Task,
         base: Option<Vec<ArmChoice>>,
         exclude: &[(String, String, String)],
-    ) -> Result<PlanChoice, String> {
+    ) -> Result<PlanChoice, PlanError> {
         let Some(mut arms) = base else {
             return Ok(self.route(task));
         };
         for (s, stage) in self.policy.stages().to_vec().iter().enumerate() {
             let Some(current) = arms.get(s) else {
-                return Err(format!(
-                    "the plan to repair has no arm for stage {}",
-                    stage.stage
-                ));
+                return Err(PlanError::MissingStage {
+                    stage: stage.stage.clone(),
+                });
             };
             let is_out = |tool: &str, strategy: &str| {
                 exclude
@@ -241,11 +259,10 @@ impl Planner {
                 self.policy
                     .fallback_with_propensity(&task.features, s, &tried, &mut self.rng)
             else {
-                return Err(format!(
-                    "every arm of stage {} failed for this task ({} tried)",
-                    stage.stage,
-                    tried.len()
-                ));
+                return Err(PlanError::Exhausted {
+                    stage: stage.stage.clone(),
+                    tried: tried.len(),
+                });
             };
             let arm = &stage.arms[pick];
             arms[s] = ArmChoice {

@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use crate::learn::bandit::{Arm, StageObservation};
 use crate::learn::first_attempt::settled_steps;
+use crate::learn::planner::PlanError;
 use crate::{
     ArmChoice, Checkpoint, ErrorClass, ExperienceTuple, FailureCategory, FailureType,
     RecoveryAction, RunResult, RunState, Step, Task, Trajectory,
@@ -159,7 +160,7 @@ pub enum Event {
         forced: Option<Vec<ArmChoice>>,
     },
     /// The answer to [`Command::Choose`].
-    Planned(Result<PlanChoice, String>),
+    Planned(Result<PlanChoice, PlanError>),
     /// The answer to [`Command::Transition`]: the state now recorded.
     Transitioned(RunState),
     /// The answer to [`Command::Call`].
@@ -529,7 +530,7 @@ impl RunMachine {
                     self.st.plan = Some(plan);
                     self.attempt_start();
                 }
-                Err(reason) => self.round_end(RunState::Failed, Some(reason)),
+                Err(reason) => self.round_end(RunState::Failed, Some(reason.to_string())),
             },
             (Phase::Repairing { old, stage }, Event::Planned(choice)) => match choice {
                 Ok(plan) => {
@@ -538,7 +539,7 @@ impl RunMachine {
                     self.checkpoint();
                     self.attempt_start();
                 }
-                Err(reason) => self.round_end(RunState::Failed, Some(reason)),
+                Err(reason) => self.round_end(RunState::Failed, Some(reason.to_string())),
             },
             (Phase::Moving(after), Event::Transitioned(state)) => {
                 self.st.state = Some(state);

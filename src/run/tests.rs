@@ -379,7 +379,13 @@ fn a_reflect_retry_verdict_starts_a_round_with_the_reflection_and_a_new_plan() {
     while !matches!(c, Command::Review(_)) {
         c = match c {
             Command::Choose { .. } => {
-                m.handle(Event::Planned(Err("no arm left".into()))).unwrap();
+                m.handle(Event::Planned(Err(
+                    crate::learn::planner::PlanError::Exhausted {
+                        stage: "fetch".into(),
+                        tried: 2,
+                    },
+                )))
+                .unwrap();
                 through_transitions(&mut m, &mut seen)
             }
             Command::Call(_) => {

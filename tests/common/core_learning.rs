@@ -2,8 +2,8 @@
 //! `hindsight bench learning --engine core` runs), for the learning tests.
 
 use hindsight::tools::sim::SimEnv;
-use hindsight_actors::bench::{self, Engine, LearningBench, LearningPlan};
-use hindsight_actors::workload::{TaskRecord, Window};
+use hindsight_actors::app::bench::{self, Engine, LearningBench, LearningPlan};
+use hindsight_actors::app::workload::{TaskRecord, Window};
 
 /// `tasks` tasks of `env` on seed `seed`, learned from nothing with the embedded defaults.
 pub fn learn(env: &SimEnv, tasks: u64, seed: u64) -> (LearningBench, Vec<TaskRecord>) {

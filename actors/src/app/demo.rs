@@ -11,11 +11,11 @@ use hindsight::store::Durability;
 use hindsight::tools::sim::SimEnv;
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::app::workload::{self, Summary};
 use crate::runtime::{Runtime, RuntimeError, RuntimeOptions};
-use crate::workload::{self, Summary};
 
 /// The bank-statements environment, embedded so the demo runs from any directory.
-pub const BANK_STATEMENTS: &str = include_str!("../../config/envs/bank_statements.toml");
+pub const BANK_STATEMENTS: &str = include_str!("../../../config/envs/bank_statements.toml");
 
 /// The default environment file.
 pub const DEFAULT_ENV: &str = "config/envs/bank_statements.toml";
@@ -133,7 +133,8 @@ pub async fn run(opts: &DemoOptions) -> Result<Summary, RuntimeError> {
             .report_dir
             .clone()
             .unwrap_or_else(|| opts.data_dir.join("report"));
-        crate::report::write_report(&dir, &data).map_err(|e| RuntimeError::Rejected(e.to_string()))
+        crate::app::report::write_report(&dir, &data)
+            .map_err(|e| RuntimeError::Setup(e.to_string()))
     });
     rt.shutdown().await;
     let mut summary = workload::summarize(&env, &records, restarts);
@@ -273,8 +274,8 @@ pub fn report_data(
     store: &hindsight::store::Store,
     env: &SimEnv,
     now_ms: u64,
-) -> Result<crate::report::ReportData, RuntimeError> {
-    use crate::report::{ReportBuilder, SopEvent, SopEventKind, TaskOutcome};
+) -> Result<crate::app::report::ReportData, RuntimeError> {
+    use crate::app::report::{ReportBuilder, SopEvent, SopEventKind, TaskOutcome};
     let mut rows: Vec<(u64, hindsight::ExperienceTuple)> = Vec::new();
     let prefix = format!("{}#", env.name());
     for (_, exp) in store.experience_all()? {
@@ -372,7 +373,7 @@ pub fn report_data(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workload::TaskRecord;
+    use crate::app::workload::TaskRecord;
 
     fn record(task: u64, reward: f64, expected: f64, oracle: f64) -> TaskRecord {
         TaskRecord {

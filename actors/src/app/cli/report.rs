@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use hindsight::store::StoreOptions;
-use hindsight_actors::demo;
+use hindsight_actors::app::demo;
 
 use super::{Failure, Global};
 
@@ -27,7 +27,7 @@ pub async fn run(global: &Global, args: Args) -> Result<(), Failure> {
     let data = demo::report_data(&store, &env, hindsight::now_ms())
         .map_err(|e| Failure::new(e.to_string()))?;
     let dir = args.out.unwrap_or_else(|| global.data.join("report"));
-    let path = hindsight_actors::report::write_report(&dir, &data)
+    let path = hindsight_actors::app::report::write_report(&dir, &data)
         .map_err(|e| Failure::new(e.to_string()))?;
     outln!("{}", path.display())
 }

@@ -52,10 +52,10 @@ pub async fn runtime_options(
 ) -> Result<(RuntimeOptions, Vec<McpServer>), StartError> {
     let env_path = config.tools.sim_envs.first();
     let env = match env_path {
-        Some(p) if p != Path::new(crate::demo::DEFAULT_ENV) => {
-            crate::demo::load_env(Some(p.as_path()))
+        Some(p) if p != Path::new(crate::app::demo::DEFAULT_ENV) => {
+            crate::app::demo::load_env(Some(p.as_path()))
         }
-        _ => crate::demo::load_env(None),
+        _ => crate::app::demo::load_env(None),
     }
     .map_err(|e| config_error("tools.sim_envs[0]", e.to_string()))?;
     for (i, extra) in config.tools.sim_envs.iter().enumerate().skip(1) {
@@ -64,7 +64,7 @@ pub async fn runtime_options(
             "tools.sim_envs[{i}]: only the first environment is the daemon's workflow; this one is not loaded"
         );
     }
-    let mut opts = RuntimeOptions::with_workflow(&config.data_dir, WorkflowSource::Sim(env));
+    let mut opts = RuntimeOptions::new(&config.data_dir, WorkflowSource::Sim(env));
     opts.durability = match config.store.durability {
         DurabilityConfig::Immediate => Durability::Immediate,
         DurabilityConfig::None => Durability::None,

@@ -1,7 +1,7 @@
 //! `hindsight config hash-key|show|check`: the API token digest, the effective configuration, and
-//! its validation (see [`hindsight_actors::api::command`]).
+//! its validation (see [`hindsight_actors::app::api::command`]).
 
-use hindsight_actors::api::command::{ConfigArgs, run_config};
+use hindsight_actors::app::api::command::{ConfigArgs, run_config};
 
 use super::Failure;
 

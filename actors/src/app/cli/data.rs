@@ -34,7 +34,7 @@ pub fn open(data: &Path, options: StoreOptions) -> Result<Store, Failure> {
 
 /// `ms` since the Unix epoch as an RFC 3339 UTC time, `2026-11-22T01:50:00.123Z`.
 pub fn format_time(ms: u64) -> String {
-    hindsight_actors::report::format_time(ms)
+    hindsight_actors::app::report::format_time(ms)
 }
 
 #[cfg(test)]

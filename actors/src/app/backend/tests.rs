@@ -46,7 +46,7 @@ async fn the_learning_sections_reach_the_tree_as_read() {
 async fn the_daemon_and_an_embedding_program_learn_with_the_same_defaults() {
     let daemon = options_of("").await;
     let embedded =
-        crate::runtime::RuntimeOptions::new("unused", crate::demo::load_env(None).unwrap());
+        crate::runtime::RuntimeOptions::new("unused", crate::app::demo::load_env(None).unwrap());
     assert_eq!(daemon.policy, embedded.policy);
     assert_eq!(daemon.distill, embedded.distill);
     assert_eq!(daemon.adaptive, embedded.adaptive);

@@ -5,9 +5,9 @@
 
 use std::sync::Arc;
 
-use hindsight_actors::api::command::ServeArgs;
-use hindsight_actors::api::{self, shutdown_signal};
-use hindsight_actors::backend::TreeBackend;
+use hindsight_actors::app::api::command::ServeArgs;
+use hindsight_actors::app::api::{self, shutdown_signal};
+use hindsight_actors::app::backend::TreeBackend;
 use tokio::net::TcpListener;
 
 use super::{Failure, Global};
@@ -20,7 +20,7 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
     if global.data != hindsight_actors::runtime::default_data_dir() {
         config.data_dir = global.data.clone();
     }
-    hindsight_actors::telemetry::init(config.log.format, &config.log.level)
+    hindsight_actors::app::telemetry::init(config.log.format, &config.log.level)
         .map_err(|e| Failure::new(e.to_string()))?;
     let addr = config
         .api

@@ -5,14 +5,14 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::drift::{DriftRecovery, DriftTracker};
+use crate::app::drift::{DriftRecovery, DriftTracker};
 use hindsight::store::Durability;
 use hindsight::tools::sim::SimEnv;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 
+use crate::app::workload::{self, Summary, TaskRecord};
 use crate::runtime::{Runtime, RuntimeError, RuntimeOptions};
-use crate::workload::{self, Summary, TaskRecord};
 
 /// Figures of `hindsight bench runtime`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -170,7 +170,7 @@ pub async fn runtime(
 
 fn tempdir() -> Result<TempDir, RuntimeError> {
     TempDir::new()
-        .map_err(|e| RuntimeError::Rejected(format!("cannot create a temporary directory: {e}")))
+        .map_err(|e| RuntimeError::Setup(format!("cannot create a temporary directory: {e}")))
 }
 
 /// A directory removed when dropped.
@@ -325,7 +325,7 @@ fn learning_options(env: &SimEnv, dir: &Path, plan: &LearningPlan<'_>) -> Runtim
     opts.durability = Durability::None;
     opts.seed = plan.seed;
     if let Some(s) = plan.settings {
-        crate::backend::apply_learning(s.config, &mut opts);
+        crate::app::backend::apply_learning(s.config, &mut opts);
     }
     opts
 }
@@ -339,7 +339,7 @@ async fn learn_on_tree(env: &SimEnv, plan: &LearningPlan<'_>) -> Result<Learned,
                 .map(|mut entries| entries.next().is_some())
                 .unwrap_or(false);
             if occupied {
-                return Err(RuntimeError::Rejected(format!(
+                return Err(RuntimeError::Invalid(format!(
                     "{} is not empty: the learning bench starts from nothing, so give it a new or empty directory to keep its store in",
                     dir.display()
                 )));
@@ -427,13 +427,13 @@ pub fn core_runner(
 /// The learning run on the core's interpreter.
 async fn learn_on_core(env: &SimEnv, plan: &LearningPlan<'_>) -> Result<Learned, RuntimeError> {
     if plan.keep.is_some() {
-        return Err(RuntimeError::Rejected(
+        return Err(RuntimeError::Invalid(
             "--keep keeps the tree's store, and the core engine has none: give --engine tree"
                 .to_string(),
         ));
     }
     if plan.concurrency > 1 {
-        return Err(RuntimeError::Rejected(format!(
+        return Err(RuntimeError::Invalid(format!(
             "the core engine runs one task at a time, not {}: give --concurrency 1 or --engine tree",
             plan.concurrency
         )));
@@ -445,7 +445,7 @@ async fn learn_on_core(env: &SimEnv, plan: &LearningPlan<'_>) -> Result<Learned,
         let outcome = local
             .run(task.clone())
             .await
-            .map_err(|e| RuntimeError::Rejected(e.to_string()))?;
+            .map_err(|e| RuntimeError::Internal(e.to_string()))?;
         records.push(workload::record_of(env, index, &task, &outcome));
     }
     let planner = local.planner();

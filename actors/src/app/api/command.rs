@@ -17,7 +17,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
     /// `text` or `json` log lines instead of `log.format`.
-    #[arg(long, value_name = "FORMAT", value_parser = crate::telemetry::parse_log_format)]
+    #[arg(long, value_name = "FORMAT", value_parser = crate::app::telemetry::parse_log_format)]
     pub log_format: Option<LogFormat>,
 }
 

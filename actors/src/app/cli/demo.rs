@@ -1,9 +1,9 @@
-//! `hindsight demo`: the main job (see [`hindsight_actors::demo`]).
+//! `hindsight demo`: the main job (see [`hindsight_actors::app::demo`]).
 
 use std::path::PathBuf;
 
 use hindsight::store::Durability;
-use hindsight_actors::demo::{self, DemoOptions};
+use hindsight_actors::app::demo::{self, DemoOptions};
 
 use super::{Failure, Global, print_json};
 

@@ -41,11 +41,11 @@ enum Command {
     /// Measure performance.
     Bench(cli::BenchArgs),
     /// Run the daemon: the supervision tree behind the HTTP API (stops on ctrl-c or SIGTERM).
-    Serve(hindsight_actors::api::command::ServeArgs),
+    Serve(hindsight_actors::app::api::command::ServeArgs),
     /// Write the HTML report of the runs in the store.
     Report(cli::report::Args),
     /// Hash an API key, show or check the configuration.
-    Config(hindsight_actors::api::command::ConfigArgs),
+    Config(hindsight_actors::app::api::command::ConfigArgs),
 }
 
 async fn dispatch(global: cli::Global, command: Command) -> Result<(), cli::Failure> {

@@ -7,15 +7,15 @@ use std::sync::atomic::Ordering;
 use hindsight::Task;
 use hindsight::learn::bandit::{Arm, Observation, StageObservation, StageOutcome};
 
-use crate::api::types::{
+use crate::app::api::types::{
     ExecuteRequest, ExecuteResponse, FeedbackRequest, FeedbackResponse, Health, MemoryBundle,
     MemoryItem, MemoryRetrieveRequest, OrchestrateResponse, PlanResponse, PolicySuggestRequest,
     PolicySuggestResponse, PolicyUpdateRequest, PolicyUpdateResponse, RankedArm, RunView,
     StageArms, TaskRequest, TenantSop, ValidateRequest, ValidateResponse,
 };
-use crate::api::{Backend, BackendError, BackendResult, Principal};
+use crate::app::api::{Backend, BackendError, BackendResult, Principal};
+use crate::app::metrics::Metrics;
 use crate::memory::{MemoryMsg, Query};
-use crate::metrics::Metrics;
 use crate::orchestrator::OrchestratorMsg;
 use crate::policy::PolicyMsg;
 use crate::reflector::{FeedbackRefused, ReflectorMsg};
@@ -87,9 +87,9 @@ impl Backend for TreeBackend {
             })
             .await
             .map_err(call_error)?
-            .map_err(|reason| BackendError::Invalid {
+            .map_err(|e| BackendError::Invalid {
                 field: "features".into(),
-                reason,
+                reason: e.to_string(),
             })?;
         let context = self
             .ctx
@@ -549,15 +549,16 @@ impl Backend for TreeBackend {
             .call_with_timeout(|reply| PolicyMsg::Distillation { reply }, wait)
             .await;
         if let (Ok(s), Ok(r)) = (stats, ranker) {
-            self.metrics.learning(&crate::metrics::LearningFigures {
-                learned: s.learned,
-                infra_ignored: s.infra_ignored,
-                infra_learned: s.infra_learned,
-                changes_detected: s.changes_detected,
-                ranker_fits: r.fits,
-                ranker_promotions: r.promotions,
-                ranker_in_force: r.in_force,
-            });
+            self.metrics
+                .learning(&crate::app::metrics::LearningFigures {
+                    learned: s.learned,
+                    infra_ignored: s.infra_ignored,
+                    infra_learned: s.infra_learned,
+                    changes_detected: s.changes_detected,
+                    ranker_fits: r.fits,
+                    ranker_promotions: r.promotions,
+                    ranker_in_force: r.in_force,
+                });
         }
         self.metrics.encode()
     }

@@ -4,8 +4,8 @@ use std::io::Write as _;
 use std::path::PathBuf;
 
 use hindsight::tools::sim::SimEnv;
-use hindsight_actors::bench;
-use hindsight_actors::demo::load_env;
+use hindsight_actors::app::bench;
+use hindsight_actors::app::demo::load_env;
 
 use super::{Failure, Global, print_json};
 

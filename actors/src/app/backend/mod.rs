@@ -1,4 +1,4 @@
-//! The daemon's [`Backend`](crate::api::Backend): the HTTP API over a running supervision tree
+//! The daemon's [`Backend`](crate::app::api::Backend): the HTTP API over a running supervision tree
 //! ([`TreeBackend`]), started from a [`Config`], with tenant isolation by namespacing (the rules
 //! are in `tenant.rs`).
 
@@ -19,11 +19,11 @@ use hindsight::{ArmChoice, ErrorClass, FailureCategory, Lesson, Sop, Step, Task}
 use ractor::ActorStatus;
 use sha2::{Digest, Sha256};
 
-use crate::api::document::DocStage;
-use crate::api::types::TaskRequest;
-use crate::api::{BackendError, BackendResult};
+use crate::app::api::document::DocStage;
+use crate::app::api::types::TaskRequest;
+use crate::app::api::{BackendError, BackendResult};
+use crate::app::metrics::Metrics;
 use crate::directory::{CallError, Slot};
-use crate::metrics::Metrics;
 use crate::orchestrator::OrchestratorMsg;
 use crate::policy::SOPS;
 use crate::reflector::ReflectorMsg;
@@ -73,12 +73,12 @@ fn call_error(e: CallError) -> BackendError {
 }
 
 fn runtime_error(e: RuntimeError) -> BackendError {
+    use crate::orchestrator::SubmitError;
     match e {
         RuntimeError::Call(c) => call_error(c),
-        RuntimeError::Rejected(reason) => BackendError::Invalid {
-            field: "task".into(),
-            reason,
-        },
+        RuntimeError::Submit(SubmitError::Refused { field, reason }) => {
+            BackendError::Invalid { field, reason }
+        }
         other => BackendError::Internal(other.to_string()),
     }
 }
@@ -143,8 +143,8 @@ impl TreeBackend {
                     .collect(),
             })
             .collect();
-        let openapi = match crate::api::document::for_workflow(
-            crate::api::OPENAPI_JSON,
+        let openapi = match crate::app::api::document::for_workflow(
+            crate::app::api::OPENAPI_JSON,
             &stages,
             ctx.config.guard.max_goal_chars,
         ) {
@@ -154,7 +154,7 @@ impl TreeBackend {
                 for s in &servers {
                     s.shutdown().await;
                 }
-                return Err(StartError::Runtime(RuntimeError::Rejected(e.to_string())));
+                return Err(StartError::Runtime(RuntimeError::Setup(e.to_string())));
             }
         };
         Ok(TreeBackend {
@@ -406,7 +406,10 @@ impl TreeBackend {
         })
     }
 
-    fn check_plan(&self, plan: &[crate::api::types::PlanArm]) -> BackendResult<Vec<ArmChoice>> {
+    fn check_plan(
+        &self,
+        plan: &[crate::app::api::types::PlanArm],
+    ) -> BackendResult<Vec<ArmChoice>> {
         let stages = self.ctx.workflow.stages();
         let names: Vec<&str> = stages.iter().map(|s| s.name.as_str()).collect();
         let mut arms = Vec::with_capacity(plan.len());

@@ -153,7 +153,7 @@ pub trait Backend: Send + Sync + 'static {
     fn metrics_text(&self) -> impl Future<Output = String> + Send;
 
     /// The metrics the API records its requests in (`hindsight_http_requests_total`, ...), if any.
-    fn metrics(&self) -> Option<&crate::metrics::Metrics> {
+    fn metrics(&self) -> Option<&crate::app::metrics::Metrics> {
         None
     }
 

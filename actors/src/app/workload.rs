@@ -315,7 +315,7 @@ pub async fn run_tasks(
         let Some(joined) = results.join_next().await else {
             break;
         };
-        let (index, task, outcome) = joined.map_err(|e| RuntimeError::Rejected(e.to_string()))?;
+        let (index, task, outcome) = joined.map_err(|e| RuntimeError::Internal(e.to_string()))?;
         let outcome = outcome?;
         let record = record_of(env, index, &task, &outcome);
         on_done(&record);
@@ -330,7 +330,7 @@ pub async fn run_tasks(
             .await?;
     }
     while let Some(joined) = leftovers.join_next().await {
-        joined.map_err(|e| RuntimeError::Rejected(e.to_string()))??;
+        joined.map_err(|e| RuntimeError::Internal(e.to_string()))??;
     }
     Ok(records.into_iter().flatten().collect())
 }
