@@ -425,22 +425,7 @@ impl Config {
             message: e.to_string().trim_end().to_string(),
         })?;
         let overrides = apply_env(&mut table, env)?;
-        let value = toml::Value::Table(table);
-        // Unknown keys are refused wherever they are, also in the sections whose types read
-        // stored settings leniently (a snapshot written by another build).
-        let mut unknown = Vec::new();
-        let mut note = |path: serde_ignored::Path<'_>| unknown.push(path.to_string());
-        let ignored = serde_ignored::Deserializer::new(value, &mut note);
-        let parsed: Result<Config, _> = serde_path_to_error::deserialize(ignored);
-        let parsed = match (parsed, unknown.first()) {
-            (Ok(_), Some(key)) => Err((key.clone(), "unknown key".to_string())),
-            (Ok(c), None) => Ok(c),
-            (Err(e), _) => Err(describe(
-                e.path().to_string(),
-                e.inner().message().to_string(),
-            )),
-        };
-        let config: Config = parsed.map_err(|(key, reason)| {
+        let config: Config = from_toml(table).map_err(|(key, reason)| {
             let origin = overrides
                 .iter()
                 .find(|(k, _)| key == *k || key.starts_with(&format!("{k}.")))
@@ -606,6 +591,27 @@ impl Config {
             return bad("log.level", "must not be empty");
         }
         Ok(())
+    }
+}
+
+/// Deserializes a TOML table into `T`, refusing unknown keys wherever they are, also in the
+/// sections whose types read stored settings leniently (a snapshot written by another build).
+/// On error: the dotted key at fault (`api.tenants[0].name`) and the reason in this module's
+/// words. The policy and environment files deserialize through it too.
+pub(crate) fn from_toml<T: serde::de::DeserializeOwned>(
+    table: toml::Table,
+) -> Result<T, (String, String)> {
+    let mut unknown = Vec::new();
+    let mut note = |path: serde_ignored::Path<'_>| unknown.push(path.to_string());
+    let ignored = serde_ignored::Deserializer::new(toml::Value::Table(table), &mut note);
+    let parsed: Result<T, _> = serde_path_to_error::deserialize(ignored);
+    match (parsed, unknown.first()) {
+        (Ok(_), Some(key)) => Err((key.clone(), "unknown key".to_string())),
+        (Ok(c), None) => Ok(c),
+        (Err(e), _) => Err(describe(
+            e.path().to_string(),
+            e.inner().message().to_string(),
+        )),
     }
 }
 
