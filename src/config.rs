@@ -615,6 +615,35 @@ pub(crate) fn from_toml<T: serde::de::DeserializeOwned>(
     }
 }
 
+/// A TOML table read as `T`: serde's derived structs also take an array of their fields in
+/// order, which a file read through [`from_toml`] must not pass for a table.
+#[derive(Debug, Default)]
+pub(crate) struct Table<T>(T);
+
+impl<T> std::ops::Deref for Table<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Table<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Only<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Only<T> {
+            type Value = Table<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a table")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Table<T>, A::Error> {
+                // Through `MapAccessDeserializer` the keys stay on the error's path.
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(Table)
+            }
+        }
+        d.deserialize_map(Only(std::marker::PhantomData))
+    }
+}
+
 /// Turns serde's message into the key at fault and a reason in this module's words.
 fn describe(path: String, message: String) -> (String, String) {
     let key = if path == "." { String::new() } else { path };

@@ -78,6 +78,7 @@ fn errors_name_the_key() {
             "classifier.constraints",
         ),
         ("[policy]\ndefault = 3", "policy.default"),
+        ("limits = [3]", "limits"),
         (
             "[policy.types.timeout]\nstrategy = \"backoff_and_retry\"\nhint = \"h\"",
             "policy.types.timeout.hint",

@@ -10,6 +10,7 @@ use std::path::Path;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 
+use crate::config::Table;
 use crate::taxonomy::FailureType;
 
 use super::agent::AgentConfig;
@@ -63,11 +64,11 @@ pub struct PolicyFile {
 #[serde(deny_unknown_fields, expecting = "a table")]
 struct RawFile {
     #[serde(default)]
-    limits: RawLimits,
+    limits: Table<RawLimits>,
     #[serde(default)]
-    classifier: RawClassifier,
+    classifier: Table<RawClassifier>,
     #[serde(default)]
-    policy: RawPolicy,
+    policy: Table<RawPolicy>,
 }
 
 /// `[limits]`.
@@ -300,7 +301,7 @@ impl Ctx<'_> {
     }
 
     fn file(&self, raw: RawFile) -> Result<PolicyFile, PolicyError> {
-        let l = raw.limits;
+        let l = &*raw.limits;
         if let Some(x) = l.max_cost.filter(|x| x.is_nan() || *x < 0.0) {
             return Err(self.err(
                 "limits.max_cost",
@@ -318,7 +319,7 @@ impl Ctx<'_> {
             auto_checkpoint: l.auto_checkpoint,
             strict_idempotency: l.strict_idempotency,
             seed: l.seed,
-            tool_manifest: l.tool_manifest,
+            tool_manifest: l.tool_manifest.clone(),
         };
         let mut classifier = ClassifierConfig::default();
         if let Some(n) = raw.classifier.loop_window {
@@ -332,7 +333,7 @@ impl Ctx<'_> {
             regex::Regex::new(c)
                 .map_err(|e| self.err(&format!("classifier.constraints[{i}]"), e.to_string()))?;
         }
-        classifier.constraints = raw.classifier.constraints;
+        classifier.constraints = raw.classifier.constraints.clone();
         let mut policy = FailurePolicy {
             default: raw
                 .policy

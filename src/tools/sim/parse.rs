@@ -12,6 +12,7 @@ use toml::Value as Toml;
 use super::model::{
     Arm, Drift, Feature, Infra, Numbers, Overrides, RewardConfig, SimSpec, Stage, When,
 };
+use crate::config::Table;
 use crate::taxonomy::ErrorClass;
 
 /// Why an environment file was rejected.
@@ -67,14 +68,14 @@ struct RawSpec {
     goal: String,
     sla_ms: f64,
     #[serde(default)]
-    reward: RawReward,
+    reward: Table<RawReward>,
     /// By name: the features are kept in this (sorted) order.
-    features: BTreeMap<String, RawFeature>,
+    features: BTreeMap<String, Table<RawFeature>>,
     #[serde(default)]
-    stage: Vec<RawStage>,
-    infra: Option<RawInfra>,
+    stage: Vec<Table<RawStage>>,
+    infra: Option<Table<RawInfra>>,
     #[serde(default)]
-    drift: Vec<RawDrift>,
+    drift: Vec<Table<RawDrift>>,
 }
 
 /// `[reward]`.
@@ -109,7 +110,7 @@ struct RawInfra {
 struct RawStage {
     name: String,
     #[serde(default)]
-    arm: Vec<RawArm>,
+    arm: Vec<Table<RawArm>>,
 }
 
 /// Declares a raw table with its own keys and the number keys (FORMAT.md: `cost`, `latency_ms`,
@@ -157,7 +158,7 @@ with_numbers! {
         strategy: String,
         params: Option<toml::Table>,
         #[serde(default)]
-        when: Vec<RawWhen>,
+        when: Vec<Table<RawWhen>>,
     }
 }
 

@@ -800,6 +800,14 @@ fn unknown_keys_and_wrong_types_are_named_with_their_path() {
         &TINY.replace("latency_ms = 600", "latency_ms = inf"),
         "stage[0].arm[1].latency_ms",
     );
+    // An array is no table, though serde would read one as a struct.
+    rejects(
+        &TINY.replace(
+            "[reward]\nsuccess = 1.0\nlatency = 0.2\ncost = 0.1\nmax_cost = 0.1",
+            "reward = [1.0, 0.2, 0.1, 0.1]",
+        ),
+        "reward",
+    );
     let ints = TINY
         .replace("cost = 0.05", "cost = 0")
         .replace("p_success = 1.0", "p_success = 1");
