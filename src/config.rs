@@ -425,22 +425,7 @@ impl Config {
             message: e.to_string().trim_end().to_string(),
         })?;
         let overrides = apply_env(&mut table, env)?;
-        let value = toml::Value::Table(table);
-        // Unknown keys are refused wherever they are, also in the sections whose types read
-        // stored settings leniently (a snapshot written by another build).
-        let mut unknown = Vec::new();
-        let mut note = |path: serde_ignored::Path<'_>| unknown.push(path.to_string());
-        let ignored = serde_ignored::Deserializer::new(value, &mut note);
-        let parsed: Result<Config, _> = serde_path_to_error::deserialize(ignored);
-        let parsed = match (parsed, unknown.first()) {
-            (Ok(_), Some(key)) => Err((key.clone(), "unknown key".to_string())),
-            (Ok(c), None) => Ok(c),
-            (Err(e), _) => Err(describe(
-                e.path().to_string(),
-                e.inner().message().to_string(),
-            )),
-        };
-        let config: Config = parsed.map_err(|(key, reason)| {
+        let config: Config = from_toml(table).map_err(|(key, reason)| {
             let origin = overrides
                 .iter()
                 .find(|(k, _)| key == *k || key.starts_with(&format!("{k}.")))
@@ -606,6 +591,56 @@ impl Config {
             return bad("log.level", "must not be empty");
         }
         Ok(())
+    }
+}
+
+/// Deserializes a TOML table into `T`, refusing unknown keys wherever they are, also in the
+/// sections whose types read stored settings leniently (a snapshot written by another build).
+/// On error: the dotted key at fault (`api.tenants[0].name`) and the reason in this module's
+/// words. The policy and environment files deserialize through it too.
+pub(crate) fn from_toml<T: serde::de::DeserializeOwned>(
+    table: toml::Table,
+) -> Result<T, (String, String)> {
+    let mut unknown = Vec::new();
+    let mut note = |path: serde_ignored::Path<'_>| unknown.push(path.to_string());
+    let ignored = serde_ignored::Deserializer::new(toml::Value::Table(table), &mut note);
+    let parsed: Result<T, _> = serde_path_to_error::deserialize(ignored);
+    match (parsed, unknown.first()) {
+        (Ok(_), Some(key)) => Err((key.clone(), "unknown key".to_string())),
+        (Ok(c), None) => Ok(c),
+        (Err(e), _) => Err(describe(
+            e.path().to_string(),
+            e.inner().message().to_string(),
+        )),
+    }
+}
+
+/// A TOML table read as `T`: serde's derived structs also take an array of their fields in
+/// order, which a file read through [`from_toml`] must not pass for a table.
+#[derive(Debug, Default)]
+pub(crate) struct Table<T>(T);
+
+impl<T> std::ops::Deref for Table<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Table<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Only<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Only<T> {
+            type Value = Table<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a table")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Table<T>, A::Error> {
+                // Through `MapAccessDeserializer` the keys stay on the error's path.
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(Table)
+            }
+        }
+        d.deserialize_map(Only(std::marker::PhantomData))
     }
 }
 

@@ -70,6 +70,31 @@ fn errors_name_the_key() {
         ),
         ("[classifier]\nloop_window = 1", "classifier.loop_window"),
         ("[polcy]\n", "polcy"),
+        // Unknown keys and wrong types, at any depth, are named with their path.
+        ("[limits]\nmax_cost = \"x\"", "limits.max_cost"),
+        ("[limits]\nmax_cost = -1", "limits.max_cost"),
+        (
+            "[classifier]\nconstraints = \"x\"",
+            "classifier.constraints",
+        ),
+        ("[policy]\ndefault = 3", "policy.default"),
+        ("limits = [3]", "limits"),
+        (
+            "[policy.types.timeout]\nstrategy = \"backoff_and_retry\"\nhint = \"h\"",
+            "policy.types.timeout.hint",
+        ),
+        (
+            "[policy.types.timeout]\nstrategy = \"chain\"\nprimary = { strategy = \"replan\", hint = 3 }\nfallback = \"abort\"",
+            "policy.types.timeout.primary.hint",
+        ),
+        (
+            "[policy.types.timeout]\nstrategy = \"sequence\"\nsteps = [\"escalate\", { strategy = \"abort\", bogus = 1 }]",
+            "policy.types.timeout.steps[1].bogus",
+        ),
+        (
+            "[policy.types.timeout]\nmax_attempts = 2",
+            "policy.types.timeout.strategy",
+        ),
     ] {
         let e = PolicyFile::parse(text, "p.toml").unwrap_err().to_string();
         assert!(e.starts_with(&format!("p.toml: {key}:")), "{text:?} -> {e}");

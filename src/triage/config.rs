@@ -1,10 +1,16 @@
 //! Loading failure policies, classifier settings and loop limits from TOML
-//! (`config/policy.toml`), with errors naming the file and the key at fault.
+//! (`config/policy.toml`). The file deserializes into raw tables (an unknown key or a value of the
+//! wrong type is refused with its dotted path), then a check pass builds the strategies; every
+//! error names the file and the key at fault.
 
+use std::collections::BTreeMap;
+use std::fmt;
 use std::path::Path;
 
-use toml::{Table, Value};
+use serde::Deserialize;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
 
+use crate::config::Table;
 use crate::taxonomy::FailureType;
 
 use super::agent::AgentConfig;
@@ -53,6 +59,128 @@ pub struct PolicyFile {
     pub policy: FailurePolicy,
 }
 
+/// The file as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+struct RawFile {
+    #[serde(default)]
+    limits: Table<RawLimits>,
+    #[serde(default)]
+    classifier: Table<RawClassifier>,
+    #[serde(default)]
+    policy: Table<RawPolicy>,
+}
+
+/// `[limits]`.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+struct RawLimits {
+    max_recovery_attempts: Option<u32>,
+    max_total_attempts: Option<u32>,
+    max_recovery_ms: Option<u64>,
+    max_tokens: Option<u64>,
+    max_cost: Option<f64>,
+    #[serde(default)]
+    auto_checkpoint: bool,
+    #[serde(default)]
+    strict_idempotency: bool,
+    #[serde(default)]
+    seed: u64,
+    tool_manifest: Option<String>,
+}
+
+/// `[classifier]`.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+struct RawClassifier {
+    loop_window: Option<u64>,
+    #[serde(default)]
+    constraints: Vec<String>,
+}
+
+/// `[policy]`.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+struct RawPolicy {
+    default: Option<RawStrategy>,
+    /// By failure type's name.
+    #[serde(default)]
+    types: BTreeMap<String, RawStrategy>,
+}
+
+/// A strategy as written: a bare name (default settings), or a table with `strategy` and the
+/// settings of that strategy.
+struct RawStrategy(Box<StrategyTable>);
+
+/// The keys any strategy may have; which belong to which is checked after.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a strategy table")]
+struct StrategyTable {
+    strategy: String,
+    max_attempts: Option<u32>,
+    base_ms: Option<u64>,
+    cap_ms: Option<u64>,
+    hint: Option<String>,
+    max_replans: Option<u32>,
+    checkpoint: Option<String>,
+    message: Option<String>,
+    reason: Option<String>,
+    primary: Option<RawStrategy>,
+    fallback: Option<RawStrategy>,
+    after_kinds: Option<Vec<String>>,
+    steps: Option<Vec<RawStrategy>>,
+}
+
+impl StrategyTable {
+    /// The settings given, by key.
+    fn given(&self) -> impl Iterator<Item = &'static str> {
+        [
+            ("max_attempts", self.max_attempts.is_some()),
+            ("base_ms", self.base_ms.is_some()),
+            ("cap_ms", self.cap_ms.is_some()),
+            ("hint", self.hint.is_some()),
+            ("max_replans", self.max_replans.is_some()),
+            ("checkpoint", self.checkpoint.is_some()),
+            ("message", self.message.is_some()),
+            ("reason", self.reason.is_some()),
+            ("primary", self.primary.is_some()),
+            ("fallback", self.fallback.is_some()),
+            ("after_kinds", self.after_kinds.is_some()),
+            ("steps", self.steps.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(k, given)| given.then_some(k))
+    }
+}
+
+impl<'de> Deserialize<'de> for RawStrategy {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Either;
+        impl<'de> Visitor<'de> for Either {
+            type Value = RawStrategy;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a strategy name or a strategy table")
+            }
+
+            fn visit_str<E: de::Error>(self, name: &str) -> Result<RawStrategy, E> {
+                Ok(RawStrategy(Box::new(StrategyTable {
+                    strategy: name.to_string(),
+                    ..StrategyTable::default()
+                })))
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawStrategy, A::Error> {
+                // Through `MapAccessDeserializer` the keys stay on the error's path.
+                StrategyTable::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(|t| RawStrategy(Box::new(t)))
+            }
+        }
+        d.deserialize_any(Either)
+    }
+}
+
+/// The check pass: knows the file, builds the errors.
 struct Ctx<'a> {
     file: &'a str,
 }
@@ -66,194 +194,95 @@ impl Ctx<'_> {
         }
     }
 
-    fn table<'t>(&self, v: &'t Value, key: &str) -> Result<&'t Table, PolicyError> {
-        v.as_table()
-            .ok_or_else(|| self.err(key, format!("expected a table, found {}", v.type_str())))
-    }
-
-    fn u64(&self, t: &Table, key: &str, path: &str) -> Result<Option<u64>, PolicyError> {
-        match t.get(key) {
-            None => Ok(None),
-            Some(Value::Integer(i)) if *i >= 0 => Ok(Some(*i as u64)),
-            Some(v) => Err(self.err(
-                &format!("{path}.{key}"),
-                format!("expected a non-negative integer, found {v}"),
-            )),
-        }
-    }
-
-    fn u32(&self, t: &Table, key: &str, path: &str) -> Result<Option<u32>, PolicyError> {
-        match self.u64(t, key, path)? {
-            None => Ok(None),
-            Some(n) => u32::try_from(n)
-                .map(Some)
-                .map_err(|_| self.err(&format!("{path}.{key}"), "too large")),
-        }
-    }
-
-    fn f64(&self, t: &Table, key: &str, path: &str) -> Result<Option<f64>, PolicyError> {
-        match t.get(key) {
-            None => Ok(None),
-            Some(Value::Float(f)) if *f >= 0.0 => Ok(Some(*f)),
-            Some(Value::Integer(i)) if *i >= 0 => Ok(Some(*i as f64)),
-            Some(v) => Err(self.err(
-                &format!("{path}.{key}"),
-                format!("expected a non-negative number, found {v}"),
-            )),
-        }
-    }
-
-    fn bool(&self, t: &Table, key: &str, path: &str) -> Result<Option<bool>, PolicyError> {
-        match t.get(key) {
-            None => Ok(None),
-            Some(Value::Boolean(b)) => Ok(Some(*b)),
-            Some(v) => Err(self.err(
-                &format!("{path}.{key}"),
-                format!("expected true or false, found {v}"),
-            )),
-        }
-    }
-
-    fn string(&self, t: &Table, key: &str, path: &str) -> Result<Option<String>, PolicyError> {
-        match t.get(key) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(v) => Err(self.err(
-                &format!("{path}.{key}"),
-                format!("expected a string, found {v}"),
-            )),
-        }
-    }
-
-    fn known(&self, t: &Table, path: &str, allowed: &[&str]) -> Result<(), PolicyError> {
-        for k in t.keys() {
-            if !allowed.contains(&k.as_str()) {
-                return Err(self.err(
-                    &format!("{path}.{k}"),
-                    format!("unknown key (expected one of: {})", allowed.join(", ")),
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    fn strategy(&self, v: &Value, path: &str) -> Result<Strategy, PolicyError> {
-        // A bare string names a strategy with default settings.
-        let owned;
-        let t = match v {
-            Value::String(s) => {
-                let mut t = Table::new();
-                t.insert("strategy".into(), Value::String(s.clone()));
-                owned = t;
-                &owned
-            }
-            other => self.table(other, path)?,
+    fn strategy(&self, raw: &RawStrategy, path: &str) -> Result<Strategy, PolicyError> {
+        let t = &*raw.0;
+        let missing = |k: &str| self.err(&format!("{path}.{k}"), "missing");
+        let sub = |s: &Option<RawStrategy>, k: &str| match s {
+            Some(s) => self.strategy(s, &format!("{path}.{k}")).map(Box::new),
+            None => Err(missing(k)),
         };
-        let name = self
-            .string(t, "strategy", path)?
-            .ok_or_else(|| self.err(&format!("{path}.strategy"), "missing"))?;
-        let s = match name.as_str() {
-            "retry_with_tool_manifest" => {
-                self.known(t, path, &["strategy", "max_attempts"])?;
+        let (keys, strategy): (&[&str], Strategy) = match t.strategy.as_str() {
+            "retry_with_tool_manifest" => (
+                &["max_attempts"],
                 Strategy::RetryWithToolManifest {
-                    max_attempts: self.u32(t, "max_attempts", path)?.unwrap_or(3),
-                }
-            }
+                    max_attempts: t.max_attempts.unwrap_or(3),
+                },
+            ),
             "backoff_and_retry" => {
-                self.known(t, path, &["strategy", "max_attempts", "base_ms", "cap_ms"])?;
                 let d = Backoff::default();
-                Strategy::BackoffAndRetry(Backoff {
-                    max_attempts: self.u32(t, "max_attempts", path)?.unwrap_or(d.max_attempts),
-                    base_ms: self.u64(t, "base_ms", path)?.unwrap_or(d.base_ms),
-                    cap_ms: self.u64(t, "cap_ms", path)?.unwrap_or(d.cap_ms),
-                })
+                (
+                    &["max_attempts", "base_ms", "cap_ms"],
+                    Strategy::BackoffAndRetry(Backoff {
+                        max_attempts: t.max_attempts.unwrap_or(d.max_attempts),
+                        base_ms: t.base_ms.unwrap_or(d.base_ms),
+                        cap_ms: t.cap_ms.unwrap_or(d.cap_ms),
+                    }),
+                )
             }
-            "replan" => {
-                self.known(t, path, &["strategy", "hint", "max_replans"])?;
+            "replan" => (
+                &["hint", "max_replans"],
                 Strategy::Replan {
-                    hint: self
-                        .string(t, "hint", path)?
-                        .ok_or_else(|| self.err(&format!("{path}.hint"), "missing"))?,
-                    max_replans: self.u32(t, "max_replans", path)?.unwrap_or(3),
-                }
-            }
-            "resume_from_subgoal" => {
-                self.known(t, path, &["strategy"])?;
-                Strategy::ResumeFromSubgoal
-            }
-            "rollback_to_checkpoint" => {
-                self.known(t, path, &["strategy", "checkpoint"])?;
+                    hint: t.hint.clone().ok_or_else(|| missing("hint"))?,
+                    max_replans: t.max_replans.unwrap_or(3),
+                },
+            ),
+            "resume_from_subgoal" => (&[], Strategy::ResumeFromSubgoal),
+            "rollback_to_checkpoint" => (
+                &["checkpoint"],
                 Strategy::RollbackToCheckpoint {
-                    checkpoint: self.string(t, "checkpoint", path)?,
-                }
-            }
-            "escalate" | "escalate_by_default" => {
-                self.known(t, path, &["strategy", "message"])?;
+                    checkpoint: t.checkpoint.clone(),
+                },
+            ),
+            "escalate" | "escalate_by_default" => (
+                &["message"],
                 Strategy::Escalate {
-                    message: self.string(t, "message", path)?,
-                }
-            }
-            "abort" | "abort_by_default" => {
-                self.known(t, path, &["strategy", "reason"])?;
+                    message: t.message.clone(),
+                },
+            ),
+            "abort" | "abort_by_default" => (
+                &["reason"],
                 Strategy::Abort {
-                    reason: self.string(t, "reason", path)?,
-                }
-            }
-            "suspend" => {
-                self.known(t, path, &["strategy", "message"])?;
+                    reason: t.reason.clone(),
+                },
+            ),
+            "suspend" => (
+                &["message"],
                 Strategy::Suspend {
-                    message: self
-                        .string(t, "message", path)?
+                    message: t
+                        .message
+                        .clone()
                         .unwrap_or_else(|| "approval needed to continue".into()),
-                }
-            }
-            "chain" => {
-                self.known(t, path, &["strategy", "primary", "fallback", "after_kinds"])?;
-                let get = |k: &str| {
-                    t.get(k)
-                        .ok_or_else(|| self.err(&format!("{path}.{k}"), "missing"))
-                };
-                let after_kinds = match t.get("after_kinds") {
-                    None => vec!["escalate".to_string()],
-                    Some(Value::Array(a)) => a
-                        .iter()
-                        .enumerate()
-                        .map(|(i, v)| {
-                            v.as_str().map(str::to_string).ok_or_else(|| {
-                                self.err(&format!("{path}.after_kinds[{i}]"), "expected a string")
-                            })
-                        })
-                        .collect::<Result<_, _>>()?,
-                    Some(_) => {
-                        return Err(self.err(
-                            &format!("{path}.after_kinds"),
-                            "expected an array of action kinds",
-                        ));
-                    }
-                };
+                },
+            ),
+            "chain" => (
+                &["primary", "fallback", "after_kinds"],
                 Strategy::Chain {
-                    primary: Box::new(self.strategy(get("primary")?, &format!("{path}.primary"))?),
-                    fallback: Box::new(
-                        self.strategy(get("fallback")?, &format!("{path}.fallback"))?,
-                    ),
-                    after_kinds,
-                }
-            }
-            "sequence" => {
-                self.known(t, path, &["strategy", "steps"])?;
-                let Some(Value::Array(a)) = t.get("steps") else {
-                    return Err(
-                        self.err(&format!("{path}.steps"), "expected an array of strategies")
-                    );
-                };
+                    primary: sub(&t.primary, "primary")?,
+                    fallback: sub(&t.fallback, "fallback")?,
+                    after_kinds: t
+                        .after_kinds
+                        .clone()
+                        .unwrap_or_else(|| vec!["escalate".to_string()]),
+                },
+            ),
+            "sequence" => (
+                &["steps"],
                 Strategy::Sequence {
-                    steps: a
+                    steps: t
+                        .steps
+                        .as_ref()
+                        .ok_or_else(|| {
+                            self.err(
+                                &format!("{path}.steps"),
+                                "missing; expected an array of strategies",
+                            )
+                        })?
                         .iter()
                         .enumerate()
-                        .map(|(i, v)| self.strategy(v, &format!("{path}.steps[{i}]")))
+                        .map(|(i, s)| self.strategy(s, &format!("{path}.steps[{i}]")))
                         .collect::<Result<_, _>>()?,
-                }
-            }
+                },
+            ),
             other => {
                 return Err(self.err(
                     &format!("{path}.strategy"),
@@ -261,7 +290,71 @@ impl Ctx<'_> {
                 ));
             }
         };
-        Ok(s)
+        if let Some(k) = t.given().find(|k| !keys.contains(k)) {
+            let expected = ["strategy"].iter().chain(keys).copied().collect::<Vec<_>>();
+            return Err(self.err(
+                &format!("{path}.{k}"),
+                format!("unknown key (expected one of: {})", expected.join(", ")),
+            ));
+        }
+        Ok(strategy)
+    }
+
+    fn file(&self, raw: RawFile) -> Result<PolicyFile, PolicyError> {
+        let l = &*raw.limits;
+        if let Some(x) = l.max_cost.filter(|x| x.is_nan() || *x < 0.0) {
+            return Err(self.err(
+                "limits.max_cost",
+                format!("expected a non-negative number, found {x}"),
+            ));
+        }
+        let limits = AgentConfig {
+            max_recovery_attempts: l
+                .max_recovery_attempts
+                .unwrap_or(AgentConfig::default().max_recovery_attempts),
+            max_total_attempts: l.max_total_attempts,
+            max_recovery_ms: l.max_recovery_ms,
+            max_tokens: l.max_tokens,
+            max_cost: l.max_cost,
+            auto_checkpoint: l.auto_checkpoint,
+            strict_idempotency: l.strict_idempotency,
+            seed: l.seed,
+            tool_manifest: l.tool_manifest.clone(),
+        };
+        let mut classifier = ClassifierConfig::default();
+        if let Some(n) = raw.classifier.loop_window {
+            if n < 2 {
+                return Err(self.err("classifier.loop_window", "must be at least 2"));
+            }
+            classifier.loop_window =
+                usize::try_from(n).map_err(|_| self.err("classifier.loop_window", "too large"))?;
+        }
+        for (i, c) in raw.classifier.constraints.iter().enumerate() {
+            regex::Regex::new(c)
+                .map_err(|e| self.err(&format!("classifier.constraints[{i}]"), e.to_string()))?;
+        }
+        classifier.constraints = raw.classifier.constraints.clone();
+        let mut policy = FailurePolicy {
+            default: raw
+                .policy
+                .default
+                .as_ref()
+                .map(|d| self.strategy(d, "policy.default"))
+                .transpose()?,
+            ..FailurePolicy::default()
+        };
+        for (name, s) in &raw.policy.types {
+            let key = format!("policy.types.{name}");
+            let ft = FailureType::parse(name).ok_or_else(|| {
+                self.err(&key, "not a failure type (wrong_tool_called, constraint_ignored, loop_detected, hallucinated_state, plan_incomplete, schema_mismatch, context_overflow, goal_drift, external_fault, timeout, unknown)")
+            })?;
+            policy.strategies.insert(ft, self.strategy(s, &key)?);
+        }
+        Ok(PolicyFile {
+            limits,
+            classifier,
+            policy,
+        })
     }
 }
 
@@ -278,96 +371,13 @@ impl PolicyFile {
 
     /// Parses policy TOML; `file` names the source in errors.
     pub fn parse(text: &str, file: &str) -> Result<PolicyFile, PolicyError> {
-        let cx = Ctx { file };
-        let root: Table = toml::from_str(text).map_err(|source| PolicyError::Syntax {
+        let root: toml::Table = toml::from_str(text).map_err(|source| PolicyError::Syntax {
             file: file.to_string(),
             source,
         })?;
-        cx.known(&root, "", &["limits", "classifier", "policy"])
-            .map_err(|e| match e {
-                PolicyError::Key { file, key, reason } => PolicyError::Key {
-                    file,
-                    key: key.trim_start_matches('.').to_string(),
-                    reason,
-                },
-                e => e,
-            })?;
-        let mut out = PolicyFile::default();
-        if let Some(v) = root.get("limits") {
-            let t = cx.table(v, "limits")?;
-            let p = "limits";
-            cx.known(
-                t,
-                p,
-                &[
-                    "max_recovery_attempts",
-                    "max_total_attempts",
-                    "max_recovery_ms",
-                    "max_tokens",
-                    "max_cost",
-                    "auto_checkpoint",
-                    "strict_idempotency",
-                    "seed",
-                    "tool_manifest",
-                ],
-            )?;
-            let l = &mut out.limits;
-            if let Some(n) = cx.u32(t, "max_recovery_attempts", p)? {
-                l.max_recovery_attempts = n;
-            }
-            l.max_total_attempts = cx.u32(t, "max_total_attempts", p)?;
-            l.max_recovery_ms = cx.u64(t, "max_recovery_ms", p)?;
-            l.max_tokens = cx.u64(t, "max_tokens", p)?;
-            l.max_cost = cx.f64(t, "max_cost", p)?;
-            l.auto_checkpoint = cx.bool(t, "auto_checkpoint", p)?.unwrap_or(false);
-            l.strict_idempotency = cx.bool(t, "strict_idempotency", p)?.unwrap_or(false);
-            l.seed = cx.u64(t, "seed", p)?.unwrap_or(0);
-            l.tool_manifest = cx.string(t, "tool_manifest", p)?;
-        }
-        if let Some(v) = root.get("classifier") {
-            let t = cx.table(v, "classifier")?;
-            cx.known(t, "classifier", &["loop_window", "constraints"])?;
-            if let Some(n) = cx.u64(t, "loop_window", "classifier")? {
-                if n < 2 {
-                    return Err(cx.err("classifier.loop_window", "must be at least 2"));
-                }
-                out.classifier.loop_window = n as usize;
-            }
-            match t.get("constraints") {
-                None => {}
-                Some(Value::Array(a)) => {
-                    for (i, v) in a.iter().enumerate() {
-                        let key = format!("classifier.constraints[{i}]");
-                        let s = v
-                            .as_str()
-                            .ok_or_else(|| cx.err(&key, "expected a string"))?;
-                        regex::Regex::new(s).map_err(|e| cx.err(&key, e.to_string()))?;
-                        out.classifier.constraints.push(s.to_string());
-                    }
-                }
-                Some(_) => {
-                    return Err(cx.err("classifier.constraints", "expected an array of patterns"));
-                }
-            }
-        }
-        if let Some(v) = root.get("policy") {
-            let t = cx.table(v, "policy")?;
-            cx.known(t, "policy", &["default", "types"])?;
-            if let Some(d) = t.get("default") {
-                out.policy.default = Some(cx.strategy(d, "policy.default")?);
-            }
-            if let Some(types) = t.get("types") {
-                let types = cx.table(types, "policy.types")?;
-                for (name, v) in types {
-                    let key = format!("policy.types.{name}");
-                    let ft = FailureType::parse(name).ok_or_else(|| {
-                        cx.err(&key, "not a failure type (wrong_tool_called, constraint_ignored, loop_detected, hallucinated_state, plan_incomplete, schema_mismatch, context_overflow, goal_drift, external_fault, timeout, unknown)")
-                    })?;
-                    out.policy.strategies.insert(ft, cx.strategy(v, &key)?);
-                }
-            }
-        }
-        Ok(out)
+        let cx = Ctx { file };
+        let raw = crate::config::from_toml(root).map_err(|(key, reason)| cx.err(&key, reason))?;
+        cx.file(raw)
     }
 
     /// The rules classifier these settings describe.

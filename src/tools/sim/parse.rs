@@ -1,14 +1,18 @@
-//! Parsing and checking a simulated environment file (FORMAT.md): every rejection names the file,
-//! the key and what was expected.
+//! Parsing and checking a simulated environment file (FORMAT.md). The file deserializes into raw
+//! tables (an unknown key or a value of the wrong type is refused with its dotted path), then a
+//! check pass enforces ranges and cross-references; every rejection names the file, the key and
+//! what was expected.
 
 use std::collections::BTreeMap;
 
+use serde::Deserialize;
 use serde_json::Value;
 use toml::Value as Toml;
 
 use super::model::{
     Arm, Drift, Feature, Infra, Numbers, Overrides, RewardConfig, SimSpec, Stage, When,
 };
+use crate::config::Table;
 use crate::taxonomy::ErrorClass;
 
 /// Why an environment file was rejected.
@@ -50,6 +54,161 @@ pub enum SimError {
     },
 }
 
+/// Error classes with relative weights, by name (sorted, as the draws expect).
+type RawErrors = BTreeMap<String, f64>;
+
+/// Feature conditions as written: feature name to value.
+type RawMatch = BTreeMap<String, Toml>;
+
+/// The whole file as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+struct RawSpec {
+    name: String,
+    goal: String,
+    sla_ms: f64,
+    #[serde(default)]
+    reward: Table<RawReward>,
+    /// By name: the features are kept in this (sorted) order.
+    features: BTreeMap<String, Table<RawFeature>>,
+    #[serde(default)]
+    stage: Vec<Table<RawStage>>,
+    infra: Option<Table<RawInfra>>,
+    #[serde(default)]
+    drift: Vec<Table<RawDrift>>,
+}
+
+/// `[reward]`.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+struct RawReward {
+    success: Option<f64>,
+    latency: Option<f64>,
+    cost: Option<f64>,
+    max_cost: Option<f64>,
+}
+
+/// One entry of `[features]`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+struct RawFeature {
+    values: Vec<Toml>,
+    weights: Option<Vec<f64>>,
+}
+
+/// `[infra]`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+struct RawInfra {
+    p_fault: Option<f64>,
+    errors: Option<RawErrors>,
+}
+
+/// One `[[stage]]`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+struct RawStage {
+    name: String,
+    #[serde(default)]
+    arm: Vec<Table<RawArm>>,
+}
+
+/// Declares a raw table with its own keys and the number keys (FORMAT.md: `cost`, `latency_ms`,
+/// `p_success`, `p_valid`, `errors`, `p_infra`), checked by its `overrides`.
+macro_rules! with_numbers {
+    ($(#[$doc:meta])* struct $name:ident { $($own:tt)* }) => {
+        $(#[$doc])*
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields, expecting = "a table")]
+        struct $name {
+            $($own)*
+            cost: Option<f64>,
+            latency_ms: Option<f64>,
+            p_success: Option<f64>,
+            p_valid: Option<f64>,
+            p_infra: Option<f64>,
+            errors: Option<RawErrors>,
+        }
+
+        impl $name {
+            /// The number keys given, each checked.
+            fn overrides(&self, cx: &Ctx<'_>, path: &str) -> Result<Overrides, SimError> {
+                let key = |k: &str| format!("{path}.{k}");
+                Ok(Overrides {
+                    cost: cx.opt(self.cost, &key("cost"), Check::NonNegative)?,
+                    latency_ms: cx.opt(self.latency_ms, &key("latency_ms"), Check::Positive)?,
+                    p_success: cx.opt(self.p_success, &key("p_success"), Check::Probability)?,
+                    p_valid: cx.opt(self.p_valid, &key("p_valid"), Check::Probability)?,
+                    p_infra: cx.opt(self.p_infra, &key("p_infra"), Check::Probability)?,
+                    errors: self
+                        .errors
+                        .as_ref()
+                        .map(|e| cx.errors(e, &key("errors"), false))
+                        .transpose()?,
+                })
+            }
+        }
+    };
+}
+
+with_numbers! {
+    /// One `[[stage.arm]]`.
+    struct RawArm {
+        tool: String,
+        strategy: String,
+        params: Option<toml::Table>,
+        #[serde(default)]
+        when: Vec<Table<RawWhen>>,
+    }
+}
+
+with_numbers! {
+    /// One `[[stage.arm.when]]`.
+    struct RawWhen {
+        #[serde(rename = "match")]
+        matcher: RawMatch,
+    }
+}
+
+with_numbers! {
+    /// One `[[drift]]`.
+    struct RawDrift {
+        after_task: u64,
+        stage: String,
+        tool: String,
+        strategy: String,
+        #[serde(default, rename = "match")]
+        matcher: RawMatch,
+    }
+}
+
+/// The range a number must be in.
+#[derive(Clone, Copy)]
+enum Check {
+    Positive,
+    NonNegative,
+    Probability,
+}
+
+impl Check {
+    fn describe(self) -> &'static str {
+        match self {
+            Check::Positive => "a number greater than 0",
+            Check::NonNegative => "a number of at least 0",
+            Check::Probability => "a probability in [0, 1]",
+        }
+    }
+
+    fn holds(self, x: f64) -> bool {
+        match self {
+            Check::Positive => x > 0.0,
+            Check::NonNegative => x >= 0.0,
+            Check::Probability => (0.0..=1.0).contains(&x),
+        }
+    }
+}
+
+/// The check pass: knows the file, builds the errors.
 struct Ctx<'a> {
     file: &'a str,
 }
@@ -63,84 +222,35 @@ impl Ctx<'_> {
         }
     }
 
-    fn table<'t>(&self, v: &'t Toml, key: &str) -> Result<&'t toml::Table, SimError> {
-        v.as_table()
-            .ok_or_else(|| self.err(key, format!("expected a table, found {}", v.type_str())))
-    }
-
-    fn only_keys(&self, t: &toml::Table, prefix: &str, allowed: &[&str]) -> Result<(), SimError> {
-        for k in t.keys() {
-            if !allowed.contains(&k.as_str()) {
-                return Err(self.err(
-                    &join(prefix, k),
-                    format!("unknown key; expected one of: {}", allowed.join(", ")),
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    fn string(&self, t: &toml::Table, prefix: &str, key: &str) -> Result<String, SimError> {
-        let path = join(prefix, key);
-        match t.get(key) {
-            None => Err(self.err(&path, "required; expected a string")),
-            Some(Toml::String(s)) if !s.trim().is_empty() => Ok(s.clone()),
-            Some(Toml::String(_)) => Err(self.err(&path, "expected a non-empty string")),
-            Some(v) => Err(self.err(&path, format!("expected a string, found {}", v.type_str()))),
+    /// `x` (at `key`) if it is finite and in range.
+    fn number(&self, x: f64, key: &str, check: Check) -> Result<f64, SimError> {
+        if !x.is_finite() {
+            Err(self.err(key, format!("expected a finite number, found {x}")))
+        } else if !check.holds(x) {
+            Err(self.err(key, format!("expected {}, found {x}", check.describe())))
+        } else {
+            Ok(x)
         }
     }
 
-    fn number(&self, v: &Toml, path: &str) -> Result<f64, SimError> {
-        match v {
-            Toml::Integer(i) => Ok(*i as f64),
-            Toml::Float(f) if f.is_finite() => Ok(*f),
-            other => Err(self.err(
-                path,
-                format!("expected a finite number, found {}", other.type_str()),
-            )),
-        }
+    fn opt(&self, x: Option<f64>, key: &str, check: Check) -> Result<Option<f64>, SimError> {
+        x.map(|x| self.number(x, key, check)).transpose()
     }
 
-    fn opt_number(
-        &self,
-        t: &toml::Table,
-        prefix: &str,
-        key: &str,
-        check: Check,
-    ) -> Result<Option<f64>, SimError> {
-        let path = join(prefix, key);
-        match t.get(key) {
-            None => Ok(None),
-            Some(v) => {
-                let x = self.number(v, &path)?;
-                check.apply(x).map_err(|e| self.err(&path, e))?;
-                Ok(Some(x))
-            }
+    /// `s` (at `key`) if it is not blank.
+    fn text(&self, s: &str, key: &str) -> Result<String, SimError> {
+        if s.trim().is_empty() {
+            return Err(self.err(key, "expected a non-empty string"));
         }
-    }
-
-    fn req_number(
-        &self,
-        t: &toml::Table,
-        prefix: &str,
-        key: &str,
-        check: Check,
-    ) -> Result<f64, SimError> {
-        self.opt_number(t, prefix, key, check)?.ok_or_else(|| {
-            self.err(
-                &join(prefix, key),
-                format!("required; expected {}", check.describe()),
-            )
-        })
+        Ok(s.to_string())
     }
 
     fn errors(
         &self,
-        v: &Toml,
+        t: &RawErrors,
         path: &str,
         infra_only: bool,
     ) -> Result<Vec<(ErrorClass, f64)>, SimError> {
-        let t = self.table(v, path)?;
         if t.is_empty() {
             return Err(self.err(
                 path,
@@ -148,8 +258,8 @@ impl Ctx<'_> {
             ));
         }
         let mut out = Vec::new();
-        for (name, w) in t {
-            let key = join(path, name);
+        for (name, &w) in t {
+            let key = format!("{path}.{name}");
             let class = ErrorClass::parse(name).ok_or_else(|| {
                 self.err(
                     &key,
@@ -173,11 +283,7 @@ impl Ctx<'_> {
                     "infrastructure faults use only Timeout, RateLimit, TransientNetwork or Auth",
                 ));
             }
-            let weight = self.number(w, &key)?;
-            Check::NonNegative
-                .apply(weight)
-                .map_err(|e| self.err(&key, e))?;
-            out.push((class, weight));
+            out.push((class, self.number(w, &key, Check::NonNegative)?));
         }
         if out.iter().map(|(_, w)| *w).sum::<f64>() <= 0.0 {
             return Err(self.err(path, "expected the weights to sum to more than 0"));
@@ -187,18 +293,13 @@ impl Ctx<'_> {
 
     fn matcher(
         &self,
-        t: &toml::Table,
-        prefix: &str,
+        m: &RawMatch,
+        path: &str,
         features: &[Feature],
     ) -> Result<BTreeMap<String, String>, SimError> {
-        let path = join(prefix, "match");
-        let Some(v) = t.get("match") else {
-            return Ok(BTreeMap::new());
-        };
-        let m = self.table(v, &path)?;
         let mut out = BTreeMap::new();
         for (name, value) in m {
-            let key = join(&path, name);
+            let key = format!("{path}.{name}");
             let feature = features.iter().find(|f| &f.name == name).ok_or_else(|| {
                 self.err(
                     &key,
@@ -228,371 +329,135 @@ impl Ctx<'_> {
         Ok(out)
     }
 
-    fn overrides(&self, t: &toml::Table, prefix: &str) -> Result<Overrides, SimError> {
-        Ok(Overrides {
-            cost: self.opt_number(t, prefix, "cost", Check::NonNegative)?,
-            latency_ms: self.opt_number(t, prefix, "latency_ms", Check::Positive)?,
-            p_success: self.opt_number(t, prefix, "p_success", Check::Probability)?,
-            p_valid: self.opt_number(t, prefix, "p_valid", Check::Probability)?,
-            p_infra: self.opt_number(t, prefix, "p_infra", Check::Probability)?,
-            errors: match t.get("errors") {
-                None => None,
-                Some(v) => Some(self.errors(v, &join(prefix, "errors"), false)?),
-            },
-        })
-    }
-
-    fn array<'t>(
-        &self,
-        t: &'t toml::Table,
-        prefix: &str,
-        key: &str,
-    ) -> Result<&'t [Toml], SimError> {
-        match t.get(key) {
-            None => Ok(&[]),
-            Some(Toml::Array(a)) => Ok(a),
-            Some(v) => Err(self.err(
-                &join(prefix, key),
-                format!("expected an array of tables, found {}", v.type_str()),
-            )),
+    fn feature(&self, name: &str, f: &RawFeature) -> Result<Feature, SimError> {
+        let values_path = format!("features.{name}.values");
+        if f.values.is_empty() {
+            return Err(self.err(&values_path, "expected a non-empty array of values"));
         }
-    }
-}
-
-#[derive(Clone, Copy)]
-enum Check {
-    Positive,
-    NonNegative,
-    Probability,
-}
-
-impl Check {
-    fn describe(self) -> &'static str {
-        match self {
-            Check::Positive => "a number greater than 0",
-            Check::NonNegative => "a number of at least 0",
-            Check::Probability => "a probability in [0, 1]",
-        }
-    }
-
-    fn apply(self, x: f64) -> Result<(), String> {
-        let ok = match self {
-            Check::Positive => x > 0.0,
-            Check::NonNegative => x >= 0.0,
-            Check::Probability => (0.0..=1.0).contains(&x),
-        };
-        if ok {
-            Ok(())
-        } else {
-            Err(format!("expected {}, found {x}", self.describe()))
-        }
-    }
-}
-
-fn join(prefix: &str, key: &str) -> String {
-    if prefix.is_empty() {
-        key.to_string()
-    } else {
-        format!("{prefix}.{key}")
-    }
-}
-
-const OVERRIDE_KEYS: [&str; 6] = [
-    "cost",
-    "latency_ms",
-    "p_success",
-    "p_valid",
-    "errors",
-    "p_infra",
-];
-
-/// Parses and checks an environment file's text; `file` names it in errors.
-pub fn parse_spec(text: &str, file: &str) -> Result<SimSpec, SimError> {
-    let cx = Ctx { file };
-    let root: toml::Table = text.parse().map_err(|e: toml::de::Error| SimError::Toml {
-        file: file.to_string(),
-        reason: e.to_string(),
-    })?;
-    cx.only_keys(
-        &root,
-        "",
-        &[
-            "name", "goal", "sla_ms", "reward", "features", "stage", "infra", "drift",
-        ],
-    )?;
-    let name = cx.string(&root, "", "name")?;
-    let goal = cx.string(&root, "", "goal")?;
-    let sla_ms = cx.req_number(&root, "", "sla_ms", Check::Positive)?;
-
-    let mut reward = RewardConfig {
-        success: 1.0,
-        latency: 0.2,
-        cost: 0.1,
-        max_cost: 0.1,
-        sla_ms,
-    };
-    if let Some(v) = root.get("reward") {
-        let t = cx.table(v, "reward")?;
-        cx.only_keys(t, "reward", &["success", "latency", "cost", "max_cost"])?;
-        if let Some(x) = cx.opt_number(t, "reward", "success", Check::NonNegative)? {
-            reward.success = x;
-        }
-        if let Some(x) = cx.opt_number(t, "reward", "latency", Check::NonNegative)? {
-            reward.latency = x;
-        }
-        if let Some(x) = cx.opt_number(t, "reward", "cost", Check::NonNegative)? {
-            reward.cost = x;
-        }
-        if let Some(x) = cx.opt_number(t, "reward", "max_cost", Check::Positive)? {
-            reward.max_cost = x;
-        }
-    }
-
-    let features_v = root
-        .get("features")
-        .ok_or_else(|| cx.err("features", "required; expected a table of features"))?;
-    let ft = cx.table(features_v, "features")?;
-    if ft.is_empty() {
-        return Err(cx.err("features", "expected at least one feature"));
-    }
-    let mut features = Vec::new();
-    for (fname, fv) in ft {
-        let prefix = join("features", fname);
-        let t = cx.table(fv, &prefix)?;
-        cx.only_keys(t, &prefix, &["values", "weights"])?;
-        let values_path = join(&prefix, "values");
-        let values: Vec<String> = match t.get("values") {
-            Some(Toml::Array(a)) if !a.is_empty() => a
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    feature_value(v).ok_or_else(|| {
-                        cx.err(
-                            &format!("{values_path}[{i}]"),
-                            "expected a string, number or boolean",
-                        )
-                    })
+        let values: Vec<String> = f
+            .values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                feature_value(v).ok_or_else(|| {
+                    self.err(
+                        &format!("{values_path}[{i}]"),
+                        "expected a string, number or boolean",
+                    )
                 })
-                .collect::<Result<_, _>>()?,
-            Some(_) => return Err(cx.err(&values_path, "expected a non-empty array of values")),
-            None => {
-                return Err(cx.err(
-                    &values_path,
-                    "required; expected a non-empty array of values (strings, numbers or booleans)",
-                ));
-            }
-        };
+            })
+            .collect::<Result<_, _>>()?;
         if let Some(i) = (1..values.len()).find(|&i| values[..i].contains(&values[i])) {
-            return Err(cx.err(
+            return Err(self.err(
                 &format!("{values_path}[{i}]"),
                 format!("duplicate value `{}`", values[i]),
             ));
         }
-        let weights_path = join(&prefix, "weights");
-        let weights: Vec<f64> = match t.get("weights") {
+        let weights_path = format!("features.{name}.weights");
+        let weights = match &f.weights {
             None => vec![1.0; values.len()],
-            Some(Toml::Array(a)) => {
-                if a.len() != values.len() {
-                    return Err(cx.err(
-                        &weights_path,
-                        format!(
-                            "expected {} weights, one per value, found {}",
-                            values.len(),
-                            a.len()
-                        ),
-                    ));
-                }
-                let w = a
+            Some(w) if w.len() != values.len() => {
+                return Err(self.err(
+                    &weights_path,
+                    format!(
+                        "expected {} weights, one per value, found {}",
+                        values.len(),
+                        w.len()
+                    ),
+                ));
+            }
+            Some(w) => {
+                let w = w
                     .iter()
                     .enumerate()
-                    .map(|(i, v)| {
-                        let p = format!("{weights_path}[{i}]");
-                        let x = cx.number(v, &p)?;
-                        Check::NonNegative.apply(x).map_err(|e| cx.err(&p, e))?;
-                        Ok(x)
+                    .map(|(i, &x)| {
+                        self.number(x, &format!("{weights_path}[{i}]"), Check::NonNegative)
                     })
-                    .collect::<Result<Vec<_>, SimError>>()?;
+                    .collect::<Result<Vec<_>, _>>()?;
                 if w.iter().sum::<f64>() <= 0.0 {
-                    return Err(cx.err(&weights_path, "expected weights summing to more than 0"));
+                    return Err(self.err(&weights_path, "expected weights summing to more than 0"));
                 }
                 w
             }
-            Some(v) => {
-                return Err(cx.err(
-                    &weights_path,
-                    format!("expected an array of numbers, found {}", v.type_str()),
-                ));
-            }
         };
-        features.push(Feature {
-            name: fname.clone(),
+        Ok(Feature {
+            name: name.to_string(),
             values,
             weights,
-        });
+        })
     }
 
-    // Goal placeholders must name features.
-    let mut rest = goal.as_str();
-    while let Some(open) = rest.find('{') {
-        let after = &rest[open + 1..];
-        let close = after
-            .find('}')
-            .ok_or_else(|| cx.err("goal", "expected `}` to close a `{feature}` placeholder"))?;
-        let ph = &after[..close];
-        if !features.iter().any(|f| f.name == ph) {
-            return Err(cx.err("goal", format!("placeholder `{{{ph}}}` names no feature")));
+    fn arm(&self, a: &RawArm, path: &str, features: &[Feature]) -> Result<Arm, SimError> {
+        let key = |k: &str| format!("{path}.{k}");
+        let tool = self.text(&a.tool, &key("tool"))?;
+        let strategy = self.text(&a.strategy, &key("strategy"))?;
+        if tool.contains(['/', ' ']) || strategy.contains(' ') {
+            return Err(self.err(&key("tool"), "expected names without spaces or `/`"));
         }
-        rest = &after[close + 1..];
-    }
-
-    // `[infra]` is optional, and so is its `errors`: an arm's `p_infra` (FORMAT.md allows it
-    // without an `[infra]` table) or a `p_fault` without classes draws from the default classes
-    // (`Infra::default`), so that such a file runs instead of being refused.
-    let infra = match root.get("infra") {
-        None => Infra::default(),
-        Some(v) => {
-            let t = cx.table(v, "infra")?;
-            cx.only_keys(t, "infra", &["p_fault", "errors"])?;
-            let p_fault = cx
-                .opt_number(t, "infra", "p_fault", Check::Probability)?
-                .unwrap_or(0.0);
-            let errors = match t.get("errors") {
-                Some(e) => cx.errors(e, "infra.errors", true)?,
-                None => Infra::default().errors,
-            };
-            Infra { p_fault, errors }
-        }
-    };
-
-    let stage_arr = match root.get("stage") {
-        Some(Toml::Array(a)) if !a.is_empty() => a,
-        Some(_) => return Err(cx.err("stage", "expected one or more [[stage]] tables")),
-        None => return Err(cx.err("stage", "required; expected one or more [[stage]] tables")),
-    };
-    let mut stages: Vec<Stage> = Vec::new();
-    for (si, sv) in stage_arr.iter().enumerate() {
-        let sp = format!("stage[{si}]");
-        let st = cx.table(sv, &sp)?;
-        cx.only_keys(st, &sp, &["name", "arm"])?;
-        let sname = cx.string(st, &sp, "name")?;
-        if stages.iter().any(|s| s.name == sname) {
-            return Err(cx.err(
-                &join(&sp, "name"),
-                format!("duplicate stage name `{sname}`"),
-            ));
-        }
-        let arms_v = cx.array(st, &sp, "arm")?;
-        if arms_v.len() < 2 {
-            return Err(cx.err(
-                &join(&sp, "arm"),
-                format!("expected two or more [[stage.arm]], found {}", arms_v.len()),
-            ));
-        }
-        let mut arms: Vec<Arm> = Vec::new();
-        for (ai, av) in arms_v.iter().enumerate() {
-            let ap = format!("{sp}.arm[{ai}]");
-            let at = cx.table(av, &ap)?;
-            let mut allowed = vec!["tool", "strategy", "params", "when"];
-            allowed.extend(OVERRIDE_KEYS);
-            cx.only_keys(at, &ap, &allowed)?;
-            let tool = cx.string(at, &ap, "tool")?;
-            let strategy = cx.string(at, &ap, "strategy")?;
-            if arms
-                .iter()
-                .any(|a| a.tool == tool && a.strategy == strategy)
-            {
-                return Err(cx.err(
-                    &join(&ap, "strategy"),
-                    format!("duplicate arm ({tool}, {strategy}) in stage `{sname}`"),
-                ));
-            }
-            if tool.contains(['/', ' ']) || strategy.contains(' ') {
-                return Err(cx.err(&join(&ap, "tool"), "expected names without spaces or `/`"));
-            }
-            let params = match at.get("params") {
-                None => serde_json::Map::new(),
-                Some(v) => {
-                    let pp = join(&ap, "params");
-                    cx.table(v, &pp)?;
-                    match serde_json::to_value(v) {
-                        Ok(Value::Object(m)) => {
-                            if m.contains_key("strategy") {
-                                return Err(
-                                    cx.err(&join(&pp, "strategy"), "`strategy` is reserved")
-                                );
-                            }
-                            m
-                        }
-                        _ => return Err(cx.err(&pp, "expected a table of plain values")),
-                    }
+        let params = match &a.params {
+            None => serde_json::Map::new(),
+            Some(t) => match serde_json::to_value(t) {
+                Ok(Value::Object(m)) if m.contains_key("strategy") => {
+                    return Err(self.err(&key("params.strategy"), "`strategy` is reserved"));
                 }
-            };
-            let numbers = Numbers {
-                cost: cx.req_number(at, &ap, "cost", Check::NonNegative)?,
-                latency_ms: cx.req_number(at, &ap, "latency_ms", Check::Positive)?,
-                p_success: cx.req_number(at, &ap, "p_success", Check::Probability)?,
-                p_valid: cx
-                    .opt_number(at, &ap, "p_valid", Check::Probability)?
-                    .unwrap_or(1.0),
-                p_infra: cx.opt_number(at, &ap, "p_infra", Check::Probability)?,
-                errors: match at.get("errors") {
-                    Some(v) => cx.errors(v, &join(&ap, "errors"), false)?,
-                    None => {
-                        return Err(cx.err(
-                            &join(&ap, "errors"),
-                            "required; expected a table of error classes with weights",
-                        ));
-                    }
-                },
-            };
-            let mut when = Vec::new();
-            for (wi, wv) in cx.array(at, &ap, "when")?.iter().enumerate() {
-                let wp = format!("{ap}.when[{wi}]");
-                let wt = cx.table(wv, &wp)?;
-                let mut allowed = vec!["match"];
-                allowed.extend(OVERRIDE_KEYS);
-                cx.only_keys(wt, &wp, &allowed)?;
-                if !wt.contains_key("match") {
-                    return Err(cx.err(
-                        &join(&wp, "match"),
-                        "required; expected a table of feature = value",
-                    ));
-                }
-                when.push(When {
-                    matcher: cx.matcher(wt, &wp, &features)?,
-                    overrides: cx.overrides(wt, &wp)?,
-                });
-            }
-            arms.push(Arm {
-                tool,
-                strategy,
-                params,
-                numbers,
-                when,
-            });
-        }
-        stages.push(Stage { name: sname, arms });
-    }
-
-    let mut drift = Vec::new();
-    for (di, dv) in cx.array(&root, "", "drift")?.iter().enumerate() {
-        let dp = format!("drift[{di}]");
-        let dt = cx.table(dv, &dp)?;
-        let mut allowed = vec!["after_task", "stage", "tool", "strategy", "match"];
-        allowed.extend(OVERRIDE_KEYS);
-        cx.only_keys(dt, &dp, &allowed)?;
-        let after_path = join(&dp, "after_task");
-        let after_task = match dt.get("after_task") {
-            Some(Toml::Integer(i)) if *i >= 0 => *i as u64,
-            Some(_) => return Err(cx.err(&after_path, "expected an integer of at least 0")),
-            None => return Err(cx.err(&after_path, "required; expected an integer of at least 0")),
+                Ok(Value::Object(m)) => m,
+                _ => return Err(self.err(&key("params"), "expected a table of plain values")),
+            },
         };
-        let stage = cx.string(dt, &dp, "stage")?;
-        let tool = cx.string(dt, &dp, "tool")?;
-        let strategy = cx.string(dt, &dp, "strategy")?;
+        let o = a.overrides(self, path)?;
+        let required =
+            |k: &str, what: &str| self.err(&key(k), format!("required; expected {what}"));
+        let numbers = Numbers {
+            cost: o
+                .cost
+                .ok_or_else(|| required("cost", Check::NonNegative.describe()))?,
+            latency_ms: o
+                .latency_ms
+                .ok_or_else(|| required("latency_ms", Check::Positive.describe()))?,
+            p_success: o
+                .p_success
+                .ok_or_else(|| required("p_success", Check::Probability.describe()))?,
+            p_valid: o.p_valid.unwrap_or(1.0),
+            p_infra: o.p_infra,
+            errors: o
+                .errors
+                .ok_or_else(|| required("errors", "a table of error classes with weights"))?,
+        };
+        let when = a
+            .when
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let wp = format!("{path}.when[{i}]");
+                Ok(When {
+                    matcher: self.matcher(&w.matcher, &format!("{wp}.match"), features)?,
+                    overrides: w.overrides(self, &wp)?,
+                })
+            })
+            .collect::<Result<_, SimError>>()?;
+        Ok(Arm {
+            tool,
+            strategy,
+            params,
+            numbers,
+            when,
+        })
+    }
+
+    fn drift(
+        &self,
+        d: &RawDrift,
+        path: &str,
+        stages: &[Stage],
+        features: &[Feature],
+    ) -> Result<Drift, SimError> {
+        let key = |k: &str| format!("{path}.{k}");
+        let stage = self.text(&d.stage, &key("stage"))?;
+        let tool = self.text(&d.tool, &key("tool"))?;
+        let strategy = self.text(&d.strategy, &key("strategy"))?;
         let Some(s) = stages.iter().find(|s| s.name == stage) else {
-            return Err(cx.err(
-                &join(&dp, "stage"),
+            return Err(self.err(
+                &key("stage"),
                 format!("expected the name of a stage; `{stage}` is none"),
             ));
         };
@@ -601,30 +466,149 @@ pub fn parse_spec(text: &str, file: &str) -> Result<SimSpec, SimError> {
             .iter()
             .any(|a| a.tool == tool && a.strategy == strategy)
         {
-            return Err(cx.err(
-                &join(&dp, "strategy"),
+            return Err(self.err(
+                &key("strategy"),
                 format!("expected an arm of stage `{stage}`; ({tool}, {strategy}) is none"),
             ));
         }
-        drift.push(Drift {
-            after_task,
+        Ok(Drift {
+            after_task: d.after_task,
             stage,
             tool,
             strategy,
-            matcher: cx.matcher(dt, &dp, &features)?,
-            overrides: cx.overrides(dt, &dp)?,
-        });
+            matcher: self.matcher(&d.matcher, &key("match"), features)?,
+            overrides: d.overrides(self, path)?,
+        })
     }
 
-    Ok(SimSpec {
-        name,
-        goal,
-        reward,
-        features,
-        stages,
-        infra,
-        drift,
-    })
+    fn spec(&self, raw: RawSpec) -> Result<SimSpec, SimError> {
+        let name = self.text(&raw.name, "name")?;
+        let goal = self.text(&raw.goal, "goal")?;
+        let sla_ms = self.number(raw.sla_ms, "sla_ms", Check::Positive)?;
+        let r = &raw.reward;
+        let reward = RewardConfig {
+            success: self
+                .opt(r.success, "reward.success", Check::NonNegative)?
+                .unwrap_or(1.0),
+            latency: self
+                .opt(r.latency, "reward.latency", Check::NonNegative)?
+                .unwrap_or(0.2),
+            cost: self
+                .opt(r.cost, "reward.cost", Check::NonNegative)?
+                .unwrap_or(0.1),
+            max_cost: self
+                .opt(r.max_cost, "reward.max_cost", Check::Positive)?
+                .unwrap_or(0.1),
+            sla_ms,
+        };
+
+        if raw.features.is_empty() {
+            return Err(self.err("features", "expected at least one feature"));
+        }
+        let features = raw
+            .features
+            .iter()
+            .map(|(name, f)| self.feature(name, f))
+            .collect::<Result<Vec<_>, _>>()?;
+
+        // Goal placeholders must name features.
+        let mut rest = goal.as_str();
+        while let Some(open) = rest.find('{') {
+            let after = &rest[open + 1..];
+            let close = after.find('}').ok_or_else(|| {
+                self.err("goal", "expected `}` to close a `{feature}` placeholder")
+            })?;
+            let ph = &after[..close];
+            if !features.iter().any(|f| f.name == ph) {
+                return Err(self.err("goal", format!("placeholder `{{{ph}}}` names no feature")));
+            }
+            rest = &after[close + 1..];
+        }
+
+        // `[infra]` is optional, and so is its `errors`: an arm's `p_infra` (FORMAT.md allows it
+        // without an `[infra]` table) or a `p_fault` without classes draws from the default
+        // classes (`Infra::default`), so that such a file runs instead of being refused.
+        let infra = match &raw.infra {
+            None => Infra::default(),
+            Some(i) => Infra {
+                p_fault: self
+                    .opt(i.p_fault, "infra.p_fault", Check::Probability)?
+                    .unwrap_or(0.0),
+                errors: match &i.errors {
+                    Some(e) => self.errors(e, "infra.errors", true)?,
+                    None => Infra::default().errors,
+                },
+            },
+        };
+
+        if raw.stage.is_empty() {
+            return Err(self.err("stage", "expected one or more [[stage]] tables"));
+        }
+        let mut stages: Vec<Stage> = Vec::new();
+        for (si, s) in raw.stage.iter().enumerate() {
+            let sp = format!("stage[{si}]");
+            let sname = self.text(&s.name, &format!("{sp}.name"))?;
+            if stages.iter().any(|s| s.name == sname) {
+                return Err(self.err(
+                    &format!("{sp}.name"),
+                    format!("duplicate stage name `{sname}`"),
+                ));
+            }
+            if s.arm.len() < 2 {
+                return Err(self.err(
+                    &format!("{sp}.arm"),
+                    format!("expected two or more [[stage.arm]], found {}", s.arm.len()),
+                ));
+            }
+            let mut arms: Vec<Arm> = Vec::new();
+            for (ai, a) in s.arm.iter().enumerate() {
+                let ap = format!("{sp}.arm[{ai}]");
+                let arm = self.arm(a, &ap, &features)?;
+                if arms
+                    .iter()
+                    .any(|b| b.tool == arm.tool && b.strategy == arm.strategy)
+                {
+                    return Err(self.err(
+                        &format!("{ap}.strategy"),
+                        format!(
+                            "duplicate arm ({}, {}) in stage `{sname}`",
+                            arm.tool, arm.strategy
+                        ),
+                    ));
+                }
+                arms.push(arm);
+            }
+            stages.push(Stage { name: sname, arms });
+        }
+
+        let drift = raw
+            .drift
+            .iter()
+            .enumerate()
+            .map(|(i, d)| self.drift(d, &format!("drift[{i}]"), &stages, &features))
+            .collect::<Result<_, _>>()?;
+
+        Ok(SimSpec {
+            name,
+            goal,
+            reward,
+            features,
+            stages,
+            infra,
+            drift,
+        })
+    }
+}
+
+/// Parses and checks an environment file's text; `file` names it in errors.
+pub fn parse_spec(text: &str, file: &str) -> Result<SimSpec, SimError> {
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| SimError::Toml {
+        file: file.to_string(),
+        reason: e.to_string(),
+    })?;
+    let cx = Ctx { file };
+    let raw = crate::config::from_toml(table).map_err(|(key, why)| cx.err(&key, why))?;
+    cx.spec(raw)
 }
 
 /// A feature's value as the tasks carry it: a string as written, a number or a boolean as TOML

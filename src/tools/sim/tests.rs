@@ -756,3 +756,62 @@ fn parse_errors_name_file_key_and_expectation() {
         other => panic!("{other:?}"),
     }
 }
+
+/// The file deserializes before it is checked: an unknown key anywhere and a value of the wrong
+/// type are refused with their dotted path; a TOML integer stands for a number.
+#[test]
+fn unknown_keys_and_wrong_types_are_named_with_their_path() {
+    rejects(
+        &TINY.replacen(
+            "strategy = \"slow\"\n",
+            "strategy = \"slow\"\nbogus = 1\n",
+            1,
+        ),
+        "stage[0].arm[1].bogus",
+    );
+    rejects(
+        &TINY.replace(
+            "match = { kind = \"b\" }\np_success = 0.5",
+            "match = { kind = \"b\" }\np_sucess = 0.5",
+        ),
+        "stage[0].arm[0].when[0].p_sucess",
+    );
+    rejects(
+        &TINY.replace("max_cost = 0.1", "max_cost = 0.1\nbonus = 1"),
+        "reward.bonus",
+    );
+    rejects(
+        &TINY.replace("p_success = 0.95", "p_success = \"high\""),
+        "stage[1].arm[0].p_success",
+    );
+    rejects(
+        &TINY.replace("weights = [1, 3]", "weights = [1, \"3\"]"),
+        "features.kind.weights[1]",
+    );
+    rejects(
+        &TINY.replace("after_task = 10", "after_task = 1.5"),
+        "drift[0].after_task",
+    );
+    rejects(
+        &TINY.replace("[infra]\np_fault = 0.1", "[infra]\np_fault = inf"),
+        "infra.p_fault",
+    );
+    rejects(
+        &TINY.replace("latency_ms = 600", "latency_ms = inf"),
+        "stage[0].arm[1].latency_ms",
+    );
+    // An array is no table, though serde would read one as a struct.
+    rejects(
+        &TINY.replace(
+            "[reward]\nsuccess = 1.0\nlatency = 0.2\ncost = 0.1\nmax_cost = 0.1",
+            "reward = [1.0, 0.2, 0.1, 0.1]",
+        ),
+        "reward",
+    );
+    let ints = TINY
+        .replace("cost = 0.05", "cost = 0")
+        .replace("p_success = 1.0", "p_success = 1");
+    let env = SimEnv::parse(&ints, "ints.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(env.spec().stages[0].arms[1].numbers.cost, 0.0);
+    assert_eq!(env.spec().stages[0].arms[1].numbers.p_success, 1.0);
+}
