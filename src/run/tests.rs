@@ -164,6 +164,17 @@ fn prepared() -> Event {
     }
 }
 
+/// A new run, prepared and given the plan `search` then `post`.
+fn planned() -> (RunMachine, Vec<Command>) {
+    let mut m = machine();
+    let mut seen = Vec::new();
+    m.poll();
+    m.handle(prepared()).unwrap();
+    next(&mut m, &mut seen);
+    m.handle(Event::Planned(Ok(plan("search")))).unwrap();
+    (m, seen)
+}
+
 #[test]
 fn a_clean_run_plans_calls_validates_is_reviewed_and_ends() {
     let mut m = machine();
@@ -254,12 +265,7 @@ fn a_clean_run_plans_calls_validates_is_reviewed_and_ends() {
 
 #[test]
 fn a_wrong_tool_is_ruled_out_and_the_plan_repaired_from_its_stage() {
-    let mut m = machine();
-    let mut seen = Vec::new();
-    m.poll();
-    m.handle(prepared()).unwrap();
-    next(&mut m, &mut seen);
-    m.handle(Event::Planned(Ok(plan("search")))).unwrap();
+    let (mut m, mut seen) = planned();
     let Command::Call(_) = through_transitions(&mut m, &mut seen) else {
         panic!("a call")
     };
@@ -290,12 +296,7 @@ fn a_wrong_tool_is_ruled_out_and_the_plan_repaired_from_its_stage() {
 
 #[test]
 fn a_non_idempotent_call_in_doubt_after_a_crash_is_escalated_not_repeated() {
-    let mut m = machine();
-    let mut seen = Vec::new();
-    m.poll();
-    m.handle(prepared()).unwrap();
-    next(&mut m, &mut seen);
-    m.handle(Event::Planned(Ok(plan("search")))).unwrap();
+    let (mut m, mut seen) = planned();
     through_transitions(&mut m, &mut seen);
     m.handle(Event::Called {
         outcome: ok(json!("page")),
@@ -352,12 +353,7 @@ fn a_non_idempotent_call_in_doubt_after_a_crash_is_escalated_not_repeated() {
 
 #[test]
 fn a_reflect_retry_verdict_starts_a_round_with_the_reflection_and_a_new_plan() {
-    let mut m = machine();
-    let mut seen = Vec::new();
-    m.poll();
-    m.handle(prepared()).unwrap();
-    next(&mut m, &mut seen);
-    m.handle(Event::Planned(Ok(plan("search")))).unwrap();
+    let (mut m, mut seen) = planned();
     for output in [json!("bad"), json!("posted")] {
         through_transitions(&mut m, &mut seen);
         m.handle(Event::Called {
