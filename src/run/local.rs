@@ -29,9 +29,9 @@ pub struct LocalRunner {
     validator: RunValidator,
     /// ReflectRetry's retries per run.
     retries: HashMap<String, u32>,
-    /// Each run's checkpoints, oldest first (for rollbacks; the machine names none, and they
-    /// are encoded only when one is loaded).
-    checkpoints: HashMap<String, Vec<RunProgress>>,
+    /// Each unfinished run's latest checkpoint (for rollbacks: the machine names none, so only
+    /// the latest can be loaded; encoded only then).
+    checkpoints: HashMap<String, RunProgress>,
     /// The experience log; an experience's sequence number is its position plus one.
     log: Vec<ExperienceTuple>,
 }
@@ -100,11 +100,9 @@ impl LocalRunner {
                     Event::Planned(self.planner.choose(&task, base, &exclude))
                 }
                 Command::Transition { next, .. } => Event::Transitioned(next),
-                Command::Checkpoint(progress) => {
+                Command::Checkpoint => {
                     self.checkpoints
-                        .entry(run_id.clone())
-                        .or_default()
-                        .push(*progress);
+                        .insert(run_id.clone(), machine.progress().clone());
                     continue;
                 }
                 Command::Notify(_) => continue,
@@ -137,7 +135,7 @@ impl LocalRunner {
                     // The machine's checkpoints have no names: a named one is not found.
                     let latest = match name {
                         Some(_) => None,
-                        None => self.checkpoints.get(&run_id).and_then(|cps| cps.last()),
+                        None => self.checkpoints.get(&run_id),
                     };
                     let found = latest
                         .map(|progress| RunMachine::checkpoint_of(&run_id, progress, self.now()))

@@ -118,8 +118,11 @@ pub enum Command {
         /// Changes to record with it.
         patch: RunPatch,
     },
-    /// Write this checkpoint of the run (no answer).
-    Checkpoint(Box<RunProgress>),
+    /// Write a checkpoint of [`RunMachine::progress`] as it stands when this command is
+    /// performed (no answer). Commands are performed in order before the next event, and the
+    /// machine changes only on events, so that is the state of the last checkpoint asked for:
+    /// one asked for twice before an event is queued once.
+    Checkpoint,
     /// Show an event to the plugins (no answer).
     Notify(RunEvent),
     /// Teach the policy the settled stage outcomes of the run's first attempt, as soon as it
@@ -612,8 +615,8 @@ impl RunMachine {
     }
 
     fn checkpoint(&mut self) {
-        self.out
-            .push_back(Command::Checkpoint(Box::new(self.st.clone())));
+        self.out.retain(|c| !matches!(c, Command::Checkpoint));
+        self.out.push_back(Command::Checkpoint);
     }
 
     fn event(&mut self, event: RunEvent) {

@@ -225,8 +225,8 @@ async fn drive(
                     .await?;
                 Event::Transitioned(answer.map_err(DriveError::Transition)?.state)
             }
-            Command::Checkpoint(progress) => {
-                checkpoint(ctx, &run_id, &progress).await?;
+            Command::Checkpoint => {
+                checkpoint(ctx, &run_id, machine.progress()).await?;
                 continue;
             }
             Command::Notify(event) => {
