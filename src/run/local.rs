@@ -11,7 +11,7 @@ use std::sync::Arc;
 use crate::config::ReflectRetryConfig;
 use crate::learn::planner::Planner;
 use crate::tools::ToolRunner;
-use crate::{ExperienceTuple, Task};
+use crate::{ExperienceTuple, Run, Task};
 
 use super::call::execute;
 use super::machine::{Command, Event, RunError, RunMachine, RunProgress, RunRules};
@@ -80,6 +80,8 @@ impl LocalRunner {
     pub async fn run(&mut self, task: Task) -> Result<RunOutcome, RunError> {
         let run_id = format!("run-{}", task.task_id);
         let task = Arc::new(task);
+        // The run's record, whose state machine checks every transition as the orchestrator's does.
+        let mut record = Run::new(run_id.clone(), &task, self.now());
         let mut machine = RunMachine::new(
             run_id.clone(),
             task.clone(),
@@ -99,7 +101,10 @@ impl LocalRunner {
                 Command::Choose { base, exclude } => {
                     Event::Planned(self.planner.choose(&task, base, &exclude))
                 }
-                Command::Transition { next, .. } => Event::Transitioned(next),
+                Command::Transition { next, .. } => {
+                    record.transition(next, self.now())?;
+                    Event::Transitioned(record.state)
+                }
                 Command::Checkpoint => {
                     self.checkpoints
                         .insert(run_id.clone(), machine.progress().clone());

@@ -210,6 +210,9 @@ pub enum RunError {
         /// The encoder's message.
         reason: String,
     },
+    /// A transition the run's state machine forbids.
+    #[error(transparent)]
+    Transition(#[from] crate::TransitionError),
     /// The machine waits for an answer to no command (a fault in the machine or its
     /// interpreter).
     #[error("run {0}: the run machine stopped without ending the run")]
