@@ -160,6 +160,7 @@ impl LocalRunner {
                 }
                 Command::Finish(finished) => {
                     self.checkpoints.remove(&run_id);
+                    self.retries.remove(&run_id);
                     self.log.push(finished.experience);
                     let seq = self.log.len() as u64;
                     if let Some(exp) = self.log.last() {

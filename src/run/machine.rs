@@ -46,10 +46,12 @@ pub struct RunRules {
 
 impl Default for RunRules {
     fn default() -> Self {
+        // The caps' defaults are the configuration's (`[triage]`), stated once there.
+        let caps = crate::config::TriageConfig::default();
         RunRules {
             triage: Arc::new(TriageSetup::default()),
-            max_recovery_attempts: 3,
-            max_total_attempts: 12,
+            max_recovery_attempts: caps.max_recovery_attempts,
+            max_total_attempts: caps.max_total_attempts,
         }
     }
 }
@@ -445,16 +447,6 @@ impl RunMachine {
         m.st = decode(checkpoint)?;
         m.resumed = true;
         Ok(m)
-    }
-
-    /// The run.
-    pub fn run_id(&self) -> &str {
-        &self.run_id
-    }
-
-    /// The task.
-    pub fn task(&self) -> &Arc<Task> {
-        &self.task
     }
 
     /// What the run has done so far.

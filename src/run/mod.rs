@@ -26,7 +26,7 @@ pub use outcome::{RecoveryRecord, RunOutcome};
 pub use plan::{PlanChoice, parse_sop_plan_id, sop_plan_id};
 pub use recovery::{AttemptFailure, Decision, TREE_POLICY, TriageSetup};
 pub use report::{
-    RunEvent, RunReport, RunValidator, Verdict, default_validator, reflect_reason, reflect_verdict,
+    RunEvent, RunReport, RunValidator, Verdict, default_validator, reflect_verdict,
     render_reflection,
 };
 pub use workflow::{Workflow, WorkflowArm, WorkflowStage};

@@ -104,11 +104,7 @@ pub fn render_reflection(template: &str, attempt: u32, max: u32, reason: &str) -
 
 /// Why ReflectRetry would send a round back: the validator's reason, or (for a round that did
 /// not pass) its last error; `None` when the round stands.
-pub fn reflect_reason(
-    validator: &RunValidator,
-    passed: bool,
-    events: &[RunEvent],
-) -> Option<String> {
+fn reflect_reason(validator: &RunValidator, passed: bool, events: &[RunEvent]) -> Option<String> {
     if let Err(reason) = validator(events) {
         return Some(reason);
     }
