@@ -43,6 +43,11 @@ pub struct Task {
     pub tenant: Option<String>,
     /// The session the task belongs to.
     pub session_id: Option<String>,
+    /// The task's input object, which an agent sees and its arguments and prompts refer to.
+    /// Stored apart from the task record (so that task records of earlier builds stay
+    /// readable): the orchestrator writes it with the task and puts it back on resume.
+    #[serde(skip)]
+    pub input: Option<serde_json::Value>,
 }
 
 /// The state machine of a run.

@@ -131,6 +131,7 @@ fn task(goal: &str) -> Task {
         user_id: Some("u1".into()),
         tenant: Some("acme".into()),
         session_id: None,
+        input: None,
     }
 }
 

@@ -16,7 +16,7 @@ use std::time::Duration;
 use hindsight::learn::adaptive::ModelSynthesiser;
 use hindsight::model::openai::{OpenAiClient, OpenAiConfig, SchemaFormat};
 use hindsight::model::{
-    ChatMessage, ChatRequest, Embedder, LanguageModel, ModelError, ModelFuture, Role, cosine,
+    ChatMessage, ChatRequest, Embedder, LanguageModel, ModelError, ModelFuture, cosine,
 };
 use hindsight::store::Durability;
 use hindsight::taxonomy::ErrorClass;
@@ -112,19 +112,14 @@ async fn real_llama_cpp_server_chat_embeddings_and_errors() {
     let c = client(&url, 60_000);
     let req = ChatRequest {
         messages: vec![
-            ChatMessage {
-                role: Role::System,
-                content: "You are a terse assistant.".into(),
-            },
-            ChatMessage {
-                role: Role::User,
-                content: "What is the capital of France?".into(),
-            },
+            ChatMessage::system("You are a terse assistant."),
+            ChatMessage::user("What is the capital of France?"),
         ],
         json_mode: false,
         json_schema: None,
         max_tokens: Some(24),
         temperature: Some(0.0),
+        ..ChatRequest::default()
     };
     let t = std::time::Instant::now();
     let text = c.complete(&req).await.unwrap();
@@ -134,11 +129,11 @@ async fn real_llama_cpp_server_chat_embeddings_and_errors() {
         json_mode: true,
         json_schema: None,
         max_tokens: Some(48),
-        messages: vec![ChatMessage {
-            role: Role::User,
-            content: "Answer as a JSON object with a key \"city\": the capital of France.".into(),
-        }],
+        messages: vec![ChatMessage::user(
+            "Answer as a JSON object with a key \"city\": the capital of France.",
+        )],
         temperature: Some(0.0),
+        ..ChatRequest::default()
     };
     let out = c.complete(&json_req).await.unwrap();
     println!("json answer: {out}");

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hindsight::model::openai::{OpenAiClient, OpenAiConfig, SchemaFormat};
-use hindsight::model::{ChatMessage, ChatRequest, Embedder, LanguageModel, ModelError, Role};
+use hindsight::model::{ChatMessage, ChatRequest, Embedder, LanguageModel, ModelError};
 use hindsight::taxonomy::ErrorClass;
 use hindsight::tools::RetryPolicy;
 use serde_json::{Value, json};
@@ -117,14 +117,12 @@ fn client(base_url: &str, timeout_ms: u64) -> OpenAiClient {
 
 fn chat(json_mode: bool) -> ChatRequest {
     ChatRequest {
-        messages: vec![ChatMessage {
-            role: Role::User,
-            content: "Say hi".into(),
-        }],
+        messages: vec![ChatMessage::user("Say hi")],
         json_mode,
         json_schema: None,
         max_tokens: Some(16),
         temperature: Some(0.0),
+        ..ChatRequest::default()
     }
 }
 

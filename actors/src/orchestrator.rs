@@ -16,19 +16,30 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use crate::chaos_hook::ChaosHook;
 use crate::run::{RunOutcome, TreeCtx};
 
+/// A task's input object as it is stored.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TaskInput(#[serde(with = "hindsight::store::envelope::as_json")] pub serde_json::Value);
+
 /// Tasks by id, so that a task submitted twice is run once.
 pub const TASKS: KvTable = KvTable::new("tasks");
 /// Plans given with a task (the API's `/execute`), by run.
 pub const FORCED_PLANS: KvTable = KvTable::new("forced_plans");
+/// The input objects of tasks that have one, by task id (JSON text: a task record of an earlier
+/// build has no input, so it is kept apart from [`TASKS`]).
+pub const TASK_INPUTS: KvTable = KvTable::new("task_inputs");
 /// The final outcome of every finished run.
 pub const OUTCOMES: KvTable = KvTable::new("run_outcomes");
 
 /// The per-run records that go with a finished run when the store's run TTL removes it
 /// ([`hindsight::store::Store::compact_with`]): its task, its outcome, the plan it was given,
 /// its ReflectRetry count and its experience-logged mark.
-pub const RUN_RECORDS: [RunRecords; 5] = [
+pub const RUN_RECORDS: [RunRecords; 6] = [
     RunRecords {
         table: TASKS,
+        key: RunKey::TaskId,
+    },
+    RunRecords {
+        table: TASK_INPUTS,
         key: RunKey::TaskId,
     },
     RunRecords {
@@ -223,7 +234,14 @@ impl Actor for Orchestrator {
             }
             let task: Option<Task> = state.ctx.store.get(TASKS, &run.task_id)?;
             match task {
-                Some(task) => crate::run::spawn_driver(state.ctx.clone(), run, task, true),
+                Some(mut task) => {
+                    task.input = state
+                        .ctx
+                        .store
+                        .get::<TaskInput>(TASK_INPUTS, &run.task_id)?
+                        .map(|i| i.0);
+                    crate::run::spawn_driver(state.ctx.clone(), run, task, true)
+                }
                 None => {
                     state.ctx.live.release(&run.run_id);
                     tracing::error!(run_id = %run.run_id, "unfinished run has no stored task; left as is");
@@ -390,6 +408,13 @@ impl OrchestratorState {
                 ];
                 if let Some(plan) = &plan {
                     ops.push(WriteOp::put(FORCED_PLANS, &run.run_id, plan)?);
+                }
+                if let Some(input) = &task.input {
+                    ops.push(WriteOp::put(
+                        TASK_INPUTS,
+                        &task.task_id,
+                        &TaskInput(input.clone()),
+                    )?);
                 }
                 store.write_batch(ops).await.map(|_| ())
             }

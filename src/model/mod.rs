@@ -21,8 +21,21 @@ pub enum Role {
     System,
     /// The user's words.
     User,
-    /// The model's words.
+    /// The model's words (and tool calls).
     Assistant,
+    /// A tool's result, answering one of the model's calls.
+    Tool,
+}
+
+/// One call of a tool the model asked for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The call's id, which the tool's result names (`tool_call_id`).
+    pub id: String,
+    /// The tool's name.
+    pub name: String,
+    /// The arguments object.
+    pub arguments: serde_json::Value,
 }
 
 /// One chat message.
@@ -30,8 +43,76 @@ pub enum Role {
 pub struct ChatMessage {
     /// The speaker.
     pub role: Role,
-    /// The text.
+    /// The text (empty for an assistant turn that only calls tools).
     pub content: String,
+    /// The tools an assistant turn calls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// The call a tool message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+impl ChatMessage {
+    /// A message of `role` saying `content`.
+    pub fn new(role: Role, content: impl Into<String>) -> ChatMessage {
+        ChatMessage {
+            role,
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+
+    /// A system message.
+    pub fn system(content: impl Into<String>) -> ChatMessage {
+        ChatMessage::new(Role::System, content)
+    }
+
+    /// A user message.
+    pub fn user(content: impl Into<String>) -> ChatMessage {
+        ChatMessage::new(Role::User, content)
+    }
+
+    /// The model's turn: its text and the tools it calls.
+    pub fn assistant(content: impl Into<String>, tool_calls: Vec<ToolCall>) -> ChatMessage {
+        ChatMessage {
+            tool_calls,
+            ..ChatMessage::new(Role::Assistant, content)
+        }
+    }
+
+    /// A tool's result for the call `call_id`.
+    pub fn tool(call_id: impl Into<String>, content: impl Into<String>) -> ChatMessage {
+        ChatMessage {
+            tool_call_id: Some(call_id.into()),
+            ..ChatMessage::new(Role::Tool, content)
+        }
+    }
+}
+
+/// A tool offered to the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolDef {
+    /// The tool's name (a name in the registry).
+    pub name: String,
+    /// What it does.
+    pub description: String,
+    /// JSON Schema of its arguments object.
+    pub parameters: serde_json::Value,
+}
+
+/// Whether the model may, must or must not call tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolChoice {
+    /// The model decides.
+    #[default]
+    Auto,
+    /// The model must call a tool.
+    Required,
+    /// The model must answer in words.
+    None,
 }
 
 /// A chat completion request.
@@ -49,6 +130,62 @@ pub struct ChatRequest {
     pub max_tokens: Option<u32>,
     /// Sampling temperature.
     pub temperature: Option<f32>,
+    /// The tools the model may call (none: it answers in words).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolDef>,
+    /// Whether it may, must or must not call them (only sent with tools).
+    #[serde(default)]
+    pub tool_choice: ToolChoice,
+}
+
+/// Tokens a turn took, as the server counted them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Usage {
+    /// Tokens of the request.
+    pub prompt_tokens: u32,
+    /// Tokens generated.
+    pub completion_tokens: u32,
+}
+
+impl Usage {
+    /// Both together.
+    pub fn total(&self) -> u32 {
+        self.prompt_tokens.saturating_add(self.completion_tokens)
+    }
+}
+
+/// One turn of the model: its text, the tools it calls (none: this is its answer), and what it
+/// took.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ModelReply {
+    /// The text.
+    pub content: String,
+    /// The tools it calls, in order (several at once when the server allows parallel calls).
+    pub tool_calls: Vec<ToolCall>,
+    /// Tokens, when the server reported them.
+    pub usage: Option<Usage>,
+}
+
+/// Where a turn happens: the run, task, attempt, stage and turn (simulated models draw from
+/// these, as simulated tools draw from [`crate::tools::CallContext`]).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct TurnContext {
+    /// The run.
+    pub run_id: String,
+    /// The task's index.
+    pub task_index: u64,
+    /// The attempt of the run (0-based).
+    pub attempt: u32,
+    /// The stage.
+    pub stage: String,
+    /// The turn within the stage of this attempt (0-based).
+    pub turn: u32,
+    /// The task's goal.
+    pub goal: String,
+    /// The task's features.
+    pub features: std::collections::BTreeMap<String, String>,
+    /// The task's input object, if it has one.
+    pub input: Option<serde_json::Value>,
 }
 
 /// Why a model call failed.
@@ -77,12 +214,26 @@ pub enum ModelError {
     InvalidInput(String),
 }
 
-/// A chat model: messages in, text out.
+/// A chat model: messages in, text (and tool calls) out.
 pub trait LanguageModel: Send + Sync {
     /// A short name for logs and provenance.
     fn name(&self) -> &str;
-    /// Completes the conversation.
+    /// Completes the conversation with text.
     fn complete<'a>(&'a self, request: &'a ChatRequest) -> ModelFuture<'a, String>;
+    /// One turn of an agent's loop: the model answers in words or calls some of
+    /// `request.tools`. A model that cannot call tools answers in words (the default).
+    fn turn<'a>(
+        &'a self,
+        request: &'a ChatRequest,
+        _ctx: &'a TurnContext,
+    ) -> ModelFuture<'a, ModelReply> {
+        Box::pin(async move {
+            Ok(ModelReply {
+                content: self.complete(request).await?,
+                ..ModelReply::default()
+            })
+        })
+    }
 }
 
 /// Turns text into fixed-dimension vectors whose cosine similarity means similarity of meaning.

@@ -298,19 +298,14 @@ mod tests {
     fn req(text: &str, json_mode: bool) -> ChatRequest {
         ChatRequest {
             messages: vec![
-                ChatMessage {
-                    role: Role::System,
-                    content: "Synthesize lessons from these failures as JSON.".into(),
-                },
-                ChatMessage {
-                    role: Role::User,
-                    content: text.into(),
-                },
+                ChatMessage::system("Synthesize lessons from these failures as JSON."),
+                ChatMessage::user(text),
             ],
             json_mode,
             json_schema: None,
             max_tokens: None,
             temperature: None,
+            ..ChatRequest::default()
         }
     }
 
@@ -350,10 +345,9 @@ mod tests {
         );
 
         let plain = ChatRequest {
-            messages: vec![ChatMessage {
-                role: Role::User,
-                content: "The run failed twice. Then it passed. Nothing else happened.".into(),
-            }],
+            messages: vec![ChatMessage::user(
+                "The run failed twice. Then it passed. Nothing else happened.",
+            )],
             max_tokens: Some(10),
             ..ChatRequest::default()
         };

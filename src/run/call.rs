@@ -50,6 +50,16 @@ pub struct StageCall {
     pub idempotency_key: String,
     /// What is left of the task's budget.
     pub budget: Budget,
+    /// In an agent stage, the model turn that asked for the call, and the call's number within
+    /// the stage (0 in a tool stage).
+    #[serde(default)]
+    pub turn: u32,
+    /// The call's number within the stage of this attempt.
+    #[serde(default)]
+    pub call: u32,
+    /// The task's input object, if it has one.
+    #[serde(default)]
+    pub input: Option<Value>,
 }
 
 /// What came of a stage's call, every retry included.
@@ -83,8 +93,10 @@ pub async fn execute(runner: &ToolRunner, call: StageCall) -> CallOutcome {
         task_index: call.task_index,
         attempt: call.attempt,
         stage: call.stage.clone(),
-        call: 0,
+        call: call.call,
         features: call.features.clone(),
+        turn: call.turn,
+        input: call.input.clone(),
     };
     let report = runner
         .call(
@@ -199,6 +211,9 @@ mod tests {
                 features: BTreeMap::new(),
                 idempotency_key: "run-1/fetch/1".into(),
                 budget: Budget::default(),
+                turn: 0,
+                call: 0,
+                input: None,
             },
         )
         .await;

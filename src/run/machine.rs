@@ -720,6 +720,9 @@ impl RunMachine {
                 &arm.stage,
             ),
             budget: Budget::remaining(&self.task.constraints, self.st.latency_ms, self.st.cost),
+            turn: 0,
+            call: 0,
+            input: self.task.input.clone(),
         };
         self.wait(
             Phase::Calling {

@@ -86,6 +86,10 @@ pub struct CallContext {
     pub call: u32,
     /// The task's features.
     pub features: BTreeMap<String, String>,
+    /// The model turn that asked for the call, in an agent stage (0 in a tool stage).
+    pub turn: u32,
+    /// The task's input object, if it has one.
+    pub input: Option<Value>,
 }
 
 /// A successful call's result.

@@ -418,6 +418,8 @@ fn ctx(
         stage: stage.into(),
         call,
         features: f.clone(),
+        turn: 0,
+        input: None,
     }
 }
 

@@ -89,6 +89,20 @@ fn text(field: &str, value: &str, required: bool) -> Result<(), FieldError> {
     Ok(())
 }
 
+/// A task's input: a JSON object of at most [`MAX_TEXT_CHARS`] characters written out.
+fn task_input(field: &str, value: &serde_json::Value) -> Result<(), FieldError> {
+    if !value.is_object() {
+        return Err(FieldError::new(field, "must be a JSON object"));
+    }
+    if value.to_string().chars().count() > MAX_TEXT_CHARS {
+        return Err(FieldError::new(
+            field,
+            format!("longer than {MAX_TEXT_CHARS} characters written as JSON"),
+        ));
+    }
+    Ok(())
+}
+
 /// An identifier: 1 to [`MAX_ID_CHARS`] characters, not blank, and no control character (a newline
 /// or an escape sequence would forge lines or move the terminal where it is printed).
 pub fn identifier(field: &str, value: &str) -> Result<(), FieldError> {
@@ -187,6 +201,9 @@ pub struct TaskRequest {
     /// Makes a resubmission return the first submission's run instead of running twice.
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// The task's input object: an agent sees it, and its arguments and prompts refer to it.
+    #[serde(default)]
+    pub input: Option<serde_json::Value>,
 }
 
 impl TaskRequest {
@@ -203,6 +220,7 @@ impl TaskRequest {
             user_id: self.user_id,
             tenant: Some(tenant.to_string()),
             session_id: self.session_id,
+            input: self.input,
         }
     }
 
@@ -229,6 +247,9 @@ impl TaskRequest {
         }
         optional_identifier(&f("user_id"), self.user_id.as_deref())?;
         optional_identifier(&f("session_id"), self.session_id.as_deref())?;
+        if let Some(input) = &self.input {
+            task_input(&f("input"), input)?;
+        }
         optional_identifier(&f("idempotency_key"), self.idempotency_key.as_deref())?;
         Ok(())
     }

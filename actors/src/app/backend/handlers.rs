@@ -455,6 +455,7 @@ impl Backend for TreeBackend {
             user_id: Some(tenant_task_id(tenant, &user)),
             tenant: Some(tenant.to_string()),
             session_id: None,
+            input: None,
         };
         let answer = self
             .ctx

@@ -30,6 +30,7 @@ pub fn tenant_run_id(tenant: &str, task_id: &str) -> String {
         user_id: None,
         tenant: None,
         session_id: None,
+        input: None,
     })
 }
 
