@@ -172,20 +172,20 @@ fn arm(tool: &str, strategy: &str, params: Value) -> WorkflowArm {
 /// The workflow: read the total, then convert it.
 pub fn stages() -> Vec<WorkflowStage> {
     vec![
-        WorkflowStage {
-            name: "read".into(),
-            arms: vec![
+        WorkflowStage::tools(
+            "read",
+            vec![
                 arm("invoice_reader", "layout_model", json!({"dpi": 300})),
                 arm("invoice_reader", "regex", json!({})),
             ],
-        },
-        WorkflowStage {
-            name: "convert".into(),
-            arms: vec![
+        ),
+        WorkflowStage::tools(
+            "convert",
+            vec![
                 arm("fx_convert", "daily_rate", json!({})),
                 arm("fx_convert", "live_quote", json!({})),
             ],
-        },
+        ),
     ]
 }
 

@@ -160,6 +160,7 @@ fn build_tree(store: &Store, env: &SimEnv, seed: u64) -> Result<tree::Tree, BoxE
         store: store.clone(),
         workflow,
         runner,
+        models: hindsight::model::Models::new(),
         policy,
         seed,
         config: TreeConfig::default(),

@@ -1,9 +1,12 @@
-//! The Executor actor: runs one stage's tool call per message, each on a worker task of its own,
-//! through the tool layer's resilience (validation, timeout, backoff, circuit breaker, bulkhead,
-//! budget, idempotency keys), and reports every attempt's latency, cost and error class.
+//! The Executor actor: runs one tool call or model turn per message, each on a worker task of
+//! its own. A tool call goes through the tool layer's resilience (validation, timeout, backoff,
+//! circuit breaker, bulkhead, budget, idempotency keys) and reports every attempt's latency,
+//! cost and error class; a model turn goes to the agent's model endpoint.
 
 use std::sync::Arc;
 
+use hindsight::model::Models;
+use hindsight::run::{ModelTurn, TurnOutcome};
 use hindsight::tools::ToolRunner;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
@@ -21,6 +24,13 @@ pub enum ExecutorMsg {
         /// What came of it.
         reply: RpcReplyPort<CallOutcome>,
     },
+    /// Ask an agent's model for its next turn.
+    Turn {
+        /// The turn.
+        turn: Box<ModelTurn>,
+        /// What the model did.
+        reply: RpcReplyPort<TurnOutcome>,
+    },
 }
 
 /// The executor actor.
@@ -32,6 +42,8 @@ pub struct ExecutorArgs {
     pub journal: Option<crate::journal::CallJournal>,
     /// The resilient tool caller.
     pub runner: Arc<ToolRunner>,
+    /// The model endpoints of the agent stages.
+    pub models: Models,
     /// Where it publishes itself.
     pub slot: Arc<Slot<ExecutorMsg>>,
     /// Fault injection.
@@ -42,6 +54,7 @@ pub struct ExecutorArgs {
 pub struct ExecutorState {
     journal: Option<crate::journal::CallJournal>,
     runner: Arc<ToolRunner>,
+    models: Models,
     chaos: Option<ChaosHook>,
 }
 
@@ -59,6 +72,7 @@ impl Actor for Executor {
         Ok(ExecutorState {
             journal: args.journal,
             runner: args.runner,
+            models: args.models,
             chaos: args.chaos,
         })
     }
@@ -85,6 +99,15 @@ impl Actor for Executor {
                         // The runner records the result before it returns.
                         j.line("recorded", &key);
                     }
+                    let _ = reply.send(outcome);
+                });
+            }
+            ExecutorMsg::Turn { turn, reply } => {
+                let (models, runner) = (state.models.clone(), state.runner.clone());
+                tokio::spawn(async move {
+                    let outcome =
+                        hindsight::run::agent::perform(&models, &turn, runner.clock().as_ref())
+                            .await;
                     let _ = reply.send(outcome);
                 });
             }

@@ -74,6 +74,8 @@ pub struct RuntimeOptions {
     pub workflow: WorkflowSource,
     /// More tools (custom Rust tools, MCP servers).
     pub registry: ToolRegistry,
+    /// The model endpoints the workflow's agent stages name.
+    pub models: hindsight::model::Models,
     /// The bandit's configuration (its reward is taken from the environment).
     pub policy: PolicyConfig,
     /// Seed of every random choice.
@@ -141,6 +143,7 @@ impl RuntimeOptions {
             durability: Durability::Immediate,
             workflow: workflow.into(),
             registry: ToolRegistry::new(),
+            models: hindsight::model::Models::new(),
             policy: PolicyConfig::default(),
             seed: 0,
             tree: TreeConfig::default(),
@@ -318,6 +321,7 @@ impl Runtime {
         } else {
             None
         };
+        let simulated = matches!(opts.workflow, WorkflowSource::Sim(_));
         let workflow = Arc::new(match opts.workflow {
             WorkflowSource::Sim(env) => Workflow::from_sim(&env.with_seed(opts.seed), &registry)?,
             WorkflowSource::Custom {
@@ -329,18 +333,24 @@ impl Runtime {
         });
         opts.distill.validate()?;
         let policy = workflow.policy(opts.policy)?;
-        // Simulated tools report virtual latency: backoff waits are virtual too.
+        // Simulated tools report virtual latency: backoff waits are virtual too. Tools of a
+        // workflow of your own are real: their backoff and Retry-After waits are real.
+        let clock: Arc<dyn hindsight::tools::Clock> = if simulated {
+            Arc::new(VirtualClock::new())
+        } else {
+            Arc::new(hindsight::tools::TokioClock::new())
+        };
         let runner = Arc::new(
-            ToolRunner::new(registry.clone(), Arc::new(VirtualClock::new()), opts.seed)
-                .with_idempotency(Arc::new(crate::idempotency::StoreIdempotency::new(
-                    store.clone(),
-                ))),
+            ToolRunner::new(registry.clone(), clock, opts.seed).with_idempotency(Arc::new(
+                crate::idempotency::StoreIdempotency::new(store.clone()),
+            )),
         );
         let tree = tree::build(TreeSpec {
             journal,
             store,
             workflow,
             runner,
+            models: opts.models,
             policy,
             seed: opts.seed,
             config: opts.tree,

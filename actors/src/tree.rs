@@ -89,6 +89,8 @@ pub struct TreeSpec {
     pub workflow: Arc<Workflow>,
     /// The resilient tool caller (its registry holds the workflow's tools).
     pub runner: Arc<ToolRunner>,
+    /// The model endpoints of the workflow's agent stages.
+    pub models: hindsight::model::Models,
     /// The policy to start from when nothing is stored.
     pub policy: Policy,
     /// Seed of every random choice the tree makes.
@@ -238,13 +240,14 @@ pub fn build(spec: TreeSpec) -> Tree {
             ctx.dir.executor.clone(),
             hook(&faults, "executor"),
         );
-        let journal = spec.journal.clone();
+        let (journal, models) = (spec.journal.clone(), spec.models.clone());
         children.push(ChildSpec::actor("executor", None, move || {
             (
                 Executor,
                 ExecutorArgs {
                     journal: journal.clone(),
                     runner: runner.clone(),
+                    models: models.clone(),
                     slot: slot.clone(),
                     chaos: chaos.clone(),
                 },

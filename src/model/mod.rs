@@ -2,6 +2,7 @@
 //! an OpenAI-compatible HTTP client for users who have a model server.
 
 pub mod embed;
+pub mod models;
 pub mod openai;
 pub mod rule;
 
@@ -9,6 +10,8 @@ use std::future::Future;
 use std::pin::Pin;
 
 use serde::{Deserialize, Serialize};
+
+pub use models::Models;
 
 /// A boxed, sendable future, as returned by the model traits.
 pub type ModelFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, ModelError>> + Send + 'a>>;

@@ -10,9 +10,11 @@ use std::sync::Arc;
 
 use crate::config::ReflectRetryConfig;
 use crate::learn::planner::Planner;
+use crate::model::Models;
 use crate::tools::ToolRunner;
 use crate::{ExperienceTuple, Run, Task};
 
+use super::agent::perform;
 use super::call::execute;
 use super::machine::{Command, Event, RunError, RunMachine, RunProgress, RunRules};
 use super::outcome::RunOutcome;
@@ -34,6 +36,8 @@ pub struct LocalRunner {
     checkpoints: HashMap<String, RunProgress>,
     /// The experience log; an experience's sequence number is its position plus one.
     log: Vec<ExperienceTuple>,
+    /// The models of the workflow's agent stages.
+    models: Models,
 }
 
 impl LocalRunner {
@@ -57,7 +61,14 @@ impl LocalRunner {
             retries: HashMap::new(),
             checkpoints: HashMap::new(),
             log: Vec::new(),
+            models: Models::new(),
         }
+    }
+
+    /// The same runner, its agent stages' turns performed by `models`.
+    pub fn with_models(mut self, models: Models) -> LocalRunner {
+        self.models = models;
+        self
     }
 
     /// The planner, with everything it learned.
@@ -123,6 +134,13 @@ impl LocalRunner {
                 Command::Call(call) => {
                     let outcome = execute(&self.runner, *call).await;
                     Event::Called {
+                        outcome,
+                        at_ms: self.now(),
+                    }
+                }
+                Command::Turn(turn) => {
+                    let outcome = perform(&self.models, &turn, self.runner.clock().as_ref()).await;
+                    Event::Turned {
                         outcome,
                         at_ms: self.now(),
                     }

@@ -9,6 +9,7 @@
 //! the [`recovery`] triage of a failed attempt, the stage [`call`] and its measurement, the
 //! plugins' [`report`] and ReflectRetry's verdict, and the run's [`outcome`].
 
+pub mod agent;
 pub mod call;
 pub mod local;
 pub mod machine;
@@ -18,6 +19,7 @@ pub mod recovery;
 pub mod report;
 pub mod workflow;
 
+pub use agent::{ModelTurn, TurnOutcome};
 pub use call::{Budget, CallOutcome, StageCall, execute};
 pub use machine::{
     Command, Event, Finished, PluginAnswer, RunError, RunMachine, RunPatch, RunProgress, RunRules,
@@ -29,7 +31,9 @@ pub use report::{
     RunEvent, RunReport, RunValidator, Verdict, default_validator, reflect_verdict,
     render_reflection,
 };
-pub use workflow::{Workflow, WorkflowArm, WorkflowStage};
+pub use workflow::{AgentStage, AgentVariant, Toolset, Workflow, WorkflowArm, WorkflowStage};
 
+#[cfg(test)]
+mod agent_tests;
 #[cfg(test)]
 mod tests;

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use crate::triage::classify::{Classifier, FailureInput, RulesClassifier};
+use crate::triage::classify::{Classification, Classifier, FailureInput, RulesClassifier};
 use crate::triage::config::{PolicyError, PolicyFile};
 use crate::triage::context::RunError;
 use crate::triage::policy::{FailureContext, FailurePolicy, PolicyState};
@@ -30,6 +30,9 @@ pub struct AttemptFailure {
     pub category: FailureCategory,
     /// How long the tool asked to wait, if it did.
     pub retry_after_ms: Option<u64>,
+    /// The failure type and rule, when the machine already judged them (an agent's answer
+    /// found to cite a value no tool returned, say); the classifier is then not asked.
+    pub classified: Option<(FailureType, String)>,
 }
 
 /// The failure type of an attempt and the action chosen for it.
@@ -106,6 +109,9 @@ impl TriageSetup {
     /// context overflow, ...); where the tool or the validator already said the error's class,
     /// that class is trusted over a re-reading of the message.
     pub fn classify(&self, task: &Task, failure: &AttemptFailure) -> (FailureType, String) {
+        if let Some(judged) = &failure.classified {
+            return judged.clone();
+        }
         let error = RunError {
             message: failure.message.clone(),
             error_type: failure.error_type.clone(),
@@ -158,6 +164,29 @@ impl TriageSetup {
             ),
             _ => (ft, rule),
         }
+    }
+
+    /// The loop the end of `trajectory` shows, if any: the classifier's `loop_window` last tool
+    /// calls with the same tool and arguments, or the same tool failing the same way.
+    pub fn loop_in(&self, trajectory: &Trajectory) -> Option<Classification> {
+        self.classifier.loop_detected(trajectory)
+    }
+
+    /// The classifier's verdict on an agent's answer `output` (plan incomplete, a constraint
+    /// broken, the goal drifted from), `None` when it is fine.
+    pub fn judge_answer(
+        &self,
+        task: &Task,
+        trajectory: &Trajectory,
+        output: &serde_json::Value,
+    ) -> Option<Classification> {
+        self.classifier.classify(&FailureInput {
+            trajectory,
+            error: None,
+            claims: &[],
+            goal: Some(&task.goal),
+            output: Some(output),
+        })
     }
 
     /// Classifies the failure and asks the policy for the recovery. `state` holds the run's

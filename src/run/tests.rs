@@ -43,14 +43,8 @@ fn workflow() -> Arc<Workflow> {
         params: Default::default(),
     };
     let stages = vec![
-        WorkflowStage {
-            name: "fetch".into(),
-            arms: vec![arm("search"), arm("scrape")],
-        },
-        WorkflowStage {
-            name: "write".into(),
-            arms: vec![arm("post")],
-        },
+        WorkflowStage::tools("fetch", vec![arm("search"), arm("scrape")]),
+        WorkflowStage::tools("write", vec![arm("post")]),
     ];
     let check: workflow::OutputCheck = Arc::new(|_, output| {
         if output == &json!("bad") {

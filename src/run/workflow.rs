@@ -1,6 +1,8 @@
-//! The workflow a tree plans from: its stages, the `(tool, strategy)` arms of each, how to check
-//! a stage's output, and how a run's reward is computed. The planner chooses only among these
-//! arms, and a workflow whose arms name a tool the registry lacks is refused at start.
+//! The workflow a tree plans from: its stages, the arms of each, how to check a stage's output,
+//! and how a run's reward is computed. A tool stage's arms are `(tool, strategy)` pairs; an
+//! agent stage's arms are variants of a model-driven loop (model, instruction variant, toolset,
+//! temperature), which the bandit sees as `(model, variant)`. The planner chooses only among
+//! these arms, and a workflow whose arms name a tool the registry lacks is refused at start.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -28,14 +30,135 @@ pub struct WorkflowArm {
 pub struct WorkflowStage {
     /// The stage's name.
     pub name: String,
-    /// Its candidates.
+    /// Its candidates (for an agent stage, one per variant: the model and the variant's name).
     pub arms: Vec<WorkflowArm>,
+    /// The model-driven loop, when this is an agent stage.
+    #[serde(default)]
+    pub agent: Option<AgentStage>,
+}
+
+impl WorkflowStage {
+    /// A tool stage over `arms`.
+    pub fn tools(name: impl Into<String>, arms: Vec<WorkflowArm>) -> WorkflowStage {
+        WorkflowStage {
+            name: name.into(),
+            arms,
+            agent: None,
+        }
+    }
+
+    /// An agent stage: its arms are the variants of `agent`.
+    pub fn agent(name: impl Into<String>, agent: AgentStage) -> WorkflowStage {
+        WorkflowStage {
+            name: name.into(),
+            arms: agent
+                .variants
+                .iter()
+                .map(|v| WorkflowArm {
+                    tool: v.model.clone(),
+                    strategy: v.name.clone(),
+                    params: Map::new(),
+                })
+                .collect(),
+            agent: Some(agent),
+        }
+    }
+}
+
+/// An agent stage: a loop in which a model calls tools until it answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentStage {
+    /// What the agent is and does (the system message starts with it).
+    pub instructions: String,
+    /// The variants the policy chooses between.
+    pub variants: Vec<AgentVariant>,
+    /// Model turns per attempt before the attempt fails (its budget of turns).
+    pub max_turns: u32,
+    /// The JSON Schema the answer must follow (the answer is then read as JSON); `None`: the
+    /// answer is text, given as `{"answer": text}`.
+    #[serde(default)]
+    pub answer_schema: Option<Value>,
+}
+
+/// One way of running an agent stage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentVariant {
+    /// The variant's name (the bandit's strategy).
+    pub name: String,
+    /// The model endpoint (a name the interpreter's models know).
+    pub model: String,
+    /// An instruction variant, added after the agent's instructions.
+    #[serde(default)]
+    pub prompt: Option<String>,
+    /// The tools it may call: registry names or globs (`*` matches any run of characters; a
+    /// `/` in a pattern also matches the `.` of an MCP server's prefix).
+    pub tools: Vec<String>,
+    /// Sampling temperature.
+    #[serde(default)]
+    pub temperature: Option<f32>,
+}
+
+/// The tools one variant of an agent stage offers, as the model sees them.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Toolset {
+    /// What is offered (names the model may use: a registry name with characters outside
+    /// `[A-Za-z0-9_-]` replaced by `_`).
+    pub offered: Vec<crate::model::ToolDef>,
+    /// The registry name of each offered name.
+    pub registry_names: HashMap<String, String>,
+}
+
+impl Toolset {
+    /// The registry name of the tool the model calls `name`, if it was offered.
+    pub fn registry_name(&self, name: &str) -> Option<&str> {
+        self.registry_names.get(name).map(String::as_str)
+    }
+
+    /// One line per tool: its offered name and what it does (the manifest of the toolset).
+    pub fn manifest(&self) -> String {
+        self.offered
+            .iter()
+            .map(|t| format!("- {}: {}", t.name, t.description))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// Whether `name` matches the glob `pattern` (`*` any run of characters).
+pub fn glob_match(pattern: &str, name: &str) -> bool {
+    fn go(p: &[u8], n: &[u8]) -> bool {
+        match p.split_first() {
+            None => n.is_empty(),
+            Some((b'*', rest)) => (0..=n.len()).any(|i| go(rest, &n[i..])),
+            Some((c, rest)) => n
+                .split_first()
+                .is_some_and(|(d, nr)| c == d && go(rest, nr)),
+        }
+    }
+    go(pattern.as_bytes(), name.as_bytes())
+        || (pattern.contains('/') && go(pattern.replace('/', ".").as_bytes(), name.as_bytes()))
+}
+
+/// The name a model may use for the registry tool `name` (OpenAI-compatible servers accept
+/// only `[A-Za-z0-9_-]`, at most 64 characters).
+pub fn offered_name(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect()
 }
 
 /// Checks one stage's output.
 pub type OutputCheck = Arc<dyn Fn(&str, &Value) -> Result<(), String> + Send + Sync>;
 
-/// A workflow whose arm names a tool the registry does not have.
+/// A workflow whose arm names a tool the registry does not have (for an agent variant, a
+/// pattern that matches no tool, or two tools offered under one name).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "workflow `{workflow}`: stage `{stage}` uses tool `{tool}`, which no configured tool provides"
@@ -54,6 +177,7 @@ pub struct Workflow {
     name: String,
     stages: Vec<WorkflowStage>,
     idempotent: HashMap<String, bool>,
+    toolsets: HashMap<(String, String), Arc<Toolset>>,
     check: OutputCheck,
     reward: RewardConfig,
     sim: Option<SimEnv>,
@@ -70,7 +194,23 @@ impl Workflow {
     ) -> Result<Workflow, UnknownTool> {
         let name = name.into();
         let mut idempotent = HashMap::new();
+        let mut toolsets = HashMap::new();
         for stage in &stages {
+            if let Some(agent) = &stage.agent {
+                for variant in &agent.variants {
+                    let toolset = toolset(&name, &stage.name, variant, registry)?;
+                    for registry_name in toolset.registry_names.values() {
+                        if let Some(tool) = registry.get(registry_name) {
+                            idempotent.insert(registry_name.clone(), tool.spec().idempotent);
+                        }
+                    }
+                    toolsets.insert(
+                        (stage.name.clone(), variant.name.clone()),
+                        Arc::new(toolset),
+                    );
+                }
+                continue;
+            }
             for arm in &stage.arms {
                 let Some(tool) = registry.get(&arm.tool) else {
                     return Err(UnknownTool {
@@ -86,6 +226,7 @@ impl Workflow {
             name,
             stages,
             idempotent,
+            toolsets,
             check,
             reward,
             sim: None,
@@ -97,17 +238,18 @@ impl Workflow {
         let stages = env
             .stages()
             .iter()
-            .map(|s| WorkflowStage {
-                name: s.name.clone(),
-                arms: s
-                    .arms
-                    .iter()
-                    .map(|a| WorkflowArm {
-                        tool: a.tool.clone(),
-                        strategy: a.strategy.clone(),
-                        params: a.params.clone(),
-                    })
-                    .collect(),
+            .map(|s| {
+                WorkflowStage::tools(
+                    s.name.clone(),
+                    s.arms
+                        .iter()
+                        .map(|a| WorkflowArm {
+                            tool: a.tool.clone(),
+                            strategy: a.strategy.clone(),
+                            params: a.params.clone(),
+                        })
+                        .collect(),
+                )
             })
             .collect();
         let checker = env.clone();
@@ -127,12 +269,40 @@ impl Workflow {
         &self.stages
     }
 
+    /// The agent loop of stage `stage`, if it is an agent stage.
+    pub fn agent(&self, stage: &str) -> Option<&AgentStage> {
+        self.stages
+            .iter()
+            .find(|s| s.name == stage)
+            .and_then(|s| s.agent.as_ref())
+    }
+
+    /// The tools variant `variant` of agent stage `stage` offers (empty for anything else).
+    pub fn toolset(&self, stage: &str, variant: &str) -> Arc<Toolset> {
+        self.toolsets
+            .get(&(stage.to_string(), variant.to_string()))
+            .cloned()
+            .unwrap_or_default()
+    }
+
     /// The tool manifest a `retry_with_tool_manifest` recovery injects: per stage, the tools
-    /// and strategies it may use, one line each ("stage search: web_search/top3, ...").
+    /// and strategies it may use, one line each ("stage search: web_search/top3, ..."); an
+    /// agent stage lists the tools its variants offer.
     pub fn manifest(&self) -> String {
         self.stages
             .iter()
             .map(|s| {
+                if let Some(agent) = &s.agent {
+                    let mut tools: Vec<String> = agent
+                        .variants
+                        .iter()
+                        .flat_map(|v| self.toolset(&s.name, &v.name).offered.clone())
+                        .map(|t| t.name)
+                        .collect();
+                    tools.sort();
+                    tools.dedup();
+                    return format!("stage {}: tools {}", s.name, tools.join(", "));
+                }
                 let arms: Vec<String> = s
                     .arms
                     .iter()
@@ -212,6 +382,49 @@ impl Workflow {
     pub fn reward(&self, passed: bool, latency_ms: f64, cost: f64) -> f64 {
         self.reward.reward(passed, latency_ms, cost)
     }
+}
+
+/// The toolset of `variant`: every registry tool a pattern matches, offered under a name a
+/// model server accepts.
+fn toolset(
+    workflow: &str,
+    stage: &str,
+    variant: &AgentVariant,
+    registry: &ToolRegistry,
+) -> Result<Toolset, UnknownTool> {
+    let unknown = |tool: &str| UnknownTool {
+        workflow: workflow.to_string(),
+        stage: stage.to_string(),
+        tool: tool.to_string(),
+    };
+    let mut names = registry.names();
+    names.sort();
+    let mut set = Toolset::default();
+    for pattern in &variant.tools {
+        let matched: Vec<&String> = names.iter().filter(|n| glob_match(pattern, n)).collect();
+        if matched.is_empty() {
+            return Err(unknown(pattern));
+        }
+        for name in matched {
+            let offered = offered_name(name);
+            match set.registry_names.get(&offered) {
+                Some(existing) if existing == name => continue,
+                Some(_) => return Err(unknown(&format!("{name} (offered as {offered}, taken)"))),
+                None => {}
+            }
+            let Some(tool) = registry.get(name) else {
+                return Err(unknown(name));
+            };
+            let spec = tool.spec();
+            set.offered.push(crate::model::ToolDef {
+                name: offered.clone(),
+                description: spec.description.clone(),
+                parameters: spec.input_schema.clone(),
+            });
+            set.registry_names.insert(offered, name.clone());
+        }
+    }
+    Ok(set)
 }
 
 /// The bandit's reward parameters from a reward configuration.

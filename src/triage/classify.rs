@@ -164,7 +164,9 @@ impl RulesClassifier {
         self
     }
 
-    fn loop_detected(&self, t: &Trajectory) -> Option<Classification> {
+    /// A loop at the end of `t`: the last `loop_window` tool calls with the same tool and
+    /// input, or the same tool and the same error that is not the environment's.
+    pub fn loop_detected(&self, t: &Trajectory) -> Option<Classification> {
         let calls: Vec<&Step> = t.steps.iter().filter(|s| s.tool_called.is_some()).collect();
         if calls.len() < self.loop_window {
             return None;

@@ -269,6 +269,23 @@ async fn drive(
                     at_ms: now_ms(),
                 }
             }
+            Command::Turn(turn) => {
+                let outcome = ctx
+                    .dir
+                    .executor
+                    .call_with_timeout(
+                        |reply| crate::executor::ExecutorMsg::Turn {
+                            turn: turn.clone(),
+                            reply,
+                        },
+                        ctx.config.stage_timeout,
+                    )
+                    .await?;
+                Event::Turned {
+                    outcome,
+                    at_ms: now_ms(),
+                }
+            }
             Command::Validate(outputs) => Event::Validated(
                 ctx.dir
                     .validator

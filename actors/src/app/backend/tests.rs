@@ -149,14 +149,14 @@ fn an_arm_the_stage_lacks_is_refused_naming_the_field_and_the_choices() {
         strategy: strategy.into(),
         params: Default::default(),
     };
-    let stage = WorkflowStage {
-        name: "extract".into(),
-        arms: vec![
+    let stage = WorkflowStage::tools(
+        "extract",
+        vec![
             arm("ocr", "fast"),
             arm("ocr", "accurate"),
             arm("vision", "llm"),
         ],
-    };
+    );
     assert!(check_arm(&stage, "ocr", "accurate", "").is_ok());
     let invalid = |r: BackendResult<()>| match r {
         Err(BackendError::Invalid { field, reason }) => (field, reason),

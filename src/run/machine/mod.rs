@@ -8,6 +8,8 @@
 //! [`super::local`] interpreter perform its commands, and given the same answers and the same
 //! seed they take the same decisions.
 
+mod agent;
+
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
@@ -22,6 +24,7 @@ use crate::{
     RecoveryAction, RunResult, RunState, Step, Task, Trajectory,
 };
 
+use super::agent::{ModelTurn, TurnOutcome};
 use super::call::{Budget, CallOutcome, StageCall};
 use super::outcome::{RecoveryRecord, RunOutcome};
 use super::plan::PlanChoice;
@@ -130,8 +133,11 @@ pub enum Command {
     /// Teach the policy the settled stage outcomes of the run's first attempt, as soon as it
     /// ended (no answer).
     LearnFirstAttempt(Vec<(u32, Vec<StageObservation>)>),
-    /// Call a stage's tool; answered by [`Event::Called`].
+    /// Call a tool (a tool stage's, or one an agent's model asked for); answered by
+    /// [`Event::Called`].
     Call(Box<StageCall>),
+    /// Ask an agent stage's model for its next turn; answered by [`Event::Turned`].
+    Turn(Box<ModelTurn>),
     /// Validate these stage outputs; answered by [`Event::Validated`].
     Validate(Vec<(String, Value)>),
     /// Read the run's checkpoint of this name (the latest when `None`); answered by
@@ -172,6 +178,13 @@ pub enum Event {
     Called {
         /// What the call did.
         outcome: CallOutcome,
+        /// When it ended (ms since the epoch).
+        at_ms: u64,
+    },
+    /// The answer to [`Command::Turn`].
+    Turned {
+        /// What the model did.
+        outcome: TurnOutcome,
         /// When it ended (ms since the epoch).
         at_ms: u64,
     },
@@ -289,6 +302,28 @@ pub struct RunProgress {
     pub plugin_retries: BTreeMap<String, u32>,
     /// Every step of every attempt.
     pub steps: Vec<Step>,
+    /// What memory and the lessons say about the task (the fenced lessons and the cited
+    /// retrieval), which an agent's system message carries.
+    #[serde(default)]
+    pub context: Option<String>,
+    /// The conversation of the agent stage in progress (empty between stages).
+    #[serde(default)]
+    pub conversation: Vec<crate::model::ChatMessage>,
+    /// Tool calls of the model's last turn not made yet, in order.
+    #[serde(default)]
+    pub pending_calls: Vec<crate::model::ToolCall>,
+    /// Model turns of the agent stage in progress.
+    #[serde(default)]
+    pub turn: u32,
+    /// Tool calls of the agent stage in progress.
+    #[serde(default)]
+    pub stage_calls: u32,
+    /// Model turns over the run.
+    #[serde(default)]
+    pub model_calls: u32,
+    /// Tokens over the run, as the model servers counted them.
+    #[serde(default)]
+    pub tokens: u64,
 }
 
 impl RunProgress {
@@ -305,6 +340,8 @@ impl RunProgress {
         self.output_step
             .retain(|stage, _| !later.contains(&stage.as_str()));
         self.next_stage = at;
+        self.conversation.clear();
+        self.pending_calls.clear();
     }
 
     /// The steps of the current attempt, as a trajectory for the classifier.
@@ -371,6 +408,8 @@ enum Phase {
     Moving(After),
     /// For the call of stage `stage`.
     Calling { stage: usize, call: Box<StageCall> },
+    /// For the model's turn at agent stage `stage`.
+    Turning { stage: usize },
     /// For the validation of an attempt's outputs.
     Validating,
     /// For the validation of outputs left unvalidated by a round that ended in `end`.
@@ -502,9 +541,7 @@ impl RunMachine {
                 },
             ) => {
                 self.st.citations = citations;
-                if self.st.guidance.is_none() {
-                    self.st.guidance = guidance;
-                }
+                self.st.context = guidance;
                 if let Some(arms) = forced
                     && self.st.plan.is_none()
                     && self.st.first_arms.is_empty()
@@ -555,6 +592,9 @@ impl RunMachine {
             (Phase::Calling { stage, call }, Event::Called { outcome, at_ms }) => {
                 self.called(stage, *call, outcome, at_ms)
             }
+            (Phase::Turning { stage }, Event::Turned { outcome, at_ms }) => {
+                self.turned(stage, outcome, at_ms)
+            }
             (Phase::Validating, Event::Validated(verdicts)) => self.validated(verdicts),
             (Phase::Settling { end }, Event::Validated(verdicts)) => {
                 self.st.mark(&verdicts);
@@ -569,6 +609,10 @@ impl RunMachine {
                     self.st.next_stage = saved.next_stage;
                     self.st.outputs = saved.outputs;
                     self.st.output_step = saved.output_step;
+                    self.st.conversation = saved.conversation;
+                    self.st.pending_calls = saved.pending_calls;
+                    self.st.turn = saved.turn;
+                    self.st.stage_calls = saved.stage_calls;
                     self.checkpoint();
                     self.attempt_start();
                 }
@@ -674,6 +718,10 @@ impl RunMachine {
             self.transition(RunState::Validating, RunPatch::default(), After::Validating);
             return;
         };
+        if let Some(agent) = self.workflow.agent(&arm.stage).cloned() {
+            self.run_agent(i, arm, &agent);
+            return;
+        }
         let idempotent = self.workflow.is_idempotent(&arm.tool);
         if self.st.in_flight == Some(i) && !idempotent {
             // A non-idempotent call was started before a crash and its end was never seen: it is
@@ -697,6 +745,7 @@ impl RunMachine {
                 class: None,
                 category: FailureCategory::Unknown,
                 retry_after_ms: None,
+                classified: None,
             });
             return;
         }
@@ -738,42 +787,13 @@ impl RunMachine {
             self.round_end(RunState::Failed, Some("no plan could be made".to_string()));
             return;
         };
+        if let Some(agent) = self.workflow.agent(&arm.stage).cloned() {
+            self.agent_called(i, arm, &agent, call, outcome, at_ms);
+            return;
+        }
+        let mut step = self.call_step(&arm, &call, &outcome, at_ms);
         let st = &mut self.st;
         st.in_flight = None;
-        st.latency_ms += outcome.latency_ms;
-        st.cost += outcome.cost;
-        st.tool_calls += outcome.calls;
-        for class in &outcome.error_classes {
-            *st.tool_errors.entry(*class).or_insert(0) += 1;
-        }
-        let mut step = Step {
-            index: st.steps.len() as u32,
-            action: "tool_call".to_string(),
-            tool_called: Some(arm.tool.clone()),
-            tool_input: Some(call.args.clone()),
-            timestamp_ms: at_ms,
-            latency_ms: outcome.latency_ms,
-            cost: outcome.cost,
-            idempotent: self.workflow.is_idempotent(&arm.tool),
-            idempotency_key: Some(call.idempotency_key.clone()),
-            ..Step::default()
-        };
-        step.metadata
-            .insert("stage".into(), Value::from(arm.stage.clone()));
-        step.metadata
-            .insert("strategy".into(), Value::from(arm.strategy.clone()));
-        step.metadata
-            .insert("attempt".into(), Value::from(st.attempt));
-        step.metadata
-            .insert("infra_errors".into(), Value::from(outcome.infra_errors));
-        // What the arm itself took, without the infrastructure faults retried inside the call
-        // and their backoff: the policy learns latency and cost from these, never from faults.
-        step.metadata
-            .insert("own_latency_ms".into(), Value::from(outcome.own_latency_ms));
-        step.metadata
-            .insert("own_cost".into(), Value::from(outcome.own_cost));
-        step.metadata
-            .insert("replayed".into(), Value::from(outcome.replayed));
         match outcome.result {
             Ok(value) => {
                 step.tool_output = Some(value.clone());
@@ -812,9 +832,56 @@ impl RunMachine {
                     class: Some(err.class),
                     category: err.category,
                     retry_after_ms: err.retry_after_ms,
+                    classified: None,
                 });
             }
         }
+    }
+
+    /// The step of a call's outcome; the run's latency, cost, calls and errors count it.
+    fn call_step(
+        &mut self,
+        arm: &ArmChoice,
+        call: &StageCall,
+        outcome: &CallOutcome,
+        at_ms: u64,
+    ) -> Step {
+        let st = &mut self.st;
+        st.latency_ms += outcome.latency_ms;
+        st.cost += outcome.cost;
+        st.tool_calls += outcome.calls;
+        for class in &outcome.error_classes {
+            *st.tool_errors.entry(*class).or_insert(0) += 1;
+        }
+        let mut step = Step {
+            index: st.steps.len() as u32,
+            action: "tool_call".to_string(),
+            tool_called: Some(call.tool.clone()),
+            tool_input: Some(call.args.clone()),
+            timestamp_ms: at_ms,
+            latency_ms: outcome.latency_ms,
+            cost: outcome.cost,
+            idempotent: self.workflow.is_idempotent(&call.tool),
+            idempotency_key: Some(call.idempotency_key.clone()),
+            ..Step::default()
+        };
+        step.metadata
+            .insert("stage".into(), Value::from(arm.stage.clone()));
+        step.metadata
+            .insert("strategy".into(), Value::from(arm.strategy.clone()));
+        step.metadata
+            .insert("attempt".into(), Value::from(st.attempt));
+        step.metadata
+            .insert("infra_errors".into(), Value::from(outcome.infra_errors));
+        // What the arm itself took, without the infrastructure faults retried inside the call
+        // and their backoff: the policy learns latency and cost from these, never from faults.
+        step.metadata
+            .insert("own_latency_ms".into(), Value::from(outcome.own_latency_ms));
+        step.metadata
+            .insert("own_cost".into(), Value::from(outcome.own_cost));
+        step.metadata
+            .insert("replayed".into(), Value::from(outcome.replayed));
+        step
     }
 
     fn validate(&mut self) {
@@ -867,6 +934,7 @@ impl RunMachine {
             class: Some(ErrorClass::SchemaMismatch),
             category: FailureCategory::Strategy,
             retry_after_ms: None,
+            classified: None,
         });
     }
 
@@ -955,6 +1023,11 @@ impl RunMachine {
             self.round_end(RunState::Failed, Some("no plan could be made".to_string()));
             return;
         };
+        if self.workflow.agent(&failed_arm.stage).is_some()
+            && self.recover_agent(&plan, &failed_arm, &failure, &decision.action)
+        {
+            return;
+        }
         match decision.action {
             RecoveryAction::Retry {
                 inject: None,
@@ -1201,6 +1274,7 @@ impl Phase {
             Phase::Planning | Phase::Repairing { .. } => "a plan",
             Phase::Moving(_) => "a transition",
             Phase::Calling { .. } => "a tool call",
+            Phase::Turning { .. } => "a model turn",
             Phase::Validating | Phase::Settling { .. } => "a validation",
             Phase::RollingBack { .. } => "a checkpoint",
             Phase::Reviewing { .. } => "the round's verdicts",
@@ -1216,6 +1290,7 @@ impl Event {
             Event::Planned(_) => "planned",
             Event::Transitioned(_) => "transitioned",
             Event::Called { .. } => "called",
+            Event::Turned { .. } => "turned",
             Event::Validated(_) => "validated",
             Event::CheckpointLoaded(_) => "checkpoint loaded",
             Event::Reviewed { .. } => "reviewed",

@@ -1,0 +1,558 @@
+//! The run machine's agent stages without actors: a scripted model and scripted tools answer
+//! its commands, and the tests read what the model was sent and how the run ended.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::model::{ChatRequest, ModelError, ModelReply, Role, ToolCall, Usage};
+use crate::tools::sim::RewardConfig;
+use crate::tools::{CallContext, Tool, ToolError, ToolFuture, ToolRegistry, ToolSpec};
+use crate::{ArmChoice, ErrorClass, FailureCategory, FailureType, RunState, Task};
+
+/// A tool the machine never calls itself (the tests answer for it).
+struct Named(ToolSpec);
+
+impl Tool for Named {
+    fn spec(&self) -> &ToolSpec {
+        &self.0
+    }
+
+    fn call<'a>(&'a self, _args: Value, _ctx: &'a CallContext) -> ToolFuture<'a> {
+        Box::pin(async {
+            Ok(crate::tools::ToolOutput {
+                value: Value::Null,
+                latency_ms: 0.0,
+                cost: 0.0,
+            })
+        })
+    }
+}
+
+/// One agent stage, `answer`, with one variant on model `m` offering `crm.lookup`
+/// (idempotent, an MCP-style dotted name) and `charge` (not idempotent).
+fn workflow(variants: &[&str]) -> Arc<Workflow> {
+    let mut registry = ToolRegistry::new();
+    for (name, idempotent) in [("crm.lookup", true), ("charge", false), ("other", true)] {
+        let mut spec = ToolSpec::new(name, format!("the {name} tool"));
+        spec.idempotent = idempotent;
+        registry.register(Arc::new(Named(spec))).unwrap();
+    }
+    let agent = AgentStage {
+        instructions: "You are the billing agent.".into(),
+        variants: variants
+            .iter()
+            .map(|name| AgentVariant {
+                name: name.to_string(),
+                model: "m".into(),
+                prompt: Some(format!("Variant {name}.")),
+                tools: vec!["crm/*".into(), "charge".into()],
+                temperature: Some(0.0),
+            })
+            .collect(),
+        max_turns: 6,
+        answer_schema: None,
+    };
+    let check: workflow::OutputCheck = Arc::new(|_, _| Ok(()));
+    let reward = RewardConfig {
+        success: 1.0,
+        latency: 0.1,
+        cost: 0.1,
+        max_cost: 1.0,
+        sla_ms: 1000.0,
+    };
+    let stages = vec![WorkflowStage::agent("answer", agent)];
+    Arc::new(Workflow::new("agent-test", stages, &registry, check, reward).unwrap())
+}
+
+fn task() -> Arc<Task> {
+    Arc::new(Task {
+        task_id: "t#1".into(),
+        goal: "Find what customer c17 owes".into(),
+        input: Some(json!({"email": "c17@example.com"})),
+        ..Task::default()
+    })
+}
+
+fn rules(policy: Option<&str>) -> Arc<RunRules> {
+    let mut rules = RunRules::default();
+    if let Some(text) = policy {
+        rules.triage = Arc::new(TriageSetup::parse(text, "test.toml").unwrap());
+    }
+    Arc::new(rules.for_workflow(&workflow(&["v1"])))
+}
+
+fn plan(variant: &str) -> PlanChoice {
+    PlanChoice::new(
+        vec![ArmChoice {
+            stage: "answer".into(),
+            tool: "m".into(),
+            strategy: variant.into(),
+            propensity: 1.0,
+        }],
+        None,
+        true,
+    )
+}
+
+fn call(id: &str, name: &str, args: Value) -> ToolCall {
+    ToolCall {
+        id: id.into(),
+        name: name.into(),
+        arguments: args,
+    }
+}
+
+fn reply(content: &str, calls: Vec<ToolCall>) -> Result<ModelReply, ModelError> {
+    Ok(ModelReply {
+        content: content.into(),
+        tool_calls: calls,
+        usage: Some(Usage {
+            prompt_tokens: 100,
+            completion_tokens: 10,
+        }),
+    })
+}
+
+/// What a scripted run saw.
+struct Seen {
+    requests: Vec<ChatRequest>,
+    calls: Vec<StageCall>,
+    finished: Finished,
+}
+
+/// Drives `m` to its end: the model answers with `model(attempt, turn, request)`, a tool with
+/// `tool(call)`, the lessons of `context` come with the preparation, ReflectRetry accepts.
+fn drive(
+    mut m: RunMachine,
+    context: Option<&str>,
+    mut model: impl FnMut(u32, u32, &ChatRequest) -> Result<ModelReply, ModelError>,
+    mut tool: impl FnMut(&StageCall) -> Result<Value, ToolError>,
+) -> Seen {
+    let (mut requests, mut calls) = (Vec::new(), Vec::new());
+    for _ in 0..500 {
+        let Some(command) = m.poll() else {
+            panic!("the machine stalled");
+        };
+        let event = match command {
+            Command::Prepare => Event::Prepared {
+                citations: Vec::new(),
+                guidance: context.map(str::to_string),
+                forced: None,
+            },
+            Command::Choose { exclude, .. } => {
+                let taken = |v: &str| exclude.iter().any(|(_, _, s)| s == v);
+                let variant = ["v1", "v2"].into_iter().find(|v| !taken(v)).unwrap();
+                Event::Planned(Ok(plan(variant)))
+            }
+            Command::Transition { next, .. } => Event::Transitioned(next),
+            Command::Checkpoint | Command::Notify(_) | Command::LearnFirstAttempt(_) => continue,
+            Command::Turn(turn) => {
+                let result = model(turn.context.attempt, turn.context.turn, &turn.request);
+                requests.push(turn.request.clone());
+                Event::Turned {
+                    outcome: TurnOutcome {
+                        result,
+                        latency_ms: 0.0,
+                        cost: 0.0,
+                    },
+                    at_ms: 0,
+                }
+            }
+            Command::Call(c) => {
+                let result = tool(&c);
+                calls.push(*c);
+                Event::Called {
+                    outcome: CallOutcome {
+                        result,
+                        latency_ms: 1.0,
+                        cost: 0.0,
+                        own_latency_ms: 1.0,
+                        own_cost: 0.0,
+                        calls: 1,
+                        error_classes: Vec::new(),
+                        infra_errors: 0,
+                        replayed: false,
+                    },
+                    at_ms: 0,
+                }
+            }
+            Command::Validate(outputs) => {
+                Event::Validated(outputs.into_iter().map(|(s, _)| (s, Ok(()))).collect())
+            }
+            Command::LoadCheckpoint(_) => Event::CheckpointLoaded(None),
+            Command::Review(_) => Event::Reviewed {
+                reflect_retry: Verdict::Accept,
+                plugins: Vec::new(),
+                at_ms: 0,
+            },
+            Command::Finish(finished) => {
+                return Seen {
+                    requests,
+                    calls,
+                    finished: *finished,
+                };
+            }
+        };
+        m.handle(event).unwrap();
+    }
+    panic!("the run did not end in 500 commands");
+}
+
+fn machine(variants: &[&str], policy: Option<&str>) -> RunMachine {
+    RunMachine::new("run-t#1", task(), workflow(variants), rules(policy))
+}
+
+fn lookup_ok(_: &StageCall) -> Result<Value, ToolError> {
+    Ok(json!({"id": "cus_17", "owes": "120.50"}))
+}
+
+fn system(request: &ChatRequest) -> &str {
+    &request.messages[0].content
+}
+
+fn failures(seen: &Seen) -> Vec<FailureType> {
+    seen.finished
+        .outcome
+        .recoveries
+        .iter()
+        .map(|r| r.failure)
+        .collect()
+}
+
+#[test]
+fn a_model_calls_tools_and_its_answer_is_the_stages_output() {
+    let seen = drive(
+        machine(&["v1"], None),
+        Some("<strategy_context>\n- crm.lookup: search by email\n</strategy_context>"),
+        |_, turn, request| match turn {
+            0 => reply(
+                "Plan: crm_lookup",
+                vec![call(
+                    "c0",
+                    "crm_lookup",
+                    json!({"email": "c17@example.com"}),
+                )],
+            ),
+            _ => {
+                assert_eq!(request.messages.last().unwrap().role, Role::Tool);
+                reply("Customer cus_17 owes 120.50", vec![])
+            }
+        },
+        lookup_ok,
+    );
+    let out = &seen.finished.outcome;
+    assert_eq!(out.state, RunState::Succeeded, "{:?}", out.reason);
+    assert_eq!(
+        out.output,
+        Some(json!({"answer": {"answer": "Customer cus_17 owes 120.50"}}))
+    );
+    // The model saw the instructions, the variant, the lessons, the goal and the input; the
+    // tools were offered under names a server accepts, and called by their registry names.
+    let first = &seen.requests[0];
+    assert!(system(first).starts_with("You are the billing agent.\n\nVariant v1."));
+    assert!(system(first).contains("<strategy_context>"));
+    assert!(
+        first.messages[1]
+            .content
+            .contains("Goal: Find what customer c17 owes")
+    );
+    assert!(first.messages[1].content.contains("c17@example.com"));
+    let offered: Vec<&str> = first.tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(offered, vec!["crm_lookup", "charge"]);
+    assert_eq!(seen.calls[0].tool, "crm.lookup");
+    assert_eq!(seen.calls[0].idempotency_key, "run-t#1/a0/answer/t1/c0");
+    // Two model turns, one tool call, tokens counted.
+    let steps = &seen.finished.experience.steps;
+    let actions: Vec<&str> = steps.iter().map(|s| s.action.as_str()).collect();
+    assert_eq!(
+        actions,
+        vec!["model_turn", "subgoal", "tool_call", "model_turn"]
+    );
+}
+
+#[test]
+fn a_tool_not_offered_is_a_wrong_tool_and_the_next_attempt_reads_the_manifest() {
+    let seen = drive(
+        machine(&["v1"], None),
+        None,
+        |attempt, turn, _| match (attempt, turn) {
+            (0, _) => reply("", vec![call("c0", "delete_everything", json!({}))]),
+            (_, 0) => reply(
+                "",
+                vec![call(
+                    "c0",
+                    "crm_lookup",
+                    json!({"email": "c17@example.com"}),
+                )],
+            ),
+            _ => reply("cus_17 owes 120.50", vec![]),
+        },
+        lookup_ok,
+    );
+    assert_eq!(failures(&seen), vec![FailureType::WrongToolCalled]);
+    assert_eq!(seen.finished.outcome.state, RunState::Succeeded);
+    let second = &seen.requests[1];
+    assert!(
+        system(second).contains("The tools you may call:\n- crm_lookup: the crm.lookup tool"),
+        "{}",
+        system(second)
+    );
+    assert!(system(second).contains("delete_everything"));
+}
+
+#[test]
+fn the_same_call_again_and_again_is_a_loop() {
+    let seen = drive(
+        machine(&["v1"], None),
+        None,
+        |attempt, turn, _| match (attempt, turn) {
+            (0, _) | (_, 0) => reply(
+                "",
+                vec![call("c", "crm_lookup", json!({"email": "c17@example.com"}))],
+            ),
+            _ => reply("cus_17 owes 120.50", vec![]),
+        },
+        lookup_ok,
+    );
+    assert_eq!(failures(&seen), vec![FailureType::LoopDetected]);
+    assert_eq!(seen.finished.outcome.state, RunState::Succeeded);
+    // The loop's words reach the model in its next attempt.
+    let next = system(&seen.requests[3]);
+    assert!(
+        next.contains("What went wrong: 3 identical calls of crm.lookup"),
+        "{next}"
+    );
+}
+
+#[test]
+fn an_answer_citing_a_value_no_tool_returned_is_hallucinated_state() {
+    let seen = drive(
+        machine(&["v1"], None),
+        None,
+        |attempt, turn, _| match (attempt, turn) {
+            (_, 0) => reply(
+                "",
+                vec![call(
+                    "c0",
+                    "crm_lookup",
+                    json!({"email": "c17@example.com"}),
+                )],
+            ),
+            (0, _) => reply("cus_17 owes 120.50, see ref-4821", vec![]),
+            _ => reply("cus_17 owes 120.50", vec![]),
+        },
+        lookup_ok,
+    );
+    assert_eq!(failures(&seen), vec![FailureType::HallucinatedState]);
+    assert_eq!(seen.finished.outcome.state, RunState::Succeeded);
+    assert!(system(seen.requests.last().unwrap()).contains("ref-4821"));
+}
+
+#[test]
+fn a_context_length_error_is_context_overflow() {
+    let seen = drive(
+        machine(&["v1"], None),
+        None,
+        |attempt, _, _| match attempt {
+            0 => Err(ModelError::Request {
+                url: "http://model/v1".into(),
+                message: "HTTP 400: context length exceeded: 9120 tokens > 8000".into(),
+                class: ErrorClass::ToolNotFit,
+            }),
+            _ => reply("nothing to look up", vec![]),
+        },
+        lookup_ok,
+    );
+    assert_eq!(failures(&seen), vec![FailureType::ContextOverflow]);
+    assert_eq!(seen.finished.outcome.state, RunState::Succeeded);
+}
+
+#[test]
+fn a_declared_plan_left_undone_resumes_from_its_subgoal_with_the_finished_calls_kept() {
+    let seen = drive(
+        machine(&["v1"], None),
+        None,
+        |_, turn, request| match turn {
+            0 => reply(
+                "Plan: crm_lookup; charge",
+                vec![call(
+                    "c0",
+                    "crm_lookup",
+                    json!({"email": "c17@example.com"}),
+                )],
+            ),
+            1 => reply("cus_17 owes 120.50", vec![]),
+            2 => {
+                // The same conversation goes on, with the subgoal to resume from.
+                let last = request.messages.last().unwrap();
+                assert_eq!(last.role, Role::User);
+                assert!(last.content.contains("Resume from the subgoal `charge`"));
+                reply("", vec![call("c1", "charge", json!({"amount": 120.5}))])
+            }
+            _ => reply("cus_17 paid 120.50", vec![]),
+        },
+        |c| match c.tool.as_str() {
+            "charge" => Ok(json!({"charged": true})),
+            _ => lookup_ok(c),
+        },
+    );
+    assert_eq!(failures(&seen), vec![FailureType::PlanIncomplete]);
+    assert_eq!(seen.finished.outcome.state, RunState::Succeeded);
+    // The lookup was not made again.
+    let tools: Vec<&str> = seen.calls.iter().map(|c| c.tool.as_str()).collect();
+    assert_eq!(tools, vec!["crm.lookup", "charge"]);
+}
+
+#[test]
+fn a_constraint_broken_by_the_answer_is_constraint_ignored() {
+    let policy = format!(
+        "{}\n",
+        TREE_POLICY.replace(
+            "[classifier]\n",
+            "[classifier]\nconstraints = [\"(?i)card number\"]\n"
+        )
+    );
+    let seen = drive(
+        machine(&["v1", "v2"], Some(&policy)),
+        None,
+        |attempt, _, _| match attempt {
+            0 => reply("The card number on file is 4111", vec![]),
+            _ => reply("The balance is settled", vec![]),
+        },
+        lookup_ok,
+    );
+    assert_eq!(failures(&seen), vec![FailureType::ConstraintIgnored]);
+    // A replan takes the other variant.
+    let out = &seen.finished.outcome;
+    assert_eq!(out.final_arms[0].strategy, "v2");
+    assert_eq!(out.state, RunState::Succeeded);
+}
+
+#[test]
+fn a_turn_budget_spent_fails_the_attempt() {
+    let mut n = 0;
+    let seen = drive(
+        machine(&["v1"], None),
+        None,
+        |_, _, _| {
+            n += 1;
+            reply(
+                "",
+                vec![call("c", "crm_lookup", json!({"email": n.to_string()}))],
+            )
+        },
+        lookup_ok,
+    );
+    let out = &seen.finished.outcome;
+    assert_ne!(out.state, RunState::Succeeded);
+    let reason = out.reason.as_deref().unwrap_or_default();
+    assert!(
+        reason.contains("spent its budget of 6 model turns"),
+        "{reason}"
+    );
+}
+
+/// Runs `m` until it asks for something `stop` matches; returns that command.
+fn until(m: &mut RunMachine, stop: impl Fn(&Command) -> bool) -> Command {
+    loop {
+        let command = m.poll().expect("a command");
+        if stop(&command) {
+            return command;
+        }
+        let event = match command {
+            Command::Prepare => Event::Prepared {
+                citations: Vec::new(),
+                guidance: None,
+                forced: None,
+            },
+            Command::Choose { .. } => Event::Planned(Ok(plan("v1"))),
+            Command::Transition { next, .. } => Event::Transitioned(next),
+            Command::Checkpoint | Command::Notify(_) | Command::LearnFirstAttempt(_) => continue,
+            Command::Turn(turn) => Event::Turned {
+                outcome: TurnOutcome {
+                    result: match turn.context.turn {
+                        0 => reply("", vec![call("c0", "crm_lookup", json!({"email": "x1"}))]),
+                        _ => reply("", vec![call("c1", "charge", json!({"amount": 1}))]),
+                    },
+                    latency_ms: 0.0,
+                    cost: 0.0,
+                },
+                at_ms: 0,
+            },
+            Command::Call(_) => Event::Called {
+                outcome: CallOutcome {
+                    result: lookup_ok(&StageCall {
+                        run_id: String::new(),
+                        task_index: 0,
+                        attempt: 0,
+                        stage: String::new(),
+                        tool: String::new(),
+                        args: Value::Null,
+                        features: Default::default(),
+                        idempotency_key: String::new(),
+                        budget: Budget::default(),
+                        turn: 0,
+                        call: 0,
+                        input: None,
+                    }),
+                    latency_ms: 1.0,
+                    cost: 0.0,
+                    own_latency_ms: 1.0,
+                    own_cost: 0.0,
+                    calls: 1,
+                    error_classes: Vec::new(),
+                    infra_errors: 0,
+                    replayed: false,
+                },
+                at_ms: 0,
+            },
+            other => panic!("unexpected {other:?}"),
+        };
+        m.handle(event).unwrap();
+    }
+}
+
+fn resumed(m: &RunMachine) -> RunMachine {
+    let cp = RunMachine::checkpoint_of("run-t#1", m.progress(), 0).unwrap();
+    RunMachine::resume("run-t#1", task(), workflow(&["v1"]), rules(None), cp).unwrap()
+}
+
+#[test]
+fn after_a_crash_mid_loop_a_turn_is_asked_again_a_done_call_is_not_repeated_and_one_in_doubt_is_escalated()
+ {
+    // A crash while the model's second turn is in flight: the resumed run asks for that turn
+    // again, with the first call's result in the conversation (not made again).
+    let mut m = machine(&["v1"], None);
+    until(
+        &mut m,
+        |c| matches!(c, Command::Turn(t) if t.context.turn == 1),
+    );
+    let mut again = resumed(&m);
+    let Command::Turn(turn) = until(&mut again, |c| {
+        matches!(c, Command::Turn(_) | Command::Call(_))
+    }) else {
+        panic!("the resumed run did not ask the model again");
+    };
+    assert_eq!(turn.context.turn, 1);
+    assert_eq!(turn.request.messages.last().unwrap().role, Role::Tool);
+
+    // A crash while the non-idempotent `charge` is in flight: in doubt, escalated, not made.
+    let mut m = machine(&["v1"], None);
+    until(
+        &mut m,
+        |c| matches!(c, Command::Call(c) if c.tool == "charge"),
+    );
+    let mut again = resumed(&m);
+    let first = until(&mut again, |c| {
+        matches!(
+            c,
+            Command::Call(_) | Command::Finish(_) | Command::Review(_)
+        )
+    });
+    assert!(
+        matches!(first, Command::Review(_)),
+        "the in-doubt call was not escalated: {first:?}"
+    );
+}
