@@ -9,7 +9,7 @@ use super::*;
 use crate::model::{ChatRequest, ModelError, ModelReply, Role, ToolCall, Usage};
 use crate::tools::sim::RewardConfig;
 use crate::tools::{CallContext, Tool, ToolError, ToolFuture, ToolRegistry, ToolSpec};
-use crate::{ArmChoice, ErrorClass, FailureCategory, FailureType, RunState, Task};
+use crate::{ArmChoice, ErrorClass, FailureType, RunState, Task};
 
 /// A tool the machine never calls itself (the tests answer for it).
 struct Named(ToolSpec);
