@@ -10,6 +10,7 @@
 //! and FORMAT.md's expected reward counts those failures against the arm). An environment that
 //! wants arm-specific transient faults uses `p_infra`.
 
+pub mod agent;
 mod baselines;
 mod model;
 mod parse;
@@ -24,7 +25,7 @@ pub use model::{
     Arm, Drift, Feature, Infra, Numbers, Overrides, RewardConfig, SimSpec, Stage, When,
 };
 pub use parse::SimError;
-pub use tool::SimTool;
+pub use tool::{LATENCY_SIGMA, SimTool, lognormal_latency, retry_after_ms};
 
 use crate::tools::tool::Tool;
 
@@ -116,18 +117,8 @@ impl SimEnv {
 
     /// Draws task `index`: each feature by its weights from an RNG seeded by `(seed, index)`.
     pub fn draw_task(&self, seed: u64, index: u64) -> SimTask {
-        let mut rng = rng::task_rng(seed, index);
-        let mut features = BTreeMap::new();
-        for f in &self.spec.features {
-            let i = rng::pick_weighted(&f.weights, rng.f64()).unwrap_or(0);
-            if let Some(v) = f.values.get(i) {
-                features.insert(f.name.clone(), v.clone());
-            }
-        }
-        let mut goal = self.spec.goal.clone();
-        for (k, v) in &features {
-            goal = goal.replace(&format!("{{{k}}}"), v);
-        }
+        let features = draw_features(&self.spec.features, seed, index);
+        let goal = fill_goal(&self.spec.goal, &features);
         SimTask {
             index,
             features,
@@ -276,6 +267,29 @@ impl SimEnv {
     pub fn reward_config(&self) -> RewardConfig {
         self.spec.reward
     }
+}
+
+/// Draws task `index`'s features (FORMAT.md): each feature by its weights, in file order, from
+/// an RNG seeded by `(seed, index)`.
+pub fn draw_features(features: &[Feature], seed: u64, index: u64) -> BTreeMap<String, String> {
+    let mut rng = rng::task_rng(seed, index);
+    let mut out = BTreeMap::new();
+    for f in features {
+        let i = rng::pick_weighted(&f.weights, rng.f64()).unwrap_or(0);
+        if let Some(v) = f.values.get(i) {
+            out.insert(f.name.clone(), v.clone());
+        }
+    }
+    out
+}
+
+/// A goal template with each `{feature}` replaced by the task's value.
+pub fn fill_goal(goal: &str, features: &BTreeMap<String, String>) -> String {
+    let mut goal = goal.to_string();
+    for (k, v) in features {
+        goal = goal.replace(&format!("{{{k}}}"), v);
+    }
+    goal
 }
 
 #[cfg(test)]

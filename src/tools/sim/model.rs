@@ -166,6 +166,17 @@ impl Default for Infra {
     }
 }
 
+impl Infra {
+    /// The class of a fault, drawn by the weights from a uniform `u`.
+    pub fn pick(&self, u: f64) -> ErrorClass {
+        let weights: Vec<f64> = self.errors.iter().map(|(_, w)| *w).collect();
+        super::rng::pick_weighted(&weights, u)
+            .and_then(|i| self.errors.get(i))
+            .map(|(c, _)| *c)
+            .unwrap_or(ErrorClass::TransientNetwork)
+    }
+}
+
 /// A change of an arm's numbers from some task on.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Drift {

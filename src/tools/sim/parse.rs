@@ -81,17 +81,17 @@ struct RawSpec {
 /// `[reward]`.
 #[derive(Default, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a table")]
-struct RawReward {
-    success: Option<f64>,
-    latency: Option<f64>,
-    cost: Option<f64>,
-    max_cost: Option<f64>,
+pub(super) struct RawReward {
+    pub(super) success: Option<f64>,
+    pub(super) latency: Option<f64>,
+    pub(super) cost: Option<f64>,
+    pub(super) max_cost: Option<f64>,
 }
 
 /// One entry of `[features]`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a table")]
-struct RawFeature {
+pub(super) struct RawFeature {
     values: Vec<Toml>,
     weights: Option<Vec<f64>>,
 }
@@ -99,7 +99,7 @@ struct RawFeature {
 /// `[infra]`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a table")]
-struct RawInfra {
+pub(super) struct RawInfra {
     p_fault: Option<f64>,
     errors: Option<RawErrors>,
 }
@@ -184,14 +184,18 @@ with_numbers! {
 
 /// The range a number must be in.
 #[derive(Clone, Copy)]
-enum Check {
+pub(super) enum Check {
+    /// Greater than 0.
     Positive,
+    /// At least 0.
     NonNegative,
+    /// In [0, 1].
     Probability,
 }
 
 impl Check {
-    fn describe(self) -> &'static str {
+    /// What the check expects, in words.
+    pub(super) fn describe(self) -> &'static str {
         match self {
             Check::Positive => "a number greater than 0",
             Check::NonNegative => "a number of at least 0",
@@ -208,13 +212,16 @@ impl Check {
     }
 }
 
-/// The check pass: knows the file, builds the errors.
-struct Ctx<'a> {
-    file: &'a str,
+/// The check pass: knows the file, builds the errors (the agent environments' check pass uses
+/// it too).
+pub(super) struct Ctx<'a> {
+    /// The file's name, for the errors.
+    pub(super) file: &'a str,
 }
 
 impl Ctx<'_> {
-    fn err(&self, key: &str, expected: impl Into<String>) -> SimError {
+    /// The error at `key`.
+    pub(super) fn err(&self, key: &str, expected: impl Into<String>) -> SimError {
         SimError::Key {
             file: self.file.to_string(),
             key: key.to_string(),
@@ -223,7 +230,7 @@ impl Ctx<'_> {
     }
 
     /// `x` (at `key`) if it is finite and in range.
-    fn number(&self, x: f64, key: &str, check: Check) -> Result<f64, SimError> {
+    pub(super) fn number(&self, x: f64, key: &str, check: Check) -> Result<f64, SimError> {
         if !x.is_finite() {
             Err(self.err(key, format!("expected a finite number, found {x}")))
         } else if !check.holds(x) {
@@ -233,19 +240,26 @@ impl Ctx<'_> {
         }
     }
 
-    fn opt(&self, x: Option<f64>, key: &str, check: Check) -> Result<Option<f64>, SimError> {
+    /// [`Ctx::number`] of an optional key.
+    pub(super) fn opt(
+        &self,
+        x: Option<f64>,
+        key: &str,
+        check: Check,
+    ) -> Result<Option<f64>, SimError> {
         x.map(|x| self.number(x, key, check)).transpose()
     }
 
     /// `s` (at `key`) if it is not blank.
-    fn text(&self, s: &str, key: &str) -> Result<String, SimError> {
+    pub(super) fn text(&self, s: &str, key: &str) -> Result<String, SimError> {
         if s.trim().is_empty() {
             return Err(self.err(key, "expected a non-empty string"));
         }
         Ok(s.to_string())
     }
 
-    fn errors(
+    /// Error classes with weights (`infra_only`: the infrastructure classes only).
+    pub(super) fn errors(
         &self,
         t: &RawErrors,
         path: &str,
@@ -291,7 +305,8 @@ impl Ctx<'_> {
         Ok(out)
     }
 
-    fn matcher(
+    /// Feature conditions (`when`, `match`): each a declared feature and one of its values.
+    pub(super) fn matcher(
         &self,
         m: &RawMatch,
         path: &str,
@@ -481,12 +496,9 @@ impl Ctx<'_> {
         })
     }
 
-    fn spec(&self, raw: RawSpec) -> Result<SimSpec, SimError> {
-        let name = self.text(&raw.name, "name")?;
-        let goal = self.text(&raw.goal, "goal")?;
-        let sla_ms = self.number(raw.sla_ms, "sla_ms", Check::Positive)?;
-        let r = &raw.reward;
-        let reward = RewardConfig {
+    /// `[reward]`'s FORMAT.md keys, with their defaults.
+    pub(super) fn reward(&self, r: &RawReward, sla_ms: f64) -> Result<RewardConfig, SimError> {
+        Ok(RewardConfig {
             success: self
                 .opt(r.success, "reward.success", Check::NonNegative)?
                 .unwrap_or(1.0),
@@ -500,19 +512,23 @@ impl Ctx<'_> {
                 .opt(r.max_cost, "reward.max_cost", Check::Positive)?
                 .unwrap_or(0.1),
             sla_ms,
-        };
+        })
+    }
 
-        if raw.features.is_empty() {
+    /// `[features]`: at least one, each checked, in name order.
+    pub(super) fn features(
+        &self,
+        raw: &BTreeMap<String, Table<RawFeature>>,
+    ) -> Result<Vec<Feature>, SimError> {
+        if raw.is_empty() {
             return Err(self.err("features", "expected at least one feature"));
         }
-        let features = raw
-            .features
-            .iter()
-            .map(|(name, f)| self.feature(name, f))
-            .collect::<Result<Vec<_>, _>>()?;
+        raw.iter().map(|(name, f)| self.feature(name, f)).collect()
+    }
 
-        // Goal placeholders must name features.
-        let mut rest = goal.as_str();
+    /// The goal's placeholders must name features.
+    pub(super) fn goal(&self, goal: &str, features: &[Feature]) -> Result<(), SimError> {
+        let mut rest = goal;
         while let Some(open) = rest.find('{') {
             let after = &rest[open + 1..];
             let close = after.find('}').ok_or_else(|| {
@@ -524,11 +540,14 @@ impl Ctx<'_> {
             }
             rest = &after[close + 1..];
         }
+        Ok(())
+    }
 
-        // `[infra]` is optional, and so is its `errors`: an arm's `p_infra` (FORMAT.md allows it
-        // without an `[infra]` table) or a `p_fault` without classes draws from the default
-        // classes (`Infra::default`), so that such a file runs instead of being refused.
-        let infra = match &raw.infra {
+    /// `[infra]`. It is optional, and so is its `errors`: an arm's `p_infra` (FORMAT.md allows
+    /// it without an `[infra]` table) or a `p_fault` without classes draws from the default
+    /// classes (`Infra::default`), so that such a file runs instead of being refused.
+    pub(super) fn infra(&self, raw: Option<&RawInfra>) -> Result<Infra, SimError> {
+        Ok(match raw {
             None => Infra::default(),
             Some(i) => Infra {
                 p_fault: self
@@ -539,7 +558,17 @@ impl Ctx<'_> {
                     None => Infra::default().errors,
                 },
             },
-        };
+        })
+    }
+
+    fn spec(&self, raw: RawSpec) -> Result<SimSpec, SimError> {
+        let name = self.text(&raw.name, "name")?;
+        let goal = self.text(&raw.goal, "goal")?;
+        let sla_ms = self.number(raw.sla_ms, "sla_ms", Check::Positive)?;
+        let reward = self.reward(&raw.reward, sla_ms)?;
+        let features = self.features(&raw.features)?;
+        self.goal(&goal, &features)?;
+        let infra = self.infra(raw.infra.as_deref())?;
 
         if raw.stage.is_empty() {
             return Err(self.err("stage", "expected one or more [[stage]] tables"));
@@ -614,7 +643,7 @@ pub fn parse_spec(text: &str, file: &str) -> Result<SimSpec, SimError> {
 /// A feature's value as the tasks carry it: a string as written, a number or a boolean as TOML
 /// writes it (`10`, `1.5`, `true`), so that `values = [10, 50]` and `match = { size = 10 }`
 /// agree; `None` for anything else.
-fn feature_value(v: &Toml) -> Option<String> {
+pub(super) fn feature_value(v: &Toml) -> Option<String> {
     match v {
         Toml::String(s) => Some(s.clone()),
         Toml::Integer(i) => Some(i.to_string()),

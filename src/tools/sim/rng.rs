@@ -71,6 +71,27 @@ pub fn call_rng(seed: u64, task_index: u64, attempt: u32, stage: &str, call: u32
         .rng()
 }
 
+/// The RNG of one draw of an agent environment (AGENT-FORMAT.md): `kind` names what is drawn
+/// (a tool call, a model turn's fixes, an attempt's quirks), then `(seed, task index, attempt,
+/// turn, call)`.
+pub fn agent_rng(
+    kind: &str,
+    seed: u64,
+    task_index: u64,
+    attempt: u32,
+    turn: u32,
+    call: u32,
+) -> fastrand::Rng {
+    SeedHasher::new()
+        .str(kind)
+        .u64(seed)
+        .u64(task_index)
+        .u64(u64::from(attempt))
+        .u64(u64::from(turn))
+        .u64(u64::from(call))
+        .rng()
+}
+
 /// The RNG that draws a task's features.
 pub fn task_rng(seed: u64, task_index: u64) -> fastrand::Rng {
     SeedHasher::new()

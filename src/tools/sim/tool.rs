@@ -183,9 +183,7 @@ impl SimTool {
         // Fixed draw order, so that every arm sees the same uniforms for the same call.
         let (u_infra, u_infra_class, u_success, u_error_class, u_valid) =
             (rng.f64(), rng.f64(), rng.f64(), rng.f64(), rng.f64());
-        let (u1, u2) = (1.0 - rng.f64(), rng.f64());
-        let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
-        let latency_ms = n.latency_ms * (LATENCY_SIGMA * z).exp();
+        let latency_ms = lognormal_latency(n.latency_ms, &mut rng);
         let cost = n.cost;
         let u_rows = rng.f64();
         let u_bad = rng.f64();
@@ -193,13 +191,8 @@ impl SimTool {
 
         let p_infra = n.p_infra.unwrap_or(spec.infra.p_fault);
         if u_infra < p_infra {
-            let weights: Vec<f64> = spec.infra.errors.iter().map(|(_, w)| *w).collect();
-            let class = pick_weighted(&weights, u_infra_class)
-                .and_then(|i| spec.infra.errors.get(i))
-                .map(|(c, _)| *c)
-                .unwrap_or(ErrorClass::TransientNetwork);
-            let retry_after =
-                (class == ErrorClass::RateLimit).then(|| 200 + (u_retry * 1800.0) as u64);
+            let class = spec.infra.pick(u_infra_class);
+            let retry_after = retry_after_ms(class, u_retry);
             return Err(ToolError::new(
                 class,
                 FailureCategory::Infrastructure,
@@ -220,8 +213,7 @@ impl SimTool {
             // The arm's own failure, whatever its class: FORMAT.md counts it against the arm
             // (it is part of `1 - p_success`), so the policy must learn from it.
             let category = FailureCategory::Strategy;
-            let retry_after =
-                (class == ErrorClass::RateLimit).then(|| 200 + (u_retry * 1800.0) as u64);
+            let retry_after = retry_after_ms(class, u_retry);
             return Err(ToolError::new(
                 class,
                 category,
@@ -251,6 +243,20 @@ impl SimTool {
             cost,
         })
     }
+}
+
+/// A latency drawn lognormal around `median` (sigma [`LATENCY_SIGMA`]), from two uniforms of
+/// `rng` (Box-Muller).
+pub fn lognormal_latency(median: f64, rng: &mut fastrand::Rng) -> f64 {
+    let (u1, u2) = (1.0 - rng.f64(), rng.f64());
+    let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+    median * (LATENCY_SIGMA * z).exp()
+}
+
+/// The Retry-After hint of a failure of `class` (a rate limit asks for 200 to 2,000 ms), from a
+/// uniform `u`.
+pub fn retry_after_ms(class: ErrorClass, u: f64) -> Option<u64> {
+    (class == ErrorClass::RateLimit).then(|| 200 + (u * 1800.0) as u64)
 }
 
 fn describe(class: ErrorClass) -> &'static str {
