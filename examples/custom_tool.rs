@@ -191,7 +191,7 @@ pub fn stages() -> Vec<WorkflowStage> {
 
 /// Checks each stage's output (the data contract of the workflow).
 pub fn check() -> OutputCheck {
-    Arc::new(|stage: &str, output: &Value| match stage {
+    Arc::new(|_, stage: &str, output: &Value| match stage {
         "read" if output["total_cents"].as_u64().is_some() => Ok(()),
         "read" => Err(format!("read: no integer `total_cents` in {output}")),
         "convert" if output["usd_cents"].as_u64().is_some() => Ok(()),

@@ -17,6 +17,8 @@ pub type Validation = Vec<(String, Result<(), String>)>;
 pub enum ValidatorMsg {
     /// Validate the outputs of an attempt, stage by stage, in plan order.
     Validate {
+        /// The task they are outputs of.
+        task: Arc<hindsight::Task>,
         /// `(stage, output)` pairs.
         outputs: Vec<(String, Value)>,
         /// The verdict.
@@ -70,10 +72,16 @@ impl Actor for Validator {
             chaos.on_message();
         }
         match msg {
-            ValidatorMsg::Validate { outputs, reply } => {
+            ValidatorMsg::Validate {
+                task,
+                outputs,
+                reply,
+            } => {
                 let verdict = outputs
                     .iter()
-                    .map(|(stage, output)| (stage.clone(), state.workflow.validate(stage, output)))
+                    .map(|(stage, output)| {
+                        (stage.clone(), state.workflow.validate(&task, stage, output))
+                    })
                     .collect();
                 let _ = reply.send(verdict);
             }

@@ -54,7 +54,7 @@ fn workflow(variants: &[&str]) -> Arc<Workflow> {
         max_turns: 6,
         answer_schema: None,
     };
-    let check: workflow::OutputCheck = Arc::new(|_, _| Ok(()));
+    let check: workflow::OutputCheck = Arc::new(|_, _, _| Ok(()));
     let reward = RewardConfig {
         success: 1.0,
         latency: 0.1,

@@ -149,7 +149,7 @@ impl LocalRunner {
                     outputs
                         .into_iter()
                         .map(|(stage, output)| {
-                            let verdict = self.workflow.validate(&stage, &output);
+                            let verdict = self.workflow.validate(&task, &stage, &output);
                             (stage, verdict)
                         })
                         .collect(),

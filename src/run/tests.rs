@@ -46,7 +46,7 @@ fn workflow() -> Arc<Workflow> {
         WorkflowStage::tools("fetch", vec![arm("search"), arm("scrape")]),
         WorkflowStage::tools("write", vec![arm("post")]),
     ];
-    let check: workflow::OutputCheck = Arc::new(|_, output| {
+    let check: workflow::OutputCheck = Arc::new(|_, _, output| {
         if output == &json!("bad") {
             Err("the output is bad".to_string())
         } else {
@@ -361,7 +361,7 @@ fn a_reflect_retry_verdict_starts_a_round_with_the_reflection_and_a_new_plan() {
     };
     let verdicts = outputs
         .iter()
-        .map(|(s, v)| (s.clone(), workflow().validate(s, v)))
+        .map(|(s, v)| (s.clone(), workflow().validate(&task(), s, v)))
         .collect();
     m.handle(Event::Validated(verdicts)).unwrap();
     // The invalid output is a strategy failure: recovered within the round first.
@@ -389,7 +389,7 @@ fn a_reflect_retry_verdict_starts_a_round_with_the_reflection_and_a_new_plan() {
             Command::Validate(outputs) => {
                 let verdicts = outputs
                     .iter()
-                    .map(|(s, v)| (s.clone(), workflow().validate(s, v)))
+                    .map(|(s, v)| (s.clone(), workflow().validate(&task(), s, v)))
                     .collect();
                 m.handle(Event::Validated(verdicts)).unwrap();
                 through_transitions(&mut m, &mut seen)

@@ -10,7 +10,11 @@ use std::sync::Arc;
 use crate::Task;
 use crate::learn::bandit::{Arm, Policy, PolicyConfig, PolicyError, RewardParams, StageArms};
 use crate::tools::ToolRegistry;
+use crate::tools::sim::agent::AgentEnv;
 use crate::tools::sim::{RewardConfig, SimEnv};
+
+/// The name of a simulated agent environment's model in its workflow.
+pub const SIM_MODEL: &str = "simulated";
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -154,8 +158,8 @@ pub fn offered_name(name: &str) -> String {
         .collect()
 }
 
-/// Checks one stage's output.
-pub type OutputCheck = Arc<dyn Fn(&str, &Value) -> Result<(), String> + Send + Sync>;
+/// Checks one stage's output for a task.
+pub type OutputCheck = Arc<dyn Fn(&Task, &str, &Value) -> Result<(), String> + Send + Sync>;
 
 /// A workflow whose arm names a tool the registry does not have (for an agent variant, a
 /// pattern that matches no tool, or two tools offered under one name).
@@ -253,10 +257,47 @@ impl Workflow {
             })
             .collect();
         let checker = env.clone();
-        let check: OutputCheck = Arc::new(move |stage, output| checker.validate(stage, output));
+        let check: OutputCheck = Arc::new(move |_, stage, output| checker.validate(stage, output));
         let mut wf = Workflow::new(env.name(), stages, registry, check, env.reward_config())?;
         wf.sim = Some(env.clone());
         Ok(wf)
+    }
+
+    /// The workflow of a simulated agent environment: one agent stage, `agent`, whose one
+    /// variant runs the environment's simulated model (named [`SIM_MODEL`]) over all its tools,
+    /// which must be in `registry`; an answer passes the environment's validation.
+    pub fn from_agent_env(
+        env: &AgentEnv,
+        registry: &ToolRegistry,
+    ) -> Result<Workflow, UnknownTool> {
+        let spec = env.spec();
+        let longest = spec.plans.iter().map(|p| p.calls.len()).max().unwrap_or(0) as u32;
+        let agent = AgentStage {
+            instructions: format!("You are the {} agent. {}", spec.name, spec.goal),
+            variants: vec![AgentVariant {
+                name: "default".to_string(),
+                model: SIM_MODEL.to_string(),
+                prompt: None,
+                tools: spec.tools.iter().map(|t| t.name.clone()).collect(),
+                temperature: None,
+            }],
+            // Every call of the longest plan with each retry the model makes, and the answer.
+            max_turns: longest * (spec.model.retries + 1) + 2,
+            answer_schema: None,
+        };
+        let checker = env.clone();
+        let check: OutputCheck = Arc::new(move |task, _, output| {
+            let answer = output.get("answer").and_then(Value::as_str).unwrap_or("");
+            checker.validate(task_index(task), answer)
+        });
+        let reward = spec.reward.base.clone();
+        Workflow::new(
+            spec.name.clone(),
+            vec![WorkflowStage::agent("agent", agent)],
+            registry,
+            check,
+            reward,
+        )
     }
 
     /// The workflow's name.
@@ -352,9 +393,9 @@ impl Workflow {
         Value::Object(args)
     }
 
-    /// Checks one stage's output.
-    pub fn validate(&self, stage: &str, output: &Value) -> Result<(), String> {
-        (self.check)(stage, output)
+    /// Checks one stage's output for `task`.
+    pub fn validate(&self, task: &Task, stage: &str, output: &Value) -> Result<(), String> {
+        (self.check)(task, stage, output)
     }
 
     /// The bandit's stages and arms.

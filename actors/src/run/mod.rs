@@ -290,6 +290,7 @@ async fn drive(
                 ctx.dir
                     .validator
                     .call(|reply| ValidatorMsg::Validate {
+                        task: task.clone(),
                         outputs: outputs.clone(),
                         reply,
                     })

@@ -148,20 +148,32 @@ impl Backend for TreeBackend {
     ) -> BackendResult<ValidateResponse> {
         self.check_running()?;
         self.check_stage("stage", &request.stage)?;
-        if let Some(run_id) = &request.run_id
-            && self.own_run(tenant, run_id).await?.is_none()
-        {
-            return Err(BackendError::NotFound {
-                what: "run".into(),
-                id: run_id.clone(),
-            });
+        // The run's task, when a run is named (an agent's answer is checked against its task).
+        let mut task = hindsight::Task::default();
+        if let Some(run_id) = &request.run_id {
+            let Some(run) = self.own_run(tenant, run_id).await? else {
+                return Err(BackendError::NotFound {
+                    what: "run".into(),
+                    id: run_id.clone(),
+                });
+            };
+            if let Some(stored) = self
+                .ctx
+                .store
+                .get::<hindsight::Task>(crate::orchestrator::TASKS, &run.task_id)
+                .map_err(|e| BackendError::Internal(e.to_string()))?
+            {
+                task = stored;
+            }
         }
+        let task = std::sync::Arc::new(task);
         let outputs = vec![(request.stage.clone(), request.output.clone())];
         let verdict = self
             .ctx
             .dir
             .validator
             .call(|reply| ValidatorMsg::Validate {
+                task: task.clone(),
                 outputs: outputs.clone(),
                 reply,
             })

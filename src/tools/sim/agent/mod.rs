@@ -26,7 +26,7 @@ pub use spec::{
     ToolDecl,
 };
 pub use template::{ParamType, Piece, Template};
-pub use tool::{AgentTool, tool_message};
+pub use tool::AgentTool;
 
 use crate::record::Task;
 use crate::run::workflow::sim_task_id;

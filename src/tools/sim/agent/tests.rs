@@ -182,8 +182,10 @@ fn converse(
             };
             call_no += 1;
             let result = now(tool.call(c.arguments.clone(), &cctx));
-            req.messages
-                .push(ChatMessage::tool(c.id.clone(), tool_message(&result)));
+            req.messages.push(ChatMessage::tool(
+                c.id.clone(),
+                crate::run::agent::tool_message_text(&result.clone().map(|o| o.value)),
+            ));
             run.calls.push((c.name, c.arguments, result));
         }
     }

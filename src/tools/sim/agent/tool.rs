@@ -250,12 +250,3 @@ pub(super) fn canonical_args(t: &ToolDecl, args: &Value) -> BTreeMap<String, Val
         .filter_map(|(k, v)| Some((k.clone(), t.param(k)?.ty.accept(v)?)))
         .collect()
 }
-
-/// The content of the tool message that answers a call, as the simulated model reads it: the
-/// output's JSON on success, else `error: ` and the error (its message included).
-pub fn tool_message(result: &Result<ToolOutput, ToolError>) -> String {
-    match result {
-        Ok(out) => out.value.to_string(),
-        Err(e) => format!("error: {e}"),
-    }
-}
