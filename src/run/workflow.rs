@@ -290,7 +290,7 @@ impl Workflow {
             let answer = output.get("answer").and_then(Value::as_str).unwrap_or("");
             checker.validate(task_index(task), answer)
         });
-        let reward = spec.reward.base.clone();
+        let reward = spec.reward.base;
         Workflow::new(
             spec.name.clone(),
             vec![WorkflowStage::agent("agent", agent)],
