@@ -167,14 +167,7 @@ impl Actor for ReflectorActor {
                 Applied::default(),
             ),
         };
-        let mut tools: Vec<String> = args
-            .workflow
-            .stages()
-            .iter()
-            .flat_map(|s| s.arms.iter().map(|a| a.tool.clone()))
-            .collect();
-        tools.sort();
-        tools.dedup();
+        let tools = args.workflow.tool_names();
         let mut state = ReflectorState {
             store: args.store,
             reflector,

@@ -112,6 +112,9 @@ pub struct RuntimeOptions {
 pub enum WorkflowSource {
     /// A simulated environment: its stages, arms, tools, output checks and reward.
     Sim(SimEnv),
+    /// A simulated agent environment: one agent stage, whose simulated model (added to
+    /// [`RuntimeOptions::models`]) calls the environment's simulated tools.
+    Agent(hindsight::tools::sim::agent::AgentEnv),
     /// Stages of your own over tools in [`RuntimeOptions::registry`].
     Custom {
         /// The workflow's name.
@@ -123,6 +126,12 @@ pub enum WorkflowSource {
         /// The reward of a run.
         reward: hindsight::tools::sim::RewardConfig,
     },
+}
+
+impl From<hindsight::tools::sim::agent::AgentEnv> for WorkflowSource {
+    fn from(env: hindsight::tools::sim::agent::AgentEnv) -> WorkflowSource {
+        WorkflowSource::Agent(env)
+    }
 }
 
 impl From<SimEnv> for WorkflowSource {
@@ -296,8 +305,25 @@ impl Runtime {
         opts: RuntimeOptions,
     ) -> Result<Runtime, RuntimeError> {
         let mut registry = opts.registry;
-        if let WorkflowSource::Sim(env) = &opts.workflow {
-            register_sim_tools(&mut registry, env, opts.seed)?;
+        let mut models = opts.models;
+        match &opts.workflow {
+            WorkflowSource::Sim(env) => register_sim_tools(&mut registry, env, opts.seed)?,
+            WorkflowSource::Agent(env) => {
+                let env = env.clone().with_seed(opts.seed);
+                for tool in env.tools() {
+                    registry
+                        .register(tool)
+                        .map_err(|e| RuntimeError::Setup(e.to_string()))?;
+                }
+                // A model of that name given with the options (one that wraps it, say) stays.
+                if models.get(hindsight::run::workflow::SIM_MODEL).is_none() {
+                    models.insert(
+                        hindsight::run::workflow::SIM_MODEL,
+                        Arc::new(env.model()) as Arc<dyn hindsight::model::LanguageModel>,
+                    );
+                }
+            }
+            WorkflowSource::Custom { .. } => {}
         }
         if let Some(chaos) = &opts.chaos {
             registry = crate::chaos_tools::wrap_registry(registry, chaos);
@@ -321,9 +347,15 @@ impl Runtime {
         } else {
             None
         };
-        let simulated = matches!(opts.workflow, WorkflowSource::Sim(_));
+        let simulated = matches!(
+            opts.workflow,
+            WorkflowSource::Sim(_) | WorkflowSource::Agent(_)
+        );
         let workflow = Arc::new(match opts.workflow {
             WorkflowSource::Sim(env) => Workflow::from_sim(&env.with_seed(opts.seed), &registry)?,
+            WorkflowSource::Agent(env) => {
+                Workflow::from_agent_env(&env.with_seed(opts.seed), &registry)?
+            }
             WorkflowSource::Custom {
                 name,
                 stages,
@@ -350,7 +382,7 @@ impl Runtime {
             store,
             workflow,
             runner,
-            models: opts.models,
+            models,
             policy,
             seed: opts.seed,
             config: opts.tree,

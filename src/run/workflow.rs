@@ -355,6 +355,25 @@ impl Workflow {
             .join("\n")
     }
 
+    /// Every tool the workflow may call, sorted: its tool stages' arms and what its agent
+    /// stages' variants offer (by registry name).
+    pub fn tool_names(&self) -> Vec<String> {
+        let mut tools: Vec<String> = self
+            .stages
+            .iter()
+            .filter(|s| s.agent.is_none())
+            .flat_map(|s| s.arms.iter().map(|a| a.tool.clone()))
+            .chain(
+                self.toolsets
+                    .values()
+                    .flat_map(|t| t.registry_names.values().cloned()),
+            )
+            .collect();
+        tools.sort();
+        tools.dedup();
+        tools
+    }
+
     /// The simulated environment behind the workflow, if it is one.
     pub fn sim(&self) -> Option<&SimEnv> {
         self.sim.as_ref()
