@@ -1,7 +1,8 @@
-//! An OpenAI-compatible HTTP client (chat completions with JSON mode, embeddings) for users who
-//! have a model server: configuration from a struct or `HINDSIGHT_MODEL_*` variables, deadlines,
-//! retries of infrastructure failures with seeded full-jitter backoff honouring Retry-After, and
-//! every failure classified into a [`ModelError`] with its [`ErrorClass`].
+//! An OpenAI-compatible HTTP client (chat completions with JSON mode and tool calling,
+//! embeddings) for users who have a model server: configuration from a struct or
+//! `HINDSIGHT_MODEL_*` variables, deadlines, retries of infrastructure failures with seeded
+//! full-jitter backoff honouring Retry-After, and every failure classified into a [`ModelError`]
+//! with its [`ErrorClass`].
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
