@@ -304,12 +304,11 @@ async fn real_llama_cpp_server_tool_calls_in_the_wire_format() {
     };
     let reply = c.turn(&answer, &second).await.unwrap();
     println!("answer turn: {reply:?}");
+    // (Told to answer in words, it does; this handler's template leaves out the tool
+    // descriptions then, and renders a tool message's role but not its content.)
     assert!(reply.tool_calls.is_empty(), "{reply:?}");
-    assert!(
-        reply
-            .usage
-            .is_some_and(|u| u.prompt_tokens > usage.prompt_tokens)
-    );
+    assert!(!reply.content.trim().is_empty(), "{reply:?}");
+    assert!(reply.usage.is_some_and(|u| u.prompt_tokens > 0));
 
     // Longer than the context (1024 tokens): refused, not retried, read as a context overflow.
     let long = ChatRequest {

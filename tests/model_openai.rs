@@ -413,7 +413,7 @@ async fn a_turn_sends_tools_and_the_conversations_calls_in_the_wire_format() {
         json!([
             {"role": "system", "content": "Use the tools."},
             {"role": "user", "content": "Weather and time in Paris?"},
-            {"role": "assistant", "content": null, "tool_calls": [
+            {"role": "assistant", "content": "", "tool_calls": [
                 {"id": "call_a", "type": "function",
                  "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}},
                 {"id": "call_b", "type": "function",

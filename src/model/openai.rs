@@ -275,8 +275,8 @@ impl OpenAiClient {
     }
 
     /// The body of a chat completion request for `request`, in the OpenAI wire format: the
-    /// messages (an assistant's tool calls with their arguments as a JSON string, tool results
-    /// naming the call they answer), the offered tools and the tool choice (only with tools),
+    /// messages (an assistant's tool calls with their arguments as a JSON string and its text,
+    /// `""` when it has none; tool results naming the call they answer), the offered tools and the tool choice (only with tools),
     /// the sampling settings and JSON mode.
     ///
     /// [`ToolChoice::Required`] with exactly one tool offered is sent as the named choice of that
@@ -480,12 +480,10 @@ fn wire_message(index: usize, m: &ChatMessage) -> Result<Value, ModelError> {
                     })
                 })
                 .collect();
-            let content = if m.content.is_empty() {
-                Value::Null
-            } else {
-                json!(m.content)
-            };
-            json!({"role": "assistant", "content": content, "tool_calls": calls})
+            // An empty text goes as "" rather than null: OpenAI, vLLM and llama.cpp's server take
+            // either, but llama-cpp-python's server refuses null (its assistant message's
+            // content is a string, when present) and its templates need the key.
+            json!({"role": "assistant", "content": m.content, "tool_calls": calls})
         }
         Role::Tool => {
             let id = m.tool_call_id.as_deref().ok_or_else(|| {
