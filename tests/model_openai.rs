@@ -1,12 +1,17 @@
 //! The OpenAI-compatible client against a tiny HTTP server on loopback serving canned answers:
 //! success, JSON mode, per-token embeddings, bad JSON, timeout, retries of 5xx and 429, auth
-//! errors, server down.
+//! errors, server down; tool calling in the wire format (offered tools, tool choice, the
+//! conversation's calls and results; parallel calls, malformed arguments, usage), replies missing
+//! what they need, and a server's context-length refusal.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hindsight::model::openai::{OpenAiClient, OpenAiConfig, SchemaFormat};
-use hindsight::model::{ChatMessage, ChatRequest, Embedder, LanguageModel, ModelError};
+use hindsight::model::{
+    ChatMessage, ChatRequest, Embedder, LanguageModel, ModelError, ToolCall, ToolChoice, ToolDef,
+    TurnContext,
+};
 use hindsight::taxonomy::ErrorClass;
 use hindsight::tools::RetryPolicy;
 use serde_json::{Value, json};
@@ -339,4 +344,301 @@ async fn embeddings_pooled_ordered_and_checked() {
         c.embed(&[String::new()]).await,
         Err(ModelError::InvalidInput(_))
     ));
+}
+
+fn weather_tool() -> ToolDef {
+    ToolDef {
+        name: "get_weather".into(),
+        description: "The weather in a city.".into(),
+        parameters: json!({
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        }),
+    }
+}
+
+fn ctx(turn: u32) -> TurnContext {
+    TurnContext {
+        turn,
+        ..TurnContext::default()
+    }
+}
+
+#[tokio::test]
+async fn a_turn_sends_tools_and_the_conversations_calls_in_the_wire_format() {
+    let (url, seen) = serve(vec![canned(200, HI)]).await;
+    let c = client(&url, 2000);
+    let time_tool = ToolDef {
+        name: "get_time".into(),
+        description: "The time in a city.".into(),
+        parameters: json!({"type": "object", "properties": {}}),
+    };
+    let request = ChatRequest {
+        messages: vec![
+            ChatMessage::system("Use the tools."),
+            ChatMessage::user("Weather and time in Paris?"),
+            ChatMessage::assistant(
+                "",
+                vec![
+                    ToolCall {
+                        id: "call_a".into(),
+                        name: "get_weather".into(),
+                        arguments: json!({"city": "Paris"}),
+                    },
+                    ToolCall {
+                        id: "call_b".into(),
+                        name: "get_time".into(),
+                        // Arguments that did not parse go back as the model wrote them.
+                        arguments: Value::String("{city: Paris".into()),
+                    },
+                ],
+            ),
+            ChatMessage::tool("call_a", "sunny, 21 C"),
+            ChatMessage::tool("call_b", "arguments are not a JSON object"),
+            ChatMessage::assistant("Checking once more.", vec![]),
+        ],
+        tools: vec![weather_tool(), time_tool],
+        tool_choice: ToolChoice::Required,
+        max_tokens: Some(32),
+        temperature: Some(0.0),
+        ..ChatRequest::default()
+    };
+    let reply = c.turn(&request, &ctx(2)).await.unwrap();
+    assert_eq!(reply.content, "hi there");
+    assert!(reply.tool_calls.is_empty() && reply.usage.is_none());
+    let body = seen.lock().unwrap()[0].1.clone();
+    assert_eq!(
+        body["messages"],
+        json!([
+            {"role": "system", "content": "Use the tools."},
+            {"role": "user", "content": "Weather and time in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "call_a", "type": "function",
+                 "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}},
+                {"id": "call_b", "type": "function",
+                 "function": {"name": "get_time", "arguments": "{city: Paris"}},
+            ]},
+            {"role": "tool", "tool_call_id": "call_a", "content": "sunny, 21 C"},
+            {"role": "tool", "tool_call_id": "call_b", "content": "arguments are not a JSON object"},
+            {"role": "assistant", "content": "Checking once more."},
+        ])
+    );
+    assert_eq!(
+        body["tools"],
+        json!([
+            {"type": "function", "function": {
+                "name": "get_weather",
+                "description": "The weather in a city.",
+                "parameters": weather_tool().parameters,
+            }},
+            {"type": "function", "function": {
+                "name": "get_time",
+                "description": "The time in a city.",
+                "parameters": {"type": "object", "properties": {}},
+            }},
+        ])
+    );
+    assert_eq!(body["tool_choice"], "required");
+    assert_eq!(
+        (body["max_tokens"].clone(), body["temperature"].clone()),
+        (json!(32), json!(0.0))
+    );
+
+    // Each choice on the wire; `required` with one tool offered names it; no tools, no choice.
+    let (url, seen) = serve(vec![canned(200, HI)]).await;
+    let c = client(&url, 2000);
+    for choice in [ToolChoice::Auto, ToolChoice::None, ToolChoice::Required] {
+        let one = ChatRequest {
+            tools: vec![weather_tool()],
+            tool_choice: choice,
+            ..chat(false)
+        };
+        c.turn(&one, &ctx(0)).await.unwrap();
+    }
+    c.turn(&chat(false), &ctx(0)).await.unwrap();
+    let bodies: Vec<Value> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, b)| b.clone())
+        .collect();
+    assert_eq!(bodies[0]["tool_choice"], "auto");
+    assert_eq!(bodies[1]["tool_choice"], "none");
+    assert_eq!(
+        bodies[2]["tool_choice"],
+        json!({"type": "function", "function": {"name": "get_weather"}})
+    );
+    assert!(bodies[3].get("tools").is_none() && bodies[3].get("tool_choice").is_none());
+
+    // A tool result that names no call cannot be sent.
+    let mut orphan = ChatMessage::tool("x", "result");
+    orphan.tool_call_id = None;
+    let bad = ChatRequest {
+        messages: vec![ChatMessage::user("hi"), orphan],
+        ..chat(false)
+    };
+    assert!(matches!(
+        c.turn(&bad, &ctx(0)).await,
+        Err(ModelError::InvalidInput(_))
+    ));
+}
+
+#[tokio::test]
+async fn parallel_tool_calls_with_null_content_and_usage() {
+    let body = json!({
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+            "role": "assistant",
+            "content": null,
+            "tool_calls": [
+                {"id": "call_1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
+                {"id": "call_2", "type": "function",
+                 "function": {"name": "get_weather", "arguments": "{\"city\": \"Lyon\"}"}},
+            ],
+        }}],
+        "usage": {"prompt_tokens": 120, "completion_tokens": 31, "total_tokens": 151},
+    });
+    let (url, _) = serve(vec![canned(200, &body.to_string())]).await;
+    let c = client(&url, 2000);
+    let request = ChatRequest {
+        tools: vec![weather_tool()],
+        ..chat(false)
+    };
+    let reply = c.turn(&request, &ctx(0)).await.unwrap();
+    assert_eq!(reply.content, "");
+    assert_eq!(
+        reply.tool_calls,
+        vec![
+            ToolCall {
+                id: "call_1".into(),
+                name: "get_weather".into(),
+                arguments: json!({"city": "Paris"}),
+            },
+            ToolCall {
+                id: "call_2".into(),
+                name: "get_weather".into(),
+                arguments: json!({"city": "Lyon"}),
+            },
+        ]
+    );
+    let usage = reply.usage.unwrap();
+    assert_eq!(
+        (usage.prompt_tokens, usage.completion_tokens, usage.total()),
+        (120, 31, 151)
+    );
+    // Text asked for, tools called: the plain chat says what it got.
+    let e = c.complete(&chat(false)).await.unwrap_err();
+    match e {
+        ModelError::BadResponse { message, .. } => {
+            assert!(message.contains("get_weather"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn malformed_arguments_are_kept_raw_and_missing_ids_made_up() {
+    let body = json!({
+        "choices": [{"message": {
+            "role": "assistant",
+            "content": "Let me look.",
+            "tool_calls": [
+                {"type": "function",
+                 "function": {"name": "get_weather", "arguments": "{\"city\": \"Par"}},
+                {"id": "", "type": "function",
+                 "function": {"name": "get_weather", "arguments": "[\"Paris\"]"}},
+                {"id": "call_x", "type": "function",
+                 "function": {"name": "get_time", "arguments": ""}},
+            ],
+        }}],
+    });
+    let (url, _) = serve(vec![canned(200, &body.to_string())]).await;
+    let c = client(&url, 2000);
+    let reply = c.turn(&chat(false), &ctx(4)).await.unwrap();
+    assert_eq!(reply.content, "Let me look.");
+    assert_eq!(reply.usage, None);
+    let calls = &reply.tool_calls;
+    assert_eq!(calls.len(), 3);
+    assert_eq!(
+        (calls[0].id.as_str(), &calls[0].arguments),
+        ("call_4_0", &Value::String("{\"city\": \"Par".into()))
+    );
+    assert_eq!(
+        (calls[1].id.as_str(), &calls[1].arguments),
+        ("call_4_1", &Value::String("[\"Paris\"]".into()))
+    );
+    assert_eq!(
+        (calls[2].id.as_str(), &calls[2].arguments),
+        ("call_x", &json!({}))
+    );
+}
+
+#[tokio::test]
+async fn a_reply_without_message_or_anything_in_it_is_a_bad_response() {
+    for (body, missing) in [
+        (json!({"choices": []}), "choices[0].message"),
+        (json!({"choices": [{"index": 0}]}), "choices[0].message"),
+        (
+            json!({"choices": [{"message": {"role": "assistant", "content": null}}]}),
+            "neither a content string nor tool_calls",
+        ),
+        (
+            json!({"choices": [{"message": {"tool_calls": [{"id": "c", "function": {"arguments": "{}"}}]}}]}),
+            "tool_calls[0].function has no name",
+        ),
+    ] {
+        let (url, _) = serve(vec![canned(200, &body.to_string())]).await;
+        let e = client(&url, 2000)
+            .turn(&chat(false), &ctx(0))
+            .await
+            .unwrap_err();
+        match e {
+            ModelError::BadResponse { message, .. } => {
+                assert!(message.contains(missing), "{message} (wanted {missing})")
+            }
+            other => panic!("{body}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_context_length_error_is_a_request_error_classified_as_context_overflow() {
+    let bodies = [
+        // llama.cpp's llama-server
+        r#"{"error":{"code":400,"message":"request (1530 tokens) exceeds the available context size (1024 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":1530,"n_ctx":1024}}"#,
+        // llama-cpp-python's server
+        r#"{"error":{"message":"This model's maximum context length is 1024 tokens. However, you requested 1530 tokens (1514 in the messages, 16 in the completion). Please reduce the length of the messages or completion.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#,
+        // OpenAI
+        r#"{"error":{"message":"This model's maximum context length is 128000 tokens. However, your messages resulted in 130000 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#,
+    ];
+    for body in bodies {
+        let (url, seen) = serve(vec![canned(400, body)]).await;
+        let e = client(&url, 2000)
+            .turn(&chat(false), &ctx(0))
+            .await
+            .unwrap_err();
+        let ModelError::Request { message, class, .. } = &e else {
+            panic!("{e:?}");
+        };
+        assert!(message.starts_with("HTTP 400: "), "{message}");
+        assert!(message.contains("context"), "the server's words: {message}");
+        assert_eq!(*class, ErrorClass::ToolNotFit, "{message}");
+        let c = hindsight::triage::classify_error(None, &e.to_string());
+        assert_eq!(c.rule, "context_overflow", "{e}");
+        assert_eq!(seen.lock().unwrap().len(), 1, "not retried");
+    }
+    // Any other 400 stays a malformed request.
+    let (url, _) = serve(vec![canned(400, r#"{"error":"bad messages"}"#)]).await;
+    let e = client(&url, 2000).complete(&chat(false)).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ModelError::Request {
+                class: ErrorClass::SchemaMismatch,
+                ..
+            }
+        ),
+        "{e}"
+    );
 }

@@ -1,7 +1,8 @@
-//! An OpenAI-compatible HTTP client (chat completions with JSON mode, embeddings) for users who
-//! have a model server: configuration from a struct or `HINDSIGHT_MODEL_*` variables, deadlines,
-//! retries of infrastructure failures with seeded full-jitter backoff honouring Retry-After, and
-//! every failure classified into a [`ModelError`] with its [`ErrorClass`].
+//! An OpenAI-compatible HTTP client (chat completions with JSON mode and tool calling,
+//! embeddings) for users who have a model server: configuration from a struct or
+//! `HINDSIGHT_MODEL_*` variables, deadlines, retries of infrastructure failures with seeded
+//! full-jitter backoff honouring Retry-After, and every failure classified into a [`ModelError`]
+//! with its [`ErrorClass`].
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -10,7 +11,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{ChatRequest, Embedder, LanguageModel, ModelError, ModelFuture};
+use super::{
+    ChatMessage, ChatRequest, Embedder, LanguageModel, ModelError, ModelFuture, ModelReply, Role,
+    ToolCall, ToolChoice, TurnContext, Usage,
+};
 use crate::taxonomy::ErrorClass;
 use crate::tools::RetryPolicy;
 
@@ -204,16 +208,25 @@ impl OpenAiClient {
         };
         if !(200..300).contains(&status) {
             let snippet: String = text.chars().take(300).collect();
+            let message = format!("HTTP {status}: {snippet}");
             let (class, retryable) = match status {
                 429 => (ErrorClass::RateLimit, true),
                 401 | 403 => (ErrorClass::Auth, false),
                 404 => (ErrorClass::NotFound, false),
-                400 | 422 => (ErrorClass::SchemaMismatch, false),
+                // A request the server refuses: too long for its context (the classifier's
+                // verdict, kept with the server's words in the message), else malformed.
+                400 | 422 => {
+                    let c = crate::triage::classify_error(None, &message);
+                    if c.rule == "context_overflow" {
+                        (c.error_class, false)
+                    } else {
+                        (ErrorClass::SchemaMismatch, false)
+                    }
+                }
                 408 | 504 => (ErrorClass::Timeout, true),
                 500..=599 => (ErrorClass::TransientNetwork, true),
                 _ => {
-                    let c =
-                        crate::triage::classify_error(None, &format!("HTTP {status}: {snippet}"));
+                    let c = crate::triage::classify_error(None, &message);
                     (
                         c.error_class,
                         c.category == crate::taxonomy::FailureCategory::Infrastructure,
@@ -221,7 +234,7 @@ impl OpenAiClient {
                 }
             };
             return Err(Failure {
-                error: request_error(url, class, format!("HTTP {status}: {snippet}")),
+                error: request_error(url, class, message),
                 retryable,
                 retry_after_ms,
             });
@@ -261,57 +274,125 @@ impl OpenAiClient {
         }
     }
 
-    /// Chat completion; in JSON mode the answer is checked to be JSON.
-    pub async fn chat(&self, request: &ChatRequest) -> Result<String, ModelError> {
+    /// The body of a chat completion request for `request`, in the OpenAI wire format: the
+    /// messages (an assistant's tool calls with their arguments as a JSON string and its text,
+    /// `""` when it has none; tool results naming the call they answer), the offered tools and the tool choice (only with tools),
+    /// the sampling settings and JSON mode.
+    ///
+    /// [`ToolChoice::Required`] with exactly one tool offered is sent as the named choice of that
+    /// tool (`{"type": "function", "function": {"name": ...}}`): the same constraint, and the
+    /// form more servers accept (llama-cpp-python's `chatml-function-calling` handles a named
+    /// choice but not `"required"`).
+    pub fn chat_body(&self, request: &ChatRequest) -> Result<Value, ModelError> {
         if request.messages.is_empty() {
             return Err(ModelError::InvalidInput(
                 "a chat request needs at least one message".into(),
             ));
         }
-        let mut body = json!({
-            "model": self.config.model,
-            "messages": request.messages,
-        });
-        if let Some(obj) = body.as_object_mut() {
-            if let Some(t) = request.max_tokens {
-                obj.insert("max_tokens".into(), json!(t));
-            }
-            if let Some(t) = request.temperature {
-                obj.insert("temperature".into(), json!(t));
-            }
-            if request.json_mode {
-                let format = match (&request.json_schema, self.config.schema_format) {
-                    (Some(schema), SchemaFormat::JsonSchema) => json!({
-                        "type": "json_schema",
-                        "json_schema": {"name": "answer", "schema": schema},
-                    }),
-                    (Some(schema), SchemaFormat::JsonObject) => {
-                        json!({"type": "json_object", "schema": schema})
-                    }
-                    _ => json!({"type": "json_object"}),
-                };
-                obj.insert("response_format".into(), format);
-            }
+        let messages = request
+            .messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| wire_message(i, m))
+            .collect::<Result<Vec<Value>, ModelError>>()?;
+        let mut obj = serde_json::Map::new();
+        obj.insert("model".into(), json!(self.config.model));
+        obj.insert("messages".into(), Value::Array(messages));
+        if let Some(t) = request.max_tokens {
+            obj.insert("max_tokens".into(), json!(t));
         }
+        if let Some(t) = request.temperature {
+            obj.insert("temperature".into(), json!(t));
+        }
+        if request.json_mode {
+            let format = match (&request.json_schema, self.config.schema_format) {
+                (Some(schema), SchemaFormat::JsonSchema) => json!({
+                    "type": "json_schema",
+                    "json_schema": {"name": "answer", "schema": schema},
+                }),
+                (Some(schema), SchemaFormat::JsonObject) => {
+                    json!({"type": "json_object", "schema": schema})
+                }
+                _ => json!({"type": "json_object"}),
+            };
+            obj.insert("response_format".into(), format);
+        }
+        if !request.tools.is_empty() {
+            let tools: Vec<Value> = request
+                .tools
+                .iter()
+                .map(|t| {
+                    json!({
+                        "type": "function",
+                        "function": {
+                            "name": t.name,
+                            "description": t.description,
+                            "parameters": t.parameters,
+                        },
+                    })
+                })
+                .collect();
+            let choice = match (request.tool_choice, request.tools.as_slice()) {
+                (ToolChoice::Auto, _) => json!("auto"),
+                (ToolChoice::None, _) => json!("none"),
+                (ToolChoice::Required, [only]) => {
+                    json!({"type": "function", "function": {"name": only.name}})
+                }
+                (ToolChoice::Required, _) => json!("required"),
+            };
+            obj.insert("tools".into(), Value::Array(tools));
+            obj.insert("tool_choice".into(), choice);
+        }
+        Ok(Value::Object(obj))
+    }
+
+    /// Sends `request` and reads the reply (`turn` names calls the server gave no id); in JSON
+    /// mode an answer in words is checked to be JSON.
+    async fn exchange(&self, request: &ChatRequest, turn: u32) -> Result<ModelReply, ModelError> {
+        let body = self.chat_body(request)?;
         let url = self.url("chat/completions");
         let v = self.post("chat/completions", &body).await?;
-        let content = v
-            .pointer("/choices/0/message/content")
-            .and_then(Value::as_str)
-            .ok_or_else(|| ModelError::BadResponse {
-                url: url.clone(),
-                message: "no choices[0].message.content string".into(),
-            })?;
-        if request.json_mode && serde_json::from_str::<Value>(content).is_err() {
+        let reply = parse_reply(&url, &v, turn)?;
+        if request.json_mode
+            && reply.tool_calls.is_empty()
+            && serde_json::from_str::<Value>(&reply.content).is_err()
+        {
             return Err(ModelError::BadResponse {
                 url,
                 message: format!(
                     "JSON mode answer is not JSON: {}",
-                    content.chars().take(200).collect::<String>()
+                    reply.content.chars().take(200).collect::<String>()
                 ),
             });
         }
-        Ok(content.to_string())
+        Ok(reply)
+    }
+
+    /// Chat completion; in JSON mode the answer is checked to be JSON. A reply that only calls
+    /// tools is a [`ModelError::BadResponse`] here (see [`OpenAiClient::chat_turn`]).
+    pub async fn chat(&self, request: &ChatRequest) -> Result<String, ModelError> {
+        let reply = self.exchange(request, 0).await?;
+        if reply.content.is_empty() && !reply.tool_calls.is_empty() {
+            let names: Vec<&str> = reply.tool_calls.iter().map(|c| c.name.as_str()).collect();
+            return Err(ModelError::BadResponse {
+                url: self.url("chat/completions"),
+                message: format!(
+                    "no choices[0].message.content: the model called tools ({}) where text was \
+                     asked for",
+                    names.join(", ")
+                ),
+            });
+        }
+        Ok(reply.content)
+    }
+
+    /// One turn: the model's text, every tool it calls (in order), and the tokens it took.
+    pub async fn chat_turn(
+        &self,
+        request: &ChatRequest,
+        ctx: &TurnContext,
+    ) -> Result<ModelReply, ModelError> {
+        self.exchange(request, ctx.turn).await
     }
 
     /// Embeddings of `texts`, in order: a vector per text, or one per token that is mean-pooled
@@ -379,6 +460,157 @@ impl OpenAiClient {
     }
 }
 
+/// One message in the OpenAI wire format (`index`: its place in the conversation, for errors).
+fn wire_message(index: usize, m: &ChatMessage) -> Result<Value, ModelError> {
+    Ok(match m.role {
+        Role::System => json!({"role": "system", "content": m.content}),
+        Role::User => json!({"role": "user", "content": m.content}),
+        Role::Assistant if m.tool_calls.is_empty() => {
+            json!({"role": "assistant", "content": m.content})
+        }
+        Role::Assistant => {
+            let calls: Vec<Value> = m
+                .tool_calls
+                .iter()
+                .map(|c| {
+                    json!({
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": wire_arguments(&c.arguments)},
+                    })
+                })
+                .collect();
+            // An empty text goes as "" rather than null: OpenAI, vLLM and llama.cpp's server take
+            // either, but llama-cpp-python's server refuses null (its assistant message's
+            // content is a string, when present) and its templates need the key.
+            json!({"role": "assistant", "content": m.content, "tool_calls": calls})
+        }
+        Role::Tool => {
+            let id = m.tool_call_id.as_deref().ok_or_else(|| {
+                ModelError::InvalidInput(format!(
+                    "message {index} is a tool result without the id of the call it answers"
+                ))
+            })?;
+            json!({"role": "tool", "tool_call_id": id, "content": m.content})
+        }
+    })
+}
+
+/// A call's arguments as the JSON string the wire carries: a string kept raw (arguments that
+/// did not parse) goes back as the model wrote it, anything else is serialised.
+fn wire_arguments(arguments: &Value) -> String {
+    match arguments {
+        Value::String(raw) => raw.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// A call's arguments as read from the wire: a JSON string holding an object gives the object;
+/// an empty string or none at all, the empty object; anything else is kept as the raw string,
+/// for the tool layer's schema check to refuse with a message the model reads.
+fn read_arguments(arguments: Option<&Value>) -> Value {
+    match arguments {
+        None | Some(Value::Null) => json!({}),
+        Some(Value::Object(o)) => Value::Object(o.clone()),
+        Some(Value::String(raw)) if raw.trim().is_empty() => json!({}),
+        Some(Value::String(raw)) => match serde_json::from_str::<Value>(raw) {
+            Ok(Value::Object(o)) => Value::Object(o),
+            _ => Value::String(raw.clone()),
+        },
+        Some(other) => Value::String(other.to_string()),
+    }
+}
+
+/// The reply of a chat completion: `choices[0].message`'s content (text, null, or text parts)
+/// and tool calls (ids the server left out are `call_<turn>_<position>`), and `usage`.
+fn parse_reply(url: &str, v: &Value, turn: u32) -> Result<ModelReply, ModelError> {
+    let bad = |message: String| ModelError::BadResponse {
+        url: url.to_string(),
+        message,
+    };
+    let message = v
+        .pointer("/choices/0/message")
+        .and_then(Value::as_object)
+        .ok_or_else(|| bad("no choices[0].message object".into()))?;
+    let content = match message.get("content") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Array(parts)) => Some(
+            parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect::<String>(),
+        ),
+        Some(_) => {
+            return Err(bad(
+                "choices[0].message.content is neither text nor null".into()
+            ));
+        }
+    };
+    let calls = match message.get("tool_calls") {
+        None | Some(Value::Null) => &[][..],
+        Some(Value::Array(calls)) => calls.as_slice(),
+        Some(_) => {
+            return Err(bad("choices[0].message.tool_calls is not an array".into()));
+        }
+    };
+    let mut tool_calls = Vec::with_capacity(calls.len());
+    for (i, call) in calls.iter().enumerate() {
+        let function = call
+            .get("function")
+            .and_then(Value::as_object)
+            .ok_or_else(|| {
+                bad(format!(
+                    "choices[0].message.tool_calls[{i}] has no function"
+                ))
+            })?;
+        let name = function
+            .get("name")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| {
+                bad(format!(
+                    "choices[0].message.tool_calls[{i}].function has no name"
+                ))
+            })?;
+        let id = call
+            .get("id")
+            .and_then(Value::as_str)
+            .filter(|id| !id.is_empty())
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("call_{turn}_{i}"));
+        tool_calls.push(ToolCall {
+            id,
+            name: name.to_string(),
+            arguments: read_arguments(function.get("arguments")),
+        });
+    }
+    if content.is_none() && tool_calls.is_empty() {
+        return Err(bad(
+            "choices[0].message has neither a content string nor tool_calls".into(),
+        ));
+    }
+    let usage = v.get("usage").and_then(|u| {
+        let count = |k: &str| {
+            u.get(k)
+                .and_then(Value::as_u64)
+                .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
+        };
+        match (count("prompt_tokens"), count("completion_tokens")) {
+            (None, None) => None,
+            (p, c) => Some(Usage {
+                prompt_tokens: p.unwrap_or(0),
+                completion_tokens: c.unwrap_or(0),
+            }),
+        }
+    });
+    Ok(ModelReply {
+        content: content.unwrap_or_default(),
+        tool_calls,
+        usage,
+    })
+}
+
 /// A vector from `[x, ...]` or the mean of `[[x, ...], ...]`, L2-normalised.
 fn pool(emb: &[Value]) -> Result<Vec<f32>, String> {
     let mut v: Vec<f32> = match emb.first() {
@@ -427,6 +659,14 @@ impl LanguageModel for OpenAiClient {
 
     fn complete<'a>(&'a self, request: &'a ChatRequest) -> ModelFuture<'a, String> {
         Box::pin(self.chat(request))
+    }
+
+    fn turn<'a>(
+        &'a self,
+        request: &'a ChatRequest,
+        ctx: &'a TurnContext,
+    ) -> ModelFuture<'a, ModelReply> {
+        Box::pin(self.chat_turn(request, ctx))
     }
 }
 

@@ -480,6 +480,33 @@ mod tests {
     }
 
     #[test]
+    fn model_servers_context_overflow() {
+        // What OpenAI, llama.cpp's server, llama-cpp-python's server and its library say when a
+        // request does not fit the context, as the OpenAI-compatible client reports them: a
+        // context overflow (the request must shrink), not the 400's malformed request.
+        for m in [
+            r#"HTTP 400: {"error":{"message":"This model's maximum context length is 8192 tokens. However, your messages resulted in 9100 tokens.","type":"invalid_request_error","code":"context_length_exceeded"}}"#,
+            r#"HTTP 400: {"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error"}}"#,
+            r#"HTTP 400: {"error":{"code":400,"message":"request (4476 tokens) exceeds the available context size (4096 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":4476,"n_ctx":4096}}"#,
+            r#"HTTP 400: {"error":{"message":"This model's maximum context length is 1024 tokens. However, you requested 1100 tokens (1084 in the messages, 16 in the completion). Please reduce the length of the messages or completion.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#,
+            "ValueError: Requested tokens (1100) exceed context window of 1024",
+            r#"{"type":"exceed_context_size_error"}"#,
+        ] {
+            let c = classify_error(None, m);
+            assert_eq!(
+                (c.category, c.error_class, c.rule.as_str()),
+                (Strat, ToolNotFit, "context_overflow"),
+                "{m}"
+            );
+        }
+        // Other 400s stay malformed requests; a context that is merely mentioned is no overflow.
+        let c = classify_error(None, r#"HTTP 400: {"error":"'messages' must be a list"}"#);
+        assert_eq!(c.error_class, SchemaMismatch);
+        let c = classify_error(None, "HTTP 400: the available context size is 4096 tokens");
+        assert_eq!(c.error_class, SchemaMismatch);
+    }
+
+    #[test]
     fn issue_57_kinds() {
         // The environment lacks an executable or module: not the agent's arguments.
         for (ty, m) in [

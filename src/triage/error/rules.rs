@@ -49,6 +49,14 @@ pub(super) const BEFORE_STATUS: &[Rule] = &[
             r"context[ _]length[ _]exceeded",
             r"context window (?:is |was )?(?:exceeded|full|overflow)",
             r"exceeds? the (?:model'?s? )?context (?:window|length|limit)",
+            // llama.cpp's server: "the request exceeds the available context size, try
+            // increasing it", "request (4476 tokens) exceeds the available context size (4096
+            // tokens)", of type exceed_context_size_error.
+            r"exceeds? the available context size",
+            r"exceed_context_size_error",
+            // llama-cpp-python's library (its server rewords it as "maximum context length"):
+            // "Requested tokens (1100) exceed context window of 1024".
+            r"requested tokens \(\d+\) exceeds? (?:the )?context window",
             r"prompt is too long",
             r"reduce the length of the messages",
             r"input is too long for (?:the )?(?:requested )?model",
