@@ -125,10 +125,21 @@ struct Seen {
 /// Drives `m` to its end: the model answers with `model(attempt, turn, request)`, a tool with
 /// `tool(call)`, the lessons of `context` come with the preparation, ReflectRetry accepts.
 fn drive(
+    m: RunMachine,
+    context: Option<&str>,
+    model: impl FnMut(u32, u32, &ChatRequest) -> Result<ModelReply, ModelError>,
+    tool: impl FnMut(&StageCall) -> Result<Value, ToolError>,
+) -> Seen {
+    drive_reviewed(m, context, model, tool, |_| Verdict::Accept)
+}
+
+/// As [`drive`], ReflectRetry judging each round with `review`.
+fn drive_reviewed(
     mut m: RunMachine,
     context: Option<&str>,
     mut model: impl FnMut(u32, u32, &ChatRequest) -> Result<ModelReply, ModelError>,
     mut tool: impl FnMut(&StageCall) -> Result<Value, ToolError>,
+    mut review: impl FnMut(&RunReport) -> Verdict,
 ) -> Seen {
     let (mut requests, mut calls) = (Vec::new(), Vec::new());
     for _ in 0..500 {
@@ -182,8 +193,8 @@ fn drive(
                 Event::Validated(outputs.into_iter().map(|(s, _)| (s, Ok(()))).collect())
             }
             Command::LoadCheckpoint(_) => Event::CheckpointLoaded(None),
-            Command::Review(_) => Event::Reviewed {
-                reflect_retry: Verdict::Accept,
+            Command::Review(report) => Event::Reviewed {
+                reflect_retry: review(&report),
                 plugins: Vec::new(),
                 at_ms: 0,
             },
@@ -428,6 +439,44 @@ fn a_constraint_broken_by_the_answer_is_constraint_ignored() {
     let out = &seen.finished.outcome;
     assert_eq!(out.final_arms[0].strategy, "v2");
     assert_eq!(out.state, RunState::Succeeded);
+}
+
+#[test]
+fn a_reflection_is_the_next_rounds_guidance_and_reflect_retry_sees_the_agents_events() {
+    let mut reports = Vec::new();
+    let seen = drive_reviewed(
+        machine(&["v1"], None),
+        None,
+        |_, turn, _| match turn {
+            0 => reply(
+                "",
+                vec![call("c0", "crm_lookup", json!({"email": "c17@example.com"}))],
+            ),
+            _ => reply("cus_17 owes 120.50", vec![]),
+        },
+        lookup_ok,
+        |report| {
+            reports.push(report.clone());
+            match report.round {
+                1 => Verdict::Retry {
+                    attempt: 1,
+                    reflection: "[Reflect & Retry - Attempt 1/2] state the currency".into(),
+                },
+                _ => Verdict::Accept,
+            }
+        },
+    );
+    assert_eq!(seen.finished.outcome.reflect_retries, 1);
+    // ReflectRetry saw the tool call the model made.
+    assert!(reports[0].events.iter().any(
+        |e| matches!(e, RunEvent::StepSucceeded { tool, .. } if tool == "crm.lookup")
+    ));
+    let second_round = seen
+        .requests
+        .iter()
+        .find(|r| system(r).contains("<attempt_guidance>"))
+        .expect("a request of the second round");
+    assert!(system(second_round).contains("state the currency"));
 }
 
 #[test]

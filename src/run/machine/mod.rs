@@ -1184,6 +1184,8 @@ impl RunMachine {
                 st.plan = None;
                 st.next_stage = 0;
                 st.outputs.clear();
+                st.conversation.clear();
+                st.pending_calls.clear();
                 if end.state == RunState::Succeeded {
                     // The run passed its stages but its validator rejected it: back to
                     // recovering.
