@@ -450,7 +450,11 @@ fn a_reflection_is_the_next_rounds_guidance_and_reflect_retry_sees_the_agents_ev
         |_, turn, _| match turn {
             0 => reply(
                 "",
-                vec![call("c0", "crm_lookup", json!({"email": "c17@example.com"}))],
+                vec![call(
+                    "c0",
+                    "crm_lookup",
+                    json!({"email": "c17@example.com"}),
+                )],
             ),
             _ => reply("cus_17 owes 120.50", vec![]),
         },
@@ -468,9 +472,12 @@ fn a_reflection_is_the_next_rounds_guidance_and_reflect_retry_sees_the_agents_ev
     );
     assert_eq!(seen.finished.outcome.reflect_retries, 1);
     // ReflectRetry saw the tool call the model made.
-    assert!(reports[0].events.iter().any(
-        |e| matches!(e, RunEvent::StepSucceeded { tool, .. } if tool == "crm.lookup")
-    ));
+    assert!(
+        reports[0]
+            .events
+            .iter()
+            .any(|e| matches!(e, RunEvent::StepSucceeded { tool, .. } if tool == "crm.lookup"))
+    );
     let second_round = seen
         .requests
         .iter()
