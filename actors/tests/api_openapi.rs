@@ -86,7 +86,8 @@ fn task_json() -> Value {
     json!({
         "task_id": "t1", "goal": "g", "features": {"a": "b"},
         "constraints": {"max_latency_ms": 1.0, "max_cost": 2.0},
-        "user_id": "u", "session_id": "s", "idempotency_key": "k"
+        "user_id": "u", "session_id": "s", "idempotency_key": "k",
+        "input": {"email": "c1@example.com"}
     })
 }
 
