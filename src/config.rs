@@ -91,6 +91,12 @@ pub struct Config {
     pub chaos: ChaosConfig,
     /// The language model.
     pub model: ModelConfig,
+    /// `[models.NAME]`: the model endpoints agents name (no `base_url`: the offline rule-based
+    /// model).
+    pub models: std::collections::BTreeMap<String, ModelConfig>,
+    /// `[[agent]]`: the agent the daemon hosts (its workflow instead of a simulated one).
+    #[serde(rename = "agent")]
+    pub agents: Vec<crate::run::workflow::AgentConfig>,
     /// Logging.
     pub log: LogConfig,
     /// Task ingress: budget ceilings, tool scopes, goal limits, injection rejection.
@@ -115,6 +121,8 @@ impl Default for Config {
             api: ApiConfig::default(),
             chaos: ChaosConfig::default(),
             model: ModelConfig::default(),
+            models: Default::default(),
+            agents: Vec::new(),
             log: LogConfig::default(),
             guard: crate::guard::GuardConfig::default(),
         }
@@ -549,6 +557,50 @@ impl Config {
                 );
             }
         }
+        let mut agent_names = BTreeSet::new();
+        for (i, agent) in self.agents.iter().enumerate() {
+            if agent.name.trim().is_empty() || !agent_names.insert(agent.name.as_str()) {
+                return bad(
+                    format!("agent[{i}].name"),
+                    format!("must be a name no other agent has: `{}`", agent.name),
+                );
+            }
+            if agent.stage.variants.is_empty() {
+                return bad(format!("agent[{i}].variants"), "an agent needs a variant");
+            }
+            if let Some(schema) = &agent.stage.answer_schema
+                && let Err(e) = jsonschema::validator_for(schema)
+            {
+                return bad(
+                    format!("agent[{i}].answer_schema"),
+                    format!("not a JSON Schema: {e}"),
+                );
+            }
+            if agent.stage.max_turns == 0 {
+                return bad(format!("agent[{i}].max_turns"), "must be at least 1");
+            }
+            let mut variant_names = BTreeSet::new();
+            for (j, v) in agent.stage.variants.iter().enumerate() {
+                if !variant_names.insert(v.name.as_str()) {
+                    return bad(
+                        format!("agent[{i}].variants[{j}].name"),
+                        format!("duplicate variant `{}`", v.name),
+                    );
+                }
+                if !self.models.contains_key(&v.model) {
+                    return bad(
+                        format!("agent[{i}].variants[{j}].model"),
+                        format!("no [models.{}] endpoint is configured", v.model),
+                    );
+                }
+            }
+        }
+        if self.agents.len() > 1 {
+            return bad(
+                "agent[1]",
+                "this build hosts one agent per daemon: run a daemon (with its own data_dir) for each",
+            );
+        }
         if let Err(e) = self.api.listen.parse::<SocketAddr>() {
             return bad(
                 "api.listen",
@@ -944,6 +996,37 @@ mod tests {
             e.starts_with("f.toml: key `store.checkpoints_per_run`: expected"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn an_agent_names_configured_models_and_one_agent_is_hosted() {
+        let agent = |name: &str, model: &str| {
+            format!(
+                "[[agent]]\nname = \"{name}\"\ninstructions = \"i\"\n\
+                 [[agent.variants]]\nname = \"v\"\nmodel = \"{model}\"\ntools = [\"fs/*\"]\n"
+            )
+        };
+        let ok = Config::parse(
+            &format!("{}[models.local]\n", agent("a", "local")),
+            "f.toml",
+        )
+        .unwrap();
+        assert_eq!(ok.agents[0].stage.max_turns, 8);
+        assert_eq!(
+            ok.agents[0].stage.variants[0].tools,
+            vec!["fs/*".to_string()]
+        );
+        let e = Config::parse(&agent("a", "nowhere"), "f.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("agent[0].variants[0].model"), "{e}");
+        let two = format!(
+            "{}{}[models.local]\n",
+            agent("a", "local"),
+            agent("b", "local")
+        );
+        let e = Config::parse(&two, "f.toml").unwrap_err().to_string();
+        assert!(e.contains("agent[1]"), "{e}");
     }
 
     #[test]

@@ -1,13 +1,17 @@
 //! A deterministic, offline, rule-based [`LanguageModel`] for where a model is optional. It
 //! answers a lessons-synthesis request in JSON mode from the failures described in the prompt
 //! (as embedded JSON objects or as `key=value` lines), and otherwise returns an extractive
-//! summary of the last user message.
+//! summary of the last user message. As an agent's model it calls each offered tool once, in
+//! order, with the arguments the task's input and features supply by name, and answers with
+//! what the tools returned.
 
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use super::{ChatRequest, LanguageModel, ModelError, ModelFuture, Role};
+use super::{
+    ChatRequest, LanguageModel, ModelError, ModelFuture, ModelReply, Role, ToolCall, TurnContext,
+};
 
 /// The rule-based model.
 #[derive(Debug, Clone, Copy, Default)]
@@ -28,6 +32,90 @@ impl LanguageModel for RuleModel {
     fn complete<'a>(&'a self, request: &'a ChatRequest) -> ModelFuture<'a, String> {
         Box::pin(std::future::ready(respond(request)))
     }
+
+    fn turn<'a>(
+        &'a self,
+        request: &'a ChatRequest,
+        ctx: &'a TurnContext,
+    ) -> ModelFuture<'a, ModelReply> {
+        Box::pin(std::future::ready(agent_turn(request, ctx)))
+    }
+}
+
+/// One turn of the rule-based agent: the first offered tool not called yet in this
+/// conversation whose required arguments the task supplies, else the answer.
+fn agent_turn(request: &ChatRequest, ctx: &TurnContext) -> Result<ModelReply, ModelError> {
+    if request.tools.is_empty() {
+        return respond(request).map(|content| ModelReply {
+            content,
+            ..ModelReply::default()
+        });
+    }
+    let called: Vec<&ToolCall> = request
+        .messages
+        .iter()
+        .flat_map(|m| m.tool_calls.iter())
+        .collect();
+    for (i, tool) in request.tools.iter().enumerate() {
+        if called.iter().any(|c| c.name == tool.name) {
+            continue;
+        }
+        if let Some(arguments) = arguments_for(&tool.parameters, ctx) {
+            return Ok(ModelReply {
+                content: String::new(),
+                tool_calls: vec![ToolCall {
+                    id: format!("call_{}_{i}", ctx.turn),
+                    name: tool.name.clone(),
+                    arguments,
+                }],
+                usage: None,
+            });
+        }
+    }
+    let results: Vec<String> = called
+        .iter()
+        .filter_map(|c| {
+            let result = request
+                .messages
+                .iter()
+                .find(|m| m.role == Role::Tool && m.tool_call_id.as_deref() == Some(&c.id))?;
+            Some(format!("{}: {}", c.name, result.content))
+        })
+        .collect();
+    let content = if results.is_empty() {
+        "No tool could be called with what the task gives.".to_string()
+    } else {
+        results.join("\n")
+    };
+    Ok(ModelReply {
+        content,
+        ..ModelReply::default()
+    })
+}
+
+/// The arguments of a call of a tool with JSON Schema `parameters`: each property the task's
+/// input (any JSON value) or features (a string) name; `None` when a required one is missing.
+fn arguments_for(parameters: &Value, ctx: &TurnContext) -> Option<Value> {
+    let properties = parameters.get("properties").and_then(Value::as_object);
+    let mut args = serde_json::Map::new();
+    for name in properties.into_iter().flat_map(|p| p.keys()) {
+        let value = ctx
+            .input
+            .as_ref()
+            .and_then(|i| i.get(name))
+            .cloned()
+            .or_else(|| ctx.features.get(name).map(|v| Value::from(v.clone())));
+        if let Some(value) = value {
+            args.insert(name.clone(), value);
+        }
+    }
+    let required = parameters.get("required").and_then(Value::as_array);
+    let complete = required
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .all(|r| args.contains_key(r));
+    complete.then_some(Value::Object(args))
 }
 
 /// One failure found in a prompt.
@@ -363,5 +451,48 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(none, r#"{"lessons":[]}"#);
+    }
+
+    #[tokio::test]
+    async fn as_an_agent_it_calls_each_tool_it_can_fill_then_answers_with_the_results() {
+        use crate::model::{ToolDef, TurnContext};
+        let tools = vec![
+            ToolDef {
+                name: "echo".into(),
+                description: "echoes".into(),
+                parameters: json!({"type": "object", "properties": {"message": {"type": "string"}},
+                                   "required": ["message"]}),
+            },
+            ToolDef {
+                name: "needs_path".into(),
+                description: "reads a file".into(),
+                parameters: json!({"type": "object", "properties": {"path": {"type": "string"}},
+                                   "required": ["path"]}),
+            },
+        ];
+        let ctx = TurnContext {
+            input: Some(json!({"message": "hi"})),
+            ..TurnContext::default()
+        };
+        let mut request = ChatRequest {
+            messages: vec![ChatMessage::user("Goal: echo")],
+            tools,
+            ..ChatRequest::default()
+        };
+        let first = RuleModel.turn(&request, &ctx).await.unwrap();
+        assert_eq!(first.tool_calls.len(), 1);
+        assert_eq!(first.tool_calls[0].name, "echo");
+        assert_eq!(first.tool_calls[0].arguments, json!({"message": "hi"}));
+        request
+            .messages
+            .push(ChatMessage::assistant("", first.tool_calls.clone()));
+        request.messages.push(ChatMessage::tool(
+            first.tool_calls[0].id.clone(),
+            "Echo: hi",
+        ));
+        // `needs_path` cannot be filled from the task: the model answers.
+        let answer = RuleModel.turn(&request, &ctx).await.unwrap();
+        assert!(answer.tool_calls.is_empty());
+        assert_eq!(answer.content, "echo: Echo: hi");
     }
 }

@@ -40,6 +40,7 @@ fn workflow(variants: &[&str]) -> Arc<Workflow> {
         registry.register(Arc::new(Named(spec))).unwrap();
     }
     let agent = AgentStage {
+        description: "answers billing questions".into(),
         instructions: "You are the billing agent.".into(),
         variants: variants
             .iter()

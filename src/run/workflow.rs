@@ -72,16 +72,34 @@ impl WorkflowStage {
 /// An agent stage: a loop in which a model calls tools until it answers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentStage {
+    /// What the agent is for, in words (listed by `hindsight agents list` and `GET /agents`).
+    #[serde(default)]
+    pub description: String,
     /// What the agent is and does (the system message starts with it).
     pub instructions: String,
     /// The variants the policy chooses between.
     pub variants: Vec<AgentVariant>,
-    /// Model turns per attempt before the attempt fails (its budget of turns).
+    /// Model turns per attempt before the attempt fails (its budget of turns; 8 unless set).
+    #[serde(default = "default_max_turns")]
     pub max_turns: u32,
     /// The JSON Schema the answer must follow (the answer is then read as JSON); `None`: the
     /// answer is text, given as `{"answer": text}`.
     #[serde(default)]
     pub answer_schema: Option<Value>,
+}
+
+fn default_max_turns() -> u32 {
+    8
+}
+
+/// An agent as configured (`[[agent]]`): its name, what it is for, and its loop.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentConfig {
+    /// The agent's name (tasks are submitted to it by name).
+    pub name: String,
+    /// Its loop: description, instructions, variants, budget of turns, answer schema.
+    #[serde(flatten)]
+    pub stage: AgentStage,
 }
 
 /// One way of running an agent stage.
@@ -126,6 +144,21 @@ impl Toolset {
             .collect::<Vec<_>>()
             .join("\n")
     }
+}
+
+/// The output check of an agent stage: its answer must follow `answer_schema`, when it has one.
+pub fn answer_check(agent: &AgentStage) -> OutputCheck {
+    let validator = agent
+        .answer_schema
+        .as_ref()
+        .map(|schema| jsonschema::validator_for(schema).map_err(|e| e.to_string()));
+    Arc::new(move |_, _, output| match &validator {
+        None => Ok(()),
+        Some(Err(e)) => Err(format!("the answer schema is not a JSON Schema: {e}")),
+        Some(Ok(v)) => v
+            .validate(output)
+            .map_err(|e| format!("the answer breaks its schema at {}: {e}", e.instance_path())),
+    })
 }
 
 /// Whether `name` matches the glob `pattern` (`*` any run of characters).
@@ -273,6 +306,7 @@ impl Workflow {
         let spec = env.spec();
         let longest = spec.plans.iter().map(|p| p.calls.len()).max().unwrap_or(0) as u32;
         let agent = AgentStage {
+            description: format!("the simulated agent of {}", spec.name),
             instructions: format!("You are the {} agent. {}", spec.name, spec.goal),
             variants: vec![AgentVariant {
                 name: "default".to_string(),

@@ -28,6 +28,8 @@ enum Command {
     Demo(cli::demo::Args),
     /// Evaluate the learning policy off-policy on the experience log.
     Policy(cli::policy::Args),
+    /// List the configured agents.
+    Agents(cli::agents::Args),
     /// List and call the configured tools (MCP servers, simulated environments).
     Tools(cli::tools::ToolsArgs),
     /// Classify error messages (JSON lines on stdin).
@@ -55,6 +57,7 @@ async fn dispatch(global: cli::Global, command: Command) -> Result<(), cli::Fail
             0 => Ok(()),
             code => std::process::exit(code),
         },
+        Command::Agents(args) => cli::agents::run(args),
         Command::Policy(args) => cli::policy::run(&global, args).await,
         Command::Classify(args) => cli::classify::main(&args)
             .map(|_| ())

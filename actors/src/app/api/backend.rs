@@ -129,6 +129,25 @@ pub trait Backend: Send + Sync + 'static {
         sop_id: &str,
     ) -> impl Future<Output = BackendResult<Option<TenantSop>>> + Send;
 
+    /// The agents the system hosts (none unless it is configured with agents).
+    fn agents(&self) -> impl Future<Output = BackendResult<super::types::AgentList>> + Send {
+        std::future::ready(Ok(super::types::AgentList { agents: Vec::new() }))
+    }
+
+    /// Runs a task on the agent `name`, as [`Backend::orchestrate`] runs one.
+    fn agent_run(
+        &self,
+        tenant: &str,
+        name: &str,
+        request: TaskRequest,
+    ) -> impl Future<Output = BackendResult<OrchestrateResponse>> + Send {
+        let _ = (tenant, request);
+        std::future::ready(Err(BackendError::NotFound {
+            what: "agent".into(),
+            id: name.to_string(),
+        }))
+    }
+
     /// All of the tenant's SOPs.
     fn sops(&self, tenant: &str) -> impl Future<Output = BackendResult<Vec<TenantSop>>> + Send;
 

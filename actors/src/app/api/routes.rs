@@ -47,6 +47,8 @@ pub const ROUTES: &[RouteSpec] = &[
     route("POST", "/feedback", true),
     route("GET", "/sop/{id}", true),
     route("GET", "/sops", true),
+    route("GET", "/agents", true),
+    route("POST", "/agents/{name}/runs", true),
     route("GET", "/runs/{id}", true),
     route("GET", "/healthz", false),
     route("GET", "/metrics", false),
@@ -83,6 +85,8 @@ pub fn handler_for<B: Backend>(spec: &RouteSpec) -> Option<MethodRouter<AppState
         ("POST", "/feedback") => post(feedback::<B>),
         ("GET", "/sop/{id}") => get(sop::<B>),
         ("GET", "/sops") => get(sops::<B>),
+        ("GET", "/agents") => get(agents::<B>),
+        ("POST", "/agents/{name}/runs") => post(agent_run::<B>),
         ("GET", "/runs/{id}") => get(run::<B>),
         ("GET", "/healthz") => get(healthz::<B>),
         ("GET", "/metrics") => get(metrics::<B>),
@@ -197,6 +201,23 @@ async fn sops<B: Backend>(
     let mut sops = s.backend.sops(&p.tenant).await?;
     sops.retain(|sop| sop.tenant == p.tenant);
     Ok(Json(SopList { sops }))
+}
+
+async fn agents<B: Backend>(State(s): State<AppState<B>>) -> ApiResult<super::types::AgentList> {
+    Ok(Json(s.backend.agents().await?))
+}
+
+async fn agent_run<B: Backend>(
+    State(s): State<AppState<B>>,
+    Extension(p): Extension<Principal>,
+    name: Result<Path<String>, PathRejection>,
+    ApiJson(req): ApiJson<TaskRequest>,
+) -> ApiResult<super::types::OrchestrateResponse> {
+    let Path(name) =
+        name.map_err(|e| ApiError::field(StatusCode::BAD_REQUEST, "name", e.body_text()))?;
+    super::types::identifier("name", &name)
+        .map_err(|e| ApiError::field(StatusCode::BAD_REQUEST, e.field, e.reason))?;
+    Ok(Json(s.backend.agent_run(&p.tenant, &name, req).await?))
 }
 
 async fn run<B: Backend>(

@@ -682,6 +682,37 @@ pub struct TenantSop {
     pub sop: Sop,
 }
 
+/// One variant of an agent, as `GET /agents` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentVariantView {
+    /// The variant's name.
+    pub name: String,
+    /// The model endpoint it runs on.
+    pub model: String,
+    /// The tools it offers the model, by the names the model sees.
+    pub tools: Vec<String>,
+}
+
+/// An agent the daemon hosts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentView {
+    /// Its name (`POST /agents/{name}/runs`).
+    pub name: String,
+    /// What it is for.
+    pub description: String,
+    /// Its variants.
+    pub variants: Vec<AgentVariantView>,
+    /// Model turns per attempt.
+    pub max_turns: u32,
+}
+
+/// The result of `/agents`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentList {
+    /// The agents the daemon hosts.
+    pub agents: Vec<AgentView>,
+}
+
 /// The result of `/sops`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SopList {

@@ -27,6 +27,50 @@ use super::{
 };
 
 impl Backend for TreeBackend {
+    async fn agents(&self) -> BackendResult<crate::app::api::types::AgentList> {
+        let workflow = &self.ctx.workflow;
+        let agents = workflow
+            .stages()
+            .iter()
+            .filter_map(|s| s.agent.as_ref().map(|a| (s, a)))
+            .map(|(stage, agent)| crate::app::api::types::AgentView {
+                name: stage.name.clone(),
+                description: agent.description.clone(),
+                variants: agent
+                    .variants
+                    .iter()
+                    .map(|v| crate::app::api::types::AgentVariantView {
+                        name: v.name.clone(),
+                        model: v.model.clone(),
+                        tools: workflow
+                            .toolset(&stage.name, &v.name)
+                            .offered
+                            .iter()
+                            .map(|t| t.name.clone())
+                            .collect(),
+                    })
+                    .collect(),
+                max_turns: agent.max_turns,
+            })
+            .collect();
+        Ok(crate::app::api::types::AgentList { agents })
+    }
+
+    async fn agent_run(
+        &self,
+        tenant: &str,
+        name: &str,
+        request: TaskRequest,
+    ) -> BackendResult<OrchestrateResponse> {
+        if self.ctx.workflow.agent(name).is_none() {
+            return Err(BackendError::NotFound {
+                what: "agent".into(),
+                id: name.to_string(),
+            });
+        }
+        self.orchestrate(tenant, request).await
+    }
+
     async fn orchestrate(
         &self,
         tenant: &str,

@@ -74,22 +74,10 @@ pub async fn runtime_options(
         std::time::Duration::from_secs(config.store.compact_every_minutes.saturating_mul(60))
     });
     apply_learning(config, &mut opts);
-    if let Some(base_url) = &config.model.base_url {
+    if let Some(client) = model_of(&config.model, "model")? {
         // `[model]`: lessons are synthesised by the model (offline when it fails).
-        let client =
-            hindsight::model::openai::OpenAiClient::new(hindsight::model::openai::OpenAiConfig {
-                base_url: base_url.clone(),
-                model: config.model.model.clone(),
-                api_key: std::env::var(&config.model.api_key_env)
-                    .ok()
-                    .filter(|k| !k.is_empty()),
-                timeout_ms: config.model.timeout_ms,
-                schema_format: config.model.schema_format,
-                ..hindsight::model::openai::OpenAiConfig::default()
-            })
-            .map_err(|e| config_error("model.base_url", e.to_string()))?;
         opts.synthesiser = Some(Arc::new(hindsight::learn::adaptive::ModelSynthesiser::new(
-            Arc::new(client),
+            client,
         )));
     }
     opts.tree.guard = config.guard.clone();
@@ -122,5 +110,62 @@ pub async fn runtime_options(
         servers.push(started);
     }
     opts.registry = registry;
+    if let Some(agent) = config.agents.first() {
+        // `[[agent]]`: the daemon's workflow is the agent's loop, over the configured tools,
+        // its turns performed by the `[models.NAME]` endpoints (offline without a base_url).
+        opts.workflow = agent_workflow(agent);
+        for (name, model) in &config.models {
+            let endpoint = model_of(model, &format!("models.{name}"))?.unwrap_or_else(|| {
+                Arc::new(hindsight::model::rule::RuleModel::new())
+                    as Arc<dyn hindsight::model::LanguageModel>
+            });
+            opts.models.insert(name.clone(), endpoint);
+        }
+    }
     Ok((opts, servers))
+}
+
+/// The workflow of a configured agent: one agent stage, named as the agent, whose answer is
+/// checked against its `answer_schema` when it has one; the reward is 1 for a pass, less up to
+/// 0.1 each for nearing a minute or a cost of 1.
+pub fn agent_workflow(agent: &hindsight::run::workflow::AgentConfig) -> WorkflowSource {
+    WorkflowSource::Custom {
+        name: agent.name.clone(),
+        stages: vec![hindsight::run::WorkflowStage::agent(
+            agent.name.clone(),
+            agent.stage.clone(),
+        )],
+        check: hindsight::run::workflow::answer_check(&agent.stage),
+        reward: hindsight::tools::sim::RewardConfig {
+            success: 1.0,
+            latency: 0.1,
+            cost: 0.1,
+            max_cost: 1.0,
+            sla_ms: 60_000.0,
+        },
+    }
+}
+
+/// The OpenAI-compatible client a `[model]` or `[models.NAME]` block describes (`key` names it
+/// in errors); `None` without a `base_url` (the offline model).
+fn model_of(
+    model: &hindsight::config::ModelConfig,
+    key: &str,
+) -> Result<Option<Arc<dyn hindsight::model::LanguageModel>>, StartError> {
+    let Some(base_url) = &model.base_url else {
+        return Ok(None);
+    };
+    let client =
+        hindsight::model::openai::OpenAiClient::new(hindsight::model::openai::OpenAiConfig {
+            base_url: base_url.clone(),
+            model: model.model.clone(),
+            api_key: std::env::var(&model.api_key_env)
+                .ok()
+                .filter(|k| !k.is_empty()),
+            timeout_ms: model.timeout_ms,
+            schema_format: model.schema_format,
+            ..hindsight::model::openai::OpenAiConfig::default()
+        })
+        .map_err(|e| config_error(format!("{key}.base_url"), e.to_string()))?;
+    Ok(Some(Arc::new(client)))
 }

@@ -9,6 +9,7 @@ macro_rules! outln {
     };
 }
 
+pub mod agents;
 pub mod bench_store;
 pub mod bench_tree;
 pub mod classify;
