@@ -7,7 +7,8 @@
 //! Environment overrides: `HINDSIGHT_STORE__DURABILITY=none` sets `store.durability`; a double
 //! underscore separates nesting levels and names are lower-cased. The value is read as a TOML value
 //! when it parses as one (`3`, `true`, `["a", "b"]`, `[{ name = "x" }]`) and as a string otherwise.
-//! `HINDSIGHT_CONFIG` is reserved for the path of the file and is not an override.
+//! `HINDSIGHT_CONFIG` (the path of the file) and `HINDSIGHT_CALL_JOURNAL` (the call journal of
+//! crash tests) are reserved and are not overrides.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -22,6 +23,10 @@ pub const ENV_PREFIX: &str = "HINDSIGHT_";
 
 /// Environment variable naming the configuration file (not an override).
 pub const ENV_CONFIG_FILE: &str = "HINDSIGHT_CONFIG";
+
+/// Environment variable naming the call journal a daemon keeps for crash tests (not an
+/// override).
+pub const ENV_CALL_JOURNAL: &str = "HINDSIGHT_CALL_JOURNAL";
 
 /// The configuration file used when none is named and it exists.
 pub const DEFAULT_FILE: &str = "config/hindsight.toml";
@@ -744,7 +749,7 @@ where
 {
     let mut vars: Vec<(String, String)> = env
         .into_iter()
-        .filter(|(k, _)| k.starts_with(ENV_PREFIX) && k != ENV_CONFIG_FILE)
+        .filter(|(k, _)| k.starts_with(ENV_PREFIX) && k != ENV_CONFIG_FILE && k != ENV_CALL_JOURNAL)
         .collect();
     vars.sort();
     let mut applied = Vec::new();

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use hindsight::tools::{CallContext, Tool, ToolFuture, ToolRegistry, ToolSpec};
 
 /// The environment variable naming the journal file.
-pub const ENV: &str = "HINDSIGHT_CALL_JOURNAL";
+pub const ENV: &str = hindsight::config::ENV_CALL_JOURNAL;
 
 /// An append-only journal file.
 #[derive(Clone)]
@@ -48,9 +48,15 @@ impl CallJournal {
     }
 }
 
-/// The idempotency key of a call from its context (as the run driver forms it).
+/// The idempotency key of a call from its context (as the run machine forms it).
 pub fn key_of(ctx: &CallContext) -> String {
-    format!("{}/a{}/{}", ctx.run_id, ctx.attempt, ctx.stage)
+    hindsight::store::idempotency::agent_call_key(
+        &ctx.run_id,
+        ctx.attempt,
+        &ctx.stage,
+        ctx.turn,
+        ctx.call,
+    )
 }
 
 /// A tool that journals every real invocation.

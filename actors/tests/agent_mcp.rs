@@ -11,7 +11,7 @@ mod support;
 
 mod daemon_support;
 
-use daemon_support::{start, terminate};
+use daemon_support::{start, start_with_env, terminate};
 use hindsight::config::hash_key;
 use serde_json::{Value, json};
 
@@ -113,5 +113,130 @@ level = "warn"
         .await
         .unwrap();
     assert_eq!(missing.status(), 404);
+    assert!(terminate(daemon));
+}
+
+/// The configuration of an agent whose offline model calls `echo` and then
+/// `trigger-long-running-operation` of server-everything (both idempotent by their hints).
+fn long_config(dir: &std::path::Path, server: &std::path::Path) -> std::path::PathBuf {
+    let config = dir.join("hindsight.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"data_dir = "{data}"
+
+[[agent]]
+name = "slow"
+description = "Echoes, then runs a long operation"
+instructions = "Call the tools."
+
+[[agent.variants]]
+name = "default"
+model = "local"
+tools = ["everything/echo", "everything/trigger-long-running-operation"]
+
+[models.local]
+
+[api]
+listen = "127.0.0.1:0"
+
+[[api.tenants]]
+name = "acme"
+key_sha256 = "{key}"
+
+[[tools.mcp]]
+name = "everything"
+command = "node"
+args = ["{server}", "stdio"]
+
+[log]
+level = "warn"
+"#,
+            data = dir.join("data").display(),
+            key = hash_key(KEY),
+            server = server.display(),
+        ),
+    )
+    .unwrap();
+    config
+}
+
+fn journal_calls(journal: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(journal)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.strip_prefix("call ").map(str::to_string))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_in_the_middle_of_an_agents_loop_repeats_no_completed_call() {
+    let server =
+        support::npm_servers().join("@modelcontextprotocol/server-everything/dist/index.js");
+    let dir = tempfile::tempdir().unwrap();
+    let config = long_config(dir.path(), &server);
+    let (log, journal) = (dir.path().join("daemon.log"), dir.path().join("calls.log"));
+    let env = [(hindsight_actors::journal::ENV, journal.as_path())];
+    let mut daemon = start_with_env(&config, &log, &env);
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let body = json!({
+        "task_id": "long-1",
+        "goal": "Echo, then run the long operation",
+        "input": {"message": "before the crash", "duration": 3, "steps": 3}
+    });
+    let url = format!("{}/agents/slow/runs", daemon.base);
+    let first = tokio::spawn({
+        let (http, body) = (http.clone(), body.clone());
+        async move { http.post(url).bearer_auth(KEY).json(&body).send().await }
+    });
+    // The long operation is in flight once the journal shows its call (the second of the run).
+    let mut waited = 0;
+    while journal_calls(&journal).len() < 2 {
+        assert!(
+            waited < 600,
+            "the loop never reached its second call: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        waited += 1;
+    }
+    daemon.child.kill().unwrap();
+    let _ = daemon.child.wait();
+    assert!(first.await.unwrap().is_err(), "the killed daemon answered");
+    let calls_before = journal_calls(&journal);
+
+    // Restarted, the daemon resumes the run mid-loop; resubmitting the task joins it.
+    let daemon = start_with_env(&config, &log, &env);
+    let out: Value = http
+        .post(format!("{}/agents/slow/runs", daemon.base))
+        .bearer_auth(KEY)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let calls = journal_calls(&journal);
+    let echo: Vec<&String> = calls.iter().filter(|k| k.ends_with("/t1/c0")).collect();
+    // The echo completed before the crash: its result is in the checkpointed conversation and
+    // it is not called again.
+    assert_eq!(
+        echo.len(),
+        1,
+        "calls before {calls_before:?}, after {calls:?}"
+    );
+    // The long operation (idempotent by its server's hints) was in flight and never completed:
+    // it has no record, so the resumed loop makes it again, once, and the run ends well. (A
+    // call in flight that is not idempotent is in doubt and goes to the failure policy instead:
+    // `src/run/agent_tests.rs`.)
+    let long: Vec<&String> = calls.iter().filter(|k| k.ends_with("/t2/c1")).collect();
+    assert_eq!(long.len(), 2, "{calls:?}");
+    assert_eq!(out["state"], "succeeded", "{out}");
+    let answer = out["output"]["slow"]["answer"].as_str().unwrap_or("");
+    assert!(answer.contains("before the crash"), "{out}");
     assert!(terminate(daemon));
 }

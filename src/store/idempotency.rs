@@ -16,6 +16,15 @@ pub fn call_key(run_id: &str, attempt: u32, stage: &str) -> String {
     format!("{run_id}/a{attempt}/{stage}")
 }
 
+/// The key of the recorded result of call `call` of an agent stage's model turn `turn` (turns
+/// count from 1: a tool stage's call, turn 0, has the stage's [`call_key`]).
+pub fn agent_call_key(run_id: &str, attempt: u32, stage: &str, turn: u32, call: u32) -> String {
+    if turn == 0 {
+        return call_key(run_id, attempt, stage);
+    }
+    format!("{run_id}/a{attempt}/{stage}/t{turn}/c{call}")
+}
+
 /// The key of a claim of a client's idempotency key (`key_hash`, hashed by the caller) within
 /// `scope` (a tenant).
 pub fn task_claim_key(scope: &str, key_hash: &str) -> String {

@@ -25,8 +25,22 @@ impl Drop for Daemon {
 /// Starts `hindsight serve --config FILE` (its stderr to `log`) and waits (bounded) for its
 /// address line.
 pub fn start(config: &Path, log: &Path) -> Daemon {
-    let stderr = std::fs::File::create(log).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hindsight"))
+    start_with_env(config, log, &[])
+}
+
+/// As [`start`], with these environment variables set for the daemon (its stderr appended to
+/// `log`).
+pub fn start_with_env(config: &Path, log: &Path, env: &[(&str, &Path)]) -> Daemon {
+    let stderr = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hindsight"));
+    for (k, v) in env {
+        child.env(k, v);
+    }
+    let mut child = child
         .arg("serve")
         .arg("--config")
         .arg(config)

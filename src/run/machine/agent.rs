@@ -363,7 +363,6 @@ impl RunMachine {
             self.st.in_flight = Some(i);
             self.checkpoint();
         }
-        let key_stage = format!("{}/t{}/c{}", arm.stage, self.st.turn, self.st.stage_calls);
         let stage_call = StageCall {
             run_id: self.run_id.clone(),
             task_index: task_index(&self.task),
@@ -372,10 +371,12 @@ impl RunMachine {
             tool,
             args: call.arguments.clone(),
             features: self.task.features.clone(),
-            idempotency_key: crate::store::idempotency::call_key(
+            idempotency_key: crate::store::idempotency::agent_call_key(
                 &self.run_id,
                 self.st.attempt,
-                &key_stage,
+                &arm.stage,
+                self.st.turn,
+                self.st.stage_calls,
             ),
             budget: Budget::remaining(&self.task.constraints, self.st.latency_ms, self.st.cost),
             turn: self.st.turn,
