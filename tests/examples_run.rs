@@ -2,6 +2,9 @@
 //! files are included as modules) and its result is checked.
 
 #[allow(dead_code)]
+#[path = "../examples/agent_mcp.rs"]
+mod agent_mcp;
+#[allow(dead_code)]
 #[path = "../examples/chaos_own_actor.rs"]
 mod chaos_own_actor;
 #[allow(dead_code)]
@@ -168,4 +171,19 @@ async fn mcp_tools_lists_server_everything_and_echoes_through_the_runner() {
         summary.bad_echo.attempts.is_empty(),
         "rejected before any call"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_mcp_answers_with_what_the_real_tools_returned() {
+    let index = mcp_tools::install_everything().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // The offline model: the example uses a model server only when HINDSIGHT_MODEL_URL is set.
+    let answers = agent_mcp::demo(&index, dir.path(), 2).await.unwrap();
+    assert_eq!(answers.len(), 2);
+    for (i, a) in answers.iter().enumerate() {
+        assert_eq!(a.state, "succeeded", "{a:?}");
+        assert!(a.answer.contains(&format!("hello {i}")), "{a:?}");
+        assert!(a.answer.contains(&format!("{}", i + 10)), "{a:?}");
+        assert_eq!(a.plan_id.as_deref(), Some("model/default"));
+    }
 }

@@ -30,7 +30,7 @@ use crate::reflector::ReflectorMsg;
 use crate::run::{RunOutcome, TreeCtx};
 use crate::runtime::{Runtime, RuntimeError, Submitter};
 
-pub use options::{StartError, apply_learning, runtime_options};
+pub use options::{StartError, agent_workflow, apply_learning, runtime_options};
 pub use tenant::{run_in_tenant, scope_in_tenant, sop_in_tenant, tenant_run_id, tenant_task_id};
 
 use options::config_error;
