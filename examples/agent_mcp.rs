@@ -109,7 +109,9 @@ pub async fn demo(index: &Path, data: &Path, tasks: u64) -> Result<Vec<Answer>, 
             out.state.as_str(),
             out.attempts,
             out.plan_id.as_deref().unwrap_or("-"),
-            answer.replace('\n', "\n  ")
+            out.reason
+                .as_deref()
+                .map_or_else(|| answer.replace('\n', "\n  "), str::to_string)
         );
         answers.push(Answer {
             state: out.state.as_str().to_string(),
