@@ -8,9 +8,10 @@
 //!
 //! Run it with `cargo run --example agent_mcp`.
 
+/// The server's installer (the `mcp_tools` example).
 #[allow(dead_code)]
 #[path = "mcp_tools.rs"]
-mod mcp_tools;
+pub mod mcp_tools;
 
 use std::path::Path;
 use std::process::ExitCode;

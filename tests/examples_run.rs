@@ -16,9 +16,8 @@ mod custom_validator;
 #[allow(dead_code)]
 #[path = "../examples/embed_tree.rs"]
 mod embed_tree;
-#[allow(dead_code)]
-#[path = "../examples/mcp_tools.rs"]
-mod mcp_tools;
+// `mcp_tools` comes with `agent_mcp`, which installs the server through it.
+use agent_mcp::mcp_tools;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embed_tree_runs_tasks_under_your_own_supervisor_and_stops_in_order() {
