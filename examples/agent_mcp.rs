@@ -62,6 +62,8 @@ pub fn agent() -> AgentConfig {
             }],
             max_turns: 6,
             answer_schema: None,
+            // A small local model may generate until its context is full without it.
+            max_turn_tokens: Some(256),
         },
     }
 }

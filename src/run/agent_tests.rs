@@ -54,6 +54,7 @@ fn workflow(variants: &[&str]) -> Arc<Workflow> {
             .collect(),
         max_turns: 6,
         answer_schema: None,
+        max_turn_tokens: Some(256),
     };
     let check: workflow::OutputCheck = Arc::new(|_, _, _| Ok(()));
     let reward = RewardConfig {
@@ -263,6 +264,7 @@ fn a_model_calls_tools_and_its_answer_is_the_stages_output() {
     // The model saw the instructions, the variant, the lessons, the goal and the input; the
     // tools were offered under names a server accepts, and called by their registry names.
     let first = &seen.requests[0];
+    assert_eq!(first.max_tokens, Some(256));
     assert!(system(first).starts_with("You are the billing agent.\n\nVariant v1."));
     assert!(system(first).contains("<strategy_context>"));
     assert!(

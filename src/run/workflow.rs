@@ -86,6 +86,10 @@ pub struct AgentStage {
     /// answer is text, given as `{"answer": text}`.
     #[serde(default)]
     pub answer_schema: Option<Value>,
+    /// Tokens one turn may generate (sent as `max_tokens`): set it to bound a model that
+    /// rambles or a turn's cost; `None` leaves the server's own limit.
+    #[serde(default)]
+    pub max_turn_tokens: Option<u32>,
 }
 
 fn default_max_turns() -> u32 {
@@ -318,6 +322,7 @@ impl Workflow {
             // Every call of the longest plan with each retry the model makes, and the answer.
             max_turns: longest * (spec.model.retries + 1) + 2,
             answer_schema: None,
+            max_turn_tokens: None,
         };
         let checker = env.clone();
         let check: OutputCheck = Arc::new(move |task, _, output| {

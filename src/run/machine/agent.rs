@@ -61,6 +61,7 @@ impl RunMachine {
         let request = ChatRequest {
             messages: self.st.conversation.clone(),
             temperature: variant.and_then(|v| v.temperature),
+            max_tokens: agent.max_turn_tokens,
             tools: toolset.offered.clone(),
             tool_choice: ToolChoice::Auto,
             ..ChatRequest::default()
