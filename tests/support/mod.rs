@@ -11,11 +11,19 @@ pub const EVERYTHING: &str = "@modelcontextprotocol/server-everything@2026.8.31"
 /// The pinned memory server.
 pub const MEMORY: &str = "@modelcontextprotocol/server-memory@2026.8.31";
 
-/// The cargo target folder (`CARGO_TARGET_DIR` or `<workspace>/target`).
+/// The cargo target folder (`CARGO_TARGET_DIR` or `<workspace>/target`: the folder with
+/// `Cargo.lock` above the crate, so that a test of the actors crate uses the same cache).
 pub fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"))
+        .unwrap_or_else(|| {
+            let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+            crate_dir
+                .ancestors()
+                .find(|d| d.join("Cargo.lock").exists())
+                .unwrap_or(crate_dir)
+                .join("target")
+        })
 }
 
 /// Runs `script` under an exclusive lock on `lock`; panics with its output when it fails.
