@@ -5,30 +5,12 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use super::tests::Named;
 use super::*;
 use crate::model::{ChatRequest, ModelError, ModelReply, Role, ToolCall, Usage};
 use crate::tools::sim::RewardConfig;
-use crate::tools::{CallContext, Tool, ToolError, ToolFuture, ToolRegistry, ToolSpec};
+use crate::tools::{ToolError, ToolRegistry, ToolSpec};
 use crate::{ArmChoice, ErrorClass, FailureType, RunState, Task};
-
-/// A tool the machine never calls itself (the tests answer for it).
-struct Named(ToolSpec);
-
-impl Tool for Named {
-    fn spec(&self) -> &ToolSpec {
-        &self.0
-    }
-
-    fn call<'a>(&'a self, _args: Value, _ctx: &'a CallContext) -> ToolFuture<'a> {
-        Box::pin(async {
-            Ok(crate::tools::ToolOutput {
-                value: Value::Null,
-                latency_ms: 0.0,
-                cost: 0.0,
-            })
-        })
-    }
-}
 
 /// One agent stage, `answer`, with one variant on model `m` offering `crm.lookup`
 /// (idempotent, an MCP-style dotted name) and `charge` (not idempotent).
@@ -117,6 +99,21 @@ fn reply(content: &str, calls: Vec<ToolCall>) -> Result<ModelReply, ModelError> 
     })
 }
 
+/// A call that took 1 ms and came to `result`.
+fn outcome(result: Result<Value, ToolError>) -> CallOutcome {
+    CallOutcome {
+        result,
+        latency_ms: 1.0,
+        cost: 0.0,
+        own_latency_ms: 1.0,
+        own_cost: 0.0,
+        calls: 1,
+        error_classes: Vec::new(),
+        infra_errors: 0,
+        replayed: false,
+    }
+}
+
 /// What a scripted run saw.
 struct Seen {
     requests: Vec<ChatRequest>,
@@ -177,17 +174,7 @@ fn drive_reviewed(
                 let result = tool(&c);
                 calls.push(*c);
                 Event::Called {
-                    outcome: CallOutcome {
-                        result,
-                        latency_ms: 1.0,
-                        cost: 0.0,
-                        own_latency_ms: 1.0,
-                        own_cost: 0.0,
-                        calls: 1,
-                        error_classes: Vec::new(),
-                        infra_errors: 0,
-                        replayed: false,
-                    },
+                    outcome: outcome(result),
                     at_ms: 0,
                 }
             }
@@ -540,31 +527,8 @@ fn until(m: &mut RunMachine, stop: impl Fn(&Command) -> bool) -> Command {
                 },
                 at_ms: 0,
             },
-            Command::Call(_) => Event::Called {
-                outcome: CallOutcome {
-                    result: lookup_ok(&StageCall {
-                        run_id: String::new(),
-                        task_index: 0,
-                        attempt: 0,
-                        stage: String::new(),
-                        tool: String::new(),
-                        args: Value::Null,
-                        features: Default::default(),
-                        idempotency_key: String::new(),
-                        budget: Budget::default(),
-                        turn: 0,
-                        call: 0,
-                        input: None,
-                    }),
-                    latency_ms: 1.0,
-                    cost: 0.0,
-                    own_latency_ms: 1.0,
-                    own_cost: 0.0,
-                    calls: 1,
-                    error_classes: Vec::new(),
-                    infra_errors: 0,
-                    replayed: false,
-                },
+            Command::Call(c) => Event::Called {
+                outcome: outcome(lookup_ok(&c)),
                 at_ms: 0,
             },
             other => panic!("unexpected {other:?}"),

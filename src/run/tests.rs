@@ -10,7 +10,7 @@ use crate::tools::{CallContext, Tool, ToolError, ToolFuture, ToolRegistry, ToolS
 use crate::{ArmChoice, Checkpoint, ErrorClass, FailureCategory, RunState, Task};
 
 /// A tool the machine never calls (the tests answer for it).
-struct Named(ToolSpec);
+pub(super) struct Named(pub(super) ToolSpec);
 
 impl Tool for Named {
     fn spec(&self) -> &ToolSpec {

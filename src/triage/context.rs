@@ -309,9 +309,9 @@ impl RunContext {
 }
 
 /// The subgoals a trajectory declares, in declaration order, with whether each was done.
-pub fn subgoals(trajectory: &Trajectory) -> Vec<(String, bool)> {
+pub fn subgoals(steps: &[Step]) -> Vec<(String, bool)> {
     let mut out: Vec<(String, bool)> = Vec::new();
-    for s in &trajectory.steps {
+    for s in steps {
         let Some(name) = s.metadata.get(SUBGOAL_KEY).and_then(Value::as_str) else {
             continue;
         };
@@ -326,7 +326,7 @@ pub fn subgoals(trajectory: &Trajectory) -> Vec<(String, bool)> {
 
 /// The first declared subgoal not done, if any.
 pub fn first_incomplete_subgoal(trajectory: &Trajectory) -> Option<String> {
-    subgoals(trajectory)
+    subgoals(&trajectory.steps)
         .into_iter()
         .find(|(_, done)| !done)
         .map(|(n, _)| n)

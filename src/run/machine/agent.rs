@@ -12,9 +12,7 @@ use serde_json::Value;
 
 use crate::model::{ChatMessage, ChatRequest, ToolCall, ToolChoice};
 use crate::triage::context::{STATUS_KEY, SUBGOAL_KEY};
-use crate::{
-    ArmChoice, ErrorClass, FailureCategory, FailureType, RecoveryAction, RunState, Step, Trajectory,
-};
+use crate::{ArmChoice, ErrorClass, FailureCategory, FailureType, RecoveryAction, RunState, Step};
 
 use super::super::agent::{
     ModelTurn, TurnOutcome, declared_plan, model_failure, opening, system_message,
@@ -92,7 +90,6 @@ impl RunMachine {
             return;
         };
         let st = &mut self.st;
-        st.model_calls += 1;
         st.latency_ms += outcome.latency_ms;
         st.cost += outcome.cost;
         let mut step = Step {
@@ -145,7 +142,6 @@ impl RunMachine {
             }
         };
         let tokens = reply.usage.map_or(0, |u| u64::from(u.total()));
-        st.tokens += tokens;
         step.llm_output = Some(reply.content.clone());
         step.metadata.insert("tokens".into(), Value::from(tokens));
         step.metadata
@@ -336,28 +332,8 @@ impl RunMachine {
         };
         let idempotent = self.workflow.is_idempotent(&tool);
         if self.st.in_flight == Some(i) && !idempotent {
-            self.st.in_flight = None;
-            self.st.pending_calls.clear();
-            let message = format!(
-                "the call of {tool} at stage {} (turn {}) was in flight when the process stopped; its outcome is in doubt",
-                arm.stage, self.st.turn
-            );
-            self.event(RunEvent::Error {
-                stage: arm.stage.clone(),
-                tool: tool.clone(),
-                class: ErrorClass::DeterministicFailure,
-                message: message.clone(),
-            });
-            self.attempt_failed(AttemptFailure {
-                trajectory: self.st.attempt_trajectory(),
-                stage: i,
-                message,
-                error_type: Some("InDoubt".to_string()),
-                class: None,
-                category: FailureCategory::Unknown,
-                retry_after_ms: None,
-                classified: None,
-            });
+            let when = format!(" (turn {})", self.st.turn);
+            self.in_doubt(i, &arm.stage, &tool, &when);
             return;
         }
         if !idempotent {
@@ -429,12 +405,10 @@ impl RunMachine {
                 step.metadata
                     .insert("outcome".into(), Value::from("success"));
                 let offered = model_call.name.clone();
-                let declared: Vec<String> = crate::triage::context::subgoals(&Trajectory {
-                    steps: st.steps.clone(),
-                })
-                .into_iter()
-                .map(|(name, _)| name)
-                .collect();
+                let declared: Vec<String> = crate::triage::context::subgoals(&st.steps)
+                    .into_iter()
+                    .map(|(name, _)| name)
+                    .collect();
                 if let Some(goal) = declared
                     .into_iter()
                     .find(|g| *g == offered || *g == call.tool)

@@ -318,12 +318,6 @@ pub struct RunProgress {
     /// Tool calls of the agent stage in progress.
     #[serde(default)]
     pub stage_calls: u32,
-    /// Model turns over the run.
-    #[serde(default)]
-    pub model_calls: u32,
-    /// Tokens over the run, as the model servers counted them.
-    #[serde(default)]
-    pub tokens: u64,
 }
 
 impl RunProgress {
@@ -724,29 +718,7 @@ impl RunMachine {
         }
         let idempotent = self.workflow.is_idempotent(&arm.tool);
         if self.st.in_flight == Some(i) && !idempotent {
-            // A non-idempotent call was started before a crash and its end was never seen: it is
-            // in doubt, and repeating it silently could do it twice. The failure policy decides.
-            self.st.in_flight = None;
-            let message = format!(
-                "the call of {} at stage {} was in flight when the process stopped; its outcome is in doubt",
-                arm.tool, arm.stage
-            );
-            self.event(RunEvent::Error {
-                stage: arm.stage.clone(),
-                tool: arm.tool.clone(),
-                class: ErrorClass::DeterministicFailure,
-                message: message.clone(),
-            });
-            self.attempt_failed(AttemptFailure {
-                trajectory: self.st.attempt_trajectory(),
-                stage: i,
-                message,
-                error_type: Some("InDoubt".to_string()),
-                class: None,
-                category: FailureCategory::Unknown,
-                retry_after_ms: None,
-                classified: None,
-            });
+            self.in_doubt(i, &arm.stage, &arm.tool, "");
             return;
         }
         if !idempotent {
@@ -836,6 +808,32 @@ impl RunMachine {
                 });
             }
         }
+    }
+
+    /// A non-idempotent call of stage `i` was started before a crash and its end was never seen:
+    /// it is in doubt, and repeating it silently could do it twice. The failure policy decides.
+    fn in_doubt(&mut self, i: usize, stage: &str, tool: &str, when: &str) {
+        self.st.in_flight = None;
+        self.st.pending_calls.clear();
+        let message = format!(
+            "the call of {tool} at stage {stage}{when} was in flight when the process stopped; its outcome is in doubt"
+        );
+        self.event(RunEvent::Error {
+            stage: stage.to_string(),
+            tool: tool.to_string(),
+            class: ErrorClass::DeterministicFailure,
+            message: message.clone(),
+        });
+        self.attempt_failed(AttemptFailure {
+            trajectory: self.st.attempt_trajectory(),
+            stage: i,
+            message,
+            error_type: Some("InDoubt".to_string()),
+            class: None,
+            category: FailureCategory::Unknown,
+            retry_after_ms: None,
+            classified: None,
+        });
     }
 
     /// The step of a call's outcome; the run's latency, cost, calls and errors count it.

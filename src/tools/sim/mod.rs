@@ -63,14 +63,20 @@ pub struct SimEnv {
     memo: Arc<baselines::Memo>,
 }
 
+/// The text of an environment file and its name for errors.
+pub(crate) fn read(path: &Path) -> Result<(String, String), SimError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| SimError::Io {
+        file: file.clone(),
+        reason: e.to_string(),
+    })?;
+    Ok((text, file))
+}
+
 impl SimEnv {
     /// Reads and checks an environment file.
     pub fn load(path: &Path) -> Result<SimEnv, SimError> {
-        let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| SimError::Io {
-            file: file.clone(),
-            reason: e.to_string(),
-        })?;
+        let (text, file) = read(path)?;
         SimEnv::parse(&text, &file)
     }
 

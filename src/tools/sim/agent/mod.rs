@@ -71,11 +71,7 @@ pub struct AgentEnv {
 impl AgentEnv {
     /// Reads and checks an agent environment file.
     pub fn load(path: &Path) -> Result<AgentEnv, SimError> {
-        let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| SimError::Io {
-            file: file.clone(),
-            reason: e.to_string(),
-        })?;
+        let (text, file) = crate::tools::sim::read(path)?;
         AgentEnv::parse(&text, &file)
     }
 
