@@ -177,6 +177,8 @@ fn build_tree(store: &Store, env: &SimEnv, seed: u64) -> Result<tree::Tree, BoxE
         distill: DistillConfig::default(),
         max_restarts: 20,
         restart_period: Duration::from_secs(5),
+        // Every learning mechanism on.
+        ablate: Default::default(),
     }))
 }
 

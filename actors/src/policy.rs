@@ -212,6 +212,8 @@ pub struct PolicyArgs {
     pub snapshot_every: u64,
     /// SOP promotion and rollback rules.
     pub sop: SopConfig,
+    /// Whether SOPs are proposed, promoted and routed to (off for an ablation).
+    pub sops: bool,
     /// How the ranker is distilled from the log and when it is put in force.
     pub distill: DistillConfig,
     /// Where it publishes itself.
@@ -304,15 +306,22 @@ impl Actor for PolicyActor {
         let mut state = PolicyState {
             store: args.store,
             memory: args.memory,
-            planner: Planner::new(
-                policy,
-                sops,
-                distiller,
-                watermark,
-                applied,
-                first_attempts,
-                args.seed,
-            ),
+            planner: {
+                let planner = Planner::new(
+                    policy,
+                    sops,
+                    distiller,
+                    watermark,
+                    applied,
+                    first_attempts,
+                    args.seed,
+                );
+                if args.sops {
+                    planner
+                } else {
+                    planner.without_sops()
+                }
+            },
             since_snapshot: 0,
             snapshot_every: args.snapshot_every.max(1),
             chaos: args.chaos,

@@ -7,6 +7,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use hindsight::learn::Mechanism;
 use hindsight::learn::adaptive::{
     AdaptiveConfig, AdaptiveSnapshot, AdaptiveStrategies, Correction, FailureObservation,
     LessonDraft, RelevanceQuery, SynthesisJob, Synthesiser,
@@ -115,6 +116,9 @@ pub struct ReflectorArgs {
     pub synthesiser: Option<Arc<dyn Synthesiser>>,
     /// Fault injection.
     pub chaos: Option<ChaosHook>,
+    /// Learning mechanisms switched off: `Lessons` (failures are kept as evidence, but no
+    /// lesson is synthesised from them) and `Corrections` (every correction is refused).
+    pub ablate: BTreeSet<Mechanism>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -135,6 +139,7 @@ pub struct ReflectorState {
     since_consolidation: u64,
     synthesiser: Option<Arc<dyn Synthesiser>>,
     chaos: Option<ChaosHook>,
+    ablate: BTreeSet<Mechanism>,
 }
 
 impl Actor for ReflectorActor {
@@ -178,6 +183,7 @@ impl Actor for ReflectorActor {
             since_consolidation: 0,
             synthesiser: args.synthesiser,
             chaos: args.chaos,
+            ablate: args.ablate,
         };
         let mut replayed = 0u64;
         for (seq, exp) in state.store.experience_since(state.applied.watermark)? {
@@ -330,7 +336,7 @@ impl ReflectorState {
                 due |= synthesis_due;
             }
         }
-        if !due {
+        if !due || self.ablate.contains(&Mechanism::Lessons) {
             return false;
         }
         if let (Some(model), Some(myself)) = (self.synthesiser.clone(), myself) {
@@ -453,6 +459,11 @@ impl ReflectorState {
         text: String,
         run_id: Option<String>,
     ) -> Result<Lesson, FeedbackRefused> {
+        if self.ablate.contains(&Mechanism::Corrections) {
+            return Err(FeedbackRefused::Rejected {
+                reason: "corrections are switched off in this runtime".into(),
+            });
+        }
         let scope =
             self.adaptive
                 .config()

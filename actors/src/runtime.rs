@@ -1,6 +1,8 @@
 //! The embedding API: open the store, build the tree on a workflow, start it under a root
 //! supervisor, submit tasks, and shut it down in order.
 
+use hindsight::learn::Mechanism;
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -103,6 +105,9 @@ pub struct RuntimeOptions {
     pub max_restarts: u32,
     /// ... within this period.
     pub restart_period: Duration,
+    /// Learning mechanisms switched off, to measure what each contributes
+    /// (`hindsight bench adaptive --ablate`); none by default.
+    pub ablate: BTreeSet<Mechanism>,
     /// When the store was opened with a TTL (diary, experience or finished runs), the runtime
     /// compacts it at start and then at this interval (`None`: at start only).
     pub compact_every: Option<Duration>,
@@ -167,6 +172,7 @@ impl RuntimeOptions {
             max_restarts: 100,
             restart_period: Duration::from_secs(5),
             compact_every: Some(Duration::from_secs(60 * 60)),
+            ablate: BTreeSet::new(),
         }
     }
 }
@@ -396,6 +402,7 @@ impl Runtime {
             distill: opts.distill,
             max_restarts: opts.max_restarts,
             restart_period: opts.restart_period,
+            ablate: opts.ablate,
         });
         let stats = tree.options.stats.clone();
         let (root, join) = Supervisor::spawn(None, tree.options, tree.children)

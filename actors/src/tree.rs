@@ -2,9 +2,11 @@
 //! Policy, Reflector, Executor, Validator, the ReflectRetry plugin host, Orchestrator), the
 //! directory through which they find each other, and the configuration they share.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hindsight::learn::Mechanism;
 use hindsight::learn::bandit::Policy;
 use hindsight::store::Store;
 use hindsight::tools::ToolRunner;
@@ -118,6 +120,8 @@ pub struct TreeSpec {
     pub max_restarts: u32,
     /// ... within this period.
     pub restart_period: Duration,
+    /// Learning mechanisms switched off, to measure what each contributes (none by default).
+    pub ablate: BTreeSet<Mechanism>,
 }
 
 /// A built tree: what its actors share, and the children of its root supervisor.
@@ -140,6 +144,13 @@ fn hook(faults: &Option<FaultDecider>, actor: &'static str) -> Option<ChaosHook>
 pub fn build(spec: TreeSpec) -> Tree {
     let mut config = spec.config.clone();
     config.rules = config.rules.for_workflow(&spec.workflow);
+    if spec.ablate.contains(&Mechanism::Hints) {
+        config.rules.triage = Arc::new((*config.rules.triage).clone().without_hints());
+    }
+    let mut reflect_retry = spec.reflect_retry.clone();
+    if spec.ablate.contains(&Mechanism::Reflect) {
+        reflect_retry.max_retries = 0;
+    }
     let ctx = Arc::new(TreeCtx {
         store: spec.store.clone(),
         dir: Directory {
@@ -192,6 +203,7 @@ pub fn build(spec: TreeSpec) -> Tree {
         let seed = spec.seed;
         let sop = spec.sop;
         let distill = spec.distill;
+        let sops = !spec.ablate.contains(&Mechanism::Sops);
         children.push(ChildSpec::actor("policy", None, move || {
             (
                 PolicyActor,
@@ -201,6 +213,7 @@ pub fn build(spec: TreeSpec) -> Tree {
                     seed,
                     snapshot_every: 50,
                     sop: sop.clone(),
+                    sops,
                     distill: distill.clone(),
                     slot: slot.clone(),
                     memory: memory.clone(),
@@ -219,6 +232,7 @@ pub fn build(spec: TreeSpec) -> Tree {
         let memory = ctx.dir.memory.clone();
         let adaptive = spec.adaptive.clone();
         let synthesiser = spec.synthesiser.clone();
+        let ablate = spec.ablate.clone();
         children.push(ChildSpec::actor("reflector", None, move || {
             (
                 ReflectorActor,
@@ -230,6 +244,7 @@ pub fn build(spec: TreeSpec) -> Tree {
                     slot: slot.clone(),
                     synthesiser: synthesiser.clone(),
                     chaos: chaos.clone(),
+                    ablate: ablate.clone(),
                 },
             )
         }));
@@ -276,11 +291,7 @@ pub fn build(spec: TreeSpec) -> Tree {
             ctx.dir.reflect_retry.clone(),
             hook(&faults, "reflect_retry"),
         );
-        let (config, validator, store) = (
-            spec.reflect_retry.clone(),
-            spec.validator.clone(),
-            store.clone(),
-        );
+        let (config, validator, store) = (reflect_retry, spec.validator.clone(), store.clone());
         let factory: PluginFactory<ReflectRetry> = Arc::new(move || {
             let (config, validator, store) = (config.clone(), validator.clone(), store.clone());
             Box::pin(async move { Ok(ReflectRetry::new(config, validator, store)) })

@@ -10,12 +10,15 @@ pub mod distill;
 pub mod drift;
 pub mod first_attempt;
 pub mod ids;
+pub mod mechanism;
 pub mod ope;
 pub mod planner;
 pub mod posterior;
 pub mod reflector;
 pub mod sop;
 pub mod stats;
+
+pub use mechanism::Mechanism;
 
 pub use bandit::{
     Arm, Choice, ChosenArm, Observation, Policy, PolicyConfig, PolicyError, PolicySnapshot,

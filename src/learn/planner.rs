@@ -64,6 +64,8 @@ pub struct Planner {
     first_attempts: FirstAttempts,
     /// Stage observations learned from first attempts.
     learned_at_first_attempt: u64,
+    /// Whether SOPs are proposed, promoted and routed to (off for an ablation).
+    sops_on: bool,
 }
 
 impl Planner {
@@ -92,7 +94,15 @@ impl Planner {
             choices: 0,
             first_attempts,
             learned_at_first_attempt: 0,
+            sops_on: true,
         }
+    }
+
+    /// The same planner with SOPs switched off: none is proposed, promoted or routed to (to
+    /// measure what procedures contribute; see [`crate::learn::Mechanism::Sops`]).
+    pub fn without_sops(mut self) -> Planner {
+        self.sops_on = false;
+        self
     }
 
     /// Every experience with a sequence number up to this one has been learned.
@@ -157,6 +167,10 @@ impl Planner {
         self.in_flight.retain(|(task, ..)| task != &exp.task_id);
         let via_sop = parse_sop_plan_id(&exp.plan_id);
         let first_passed = exp.result.passed && exp.result.attempts == 1;
+        if !self.sops_on {
+            self.mark_applied(seq);
+            return true;
+        }
         self.sops.record_run(
             &exp.context_features,
             &exp.arms,
@@ -287,7 +301,12 @@ impl Planner {
         let exploit = self.distiller.exploit_plan(&self.policy, features);
         // The SOP in force, with its plan's arm indices: one that matches, fits the stages, and
         // that the policy's own evidence since the promotion (a drift, say) has not overtaken.
-        let in_force = self.sops.matching_stable_sop(features).and_then(|sop| {
+        let stable = if self.sops_on {
+            self.sops.matching_stable_sop(features)
+        } else {
+            None
+        };
+        let in_force = stable.and_then(|sop| {
             let indices = self.policy.choice_indices(&sop.plan)?;
             let gap = self.policy.shortfall(features, &sop.plan)?;
             (gap <= self.sops.config.defer_margin).then_some((sop, indices))

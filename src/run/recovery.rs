@@ -52,6 +52,8 @@ pub struct TriageSetup {
     classifier: RulesClassifier,
     policy: FailurePolicy,
     manifest: String,
+    /// Whether a recovery's words (hint, tool manifest, subgoal) reach an agent's model.
+    hints: bool,
 }
 
 impl Default for TriageSetup {
@@ -66,6 +68,7 @@ impl Default for TriageSetup {
                     classifier: RulesClassifier::default(),
                     policy: FailurePolicy::new(),
                     manifest: String::new(),
+                    hints: true,
                 }
             }
         }
@@ -85,6 +88,7 @@ impl TriageSetup {
             classifier: pf.rules_classifier()?,
             manifest: pf.limits.tool_manifest.unwrap_or_default(),
             policy: pf.policy,
+            hints: true,
         })
     }
 
@@ -97,6 +101,19 @@ impl TriageSetup {
     pub fn with_manifest(mut self, manifest: String) -> TriageSetup {
         self.manifest = manifest;
         self
+    }
+
+    /// The same setup whose recoveries reach an agent's model without words: the recovery
+    /// (retry, replan, resume) still happens, but no hint, manifest or subgoal is said (to
+    /// measure what the words contribute; see [`crate::learn::Mechanism::Hints`]).
+    pub fn without_hints(mut self) -> TriageSetup {
+        self.hints = false;
+        self
+    }
+
+    /// Whether a recovery's words reach an agent's model.
+    pub fn hints(&self) -> bool {
+        self.hints
     }
 
     /// Whether a tool manifest is set. Without one, `retry_with_tool_manifest` retries the

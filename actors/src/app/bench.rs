@@ -168,13 +168,15 @@ pub async fn runtime(
     })
 }
 
-fn tempdir() -> Result<TempDir, RuntimeError> {
+/// A temporary directory removed when dropped (benches run on a store of their own).
+pub(crate) fn tempdir() -> Result<TempDir, RuntimeError> {
     TempDir::new()
         .map_err(|e| RuntimeError::Setup(format!("cannot create a temporary directory: {e}")))
 }
 
 /// A directory removed when dropped.
-struct TempDir(std::path::PathBuf);
+/// A directory removed when dropped.
+pub(crate) struct TempDir(std::path::PathBuf);
 
 impl TempDir {
     fn new() -> std::io::Result<TempDir> {
@@ -187,7 +189,7 @@ impl TempDir {
         Ok(TempDir(base))
     }
 
-    fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.0
     }
 }

@@ -3,6 +3,7 @@
 //! logging. The binary itself is `main.rs` and `cli/` in this folder. Nothing in the tree (the
 //! actors, the supervisor, the run interpreter, chaos) depends on this module.
 
+pub mod adaptive;
 pub mod api;
 pub mod backend;
 pub mod bench;

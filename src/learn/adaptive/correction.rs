@@ -79,7 +79,9 @@ pub trait Verifier: Send + Sync {
 }
 
 /// The offline verifier: the correction must mention a tool or an error class that appears in
-/// the scope's failure evidence (and, if it names its tool, that tool must have failed).
+/// the scope's failure evidence (and, if it names its tool, that tool must have failed), and say
+/// something those failures show: a word of their messages or an argument they were called
+/// with, other than the tool's name and words that say nothing on their own.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct OfflineVerifier;
 
@@ -115,6 +117,50 @@ impl OfflineVerifier {
                 reason: "the correction mentions no tool or error found in the evidence".into(),
             };
         }
+        // Naming a tool that failed is not enough: what the correction says to do must be
+        // about something its failures show (a word of their messages or an argument they
+        // were called with). "Always set limit to 100000" is refused where no failure of the
+        // tool ever spoke of a limit.
+        let named: BTreeSet<String> = matching.iter().map(|f| f.tool.to_lowercase()).collect();
+        // What the failures' messages say, each word with its stance, and the arguments the
+        // failing calls were made with (a stance of their own they have not).
+        let mut shown: BTreeSet<(String, bool)> = BTreeSet::new();
+        let mut arguments: BTreeSet<String> = BTreeSet::new();
+        for f in &matching {
+            shown.extend(stances(&f.message));
+            arguments.extend(
+                f.argument_keys()
+                    .iter()
+                    .flat_map(|k| stances(k))
+                    .map(|(w, _)| w),
+            );
+        }
+        let said = stances(&c.text);
+        let about: Vec<&(String, bool)> = said
+            .iter()
+            .filter(|(w, _)| {
+                !named.contains(w) && (arguments.contains(w) || shown.iter().any(|(s, _)| s == w))
+            })
+            .collect();
+        if about.is_empty() {
+            return Verdict::Rejected {
+                reason: "what the correction says to do is about nothing its tool's failures \
+                         show (no word of their messages or arguments)"
+                    .into(),
+            };
+        }
+        // And it must not turn what the failures say around: "sort by relevance" where the
+        // failure said "sort is not supported".
+        let turned = |(w, stance): &&(String, bool)| {
+            shown.contains(&(w.clone(), !*stance)) && !shown.contains(&(w.clone(), *stance))
+        };
+        if about.iter().any(turned) {
+            return Verdict::Rejected {
+                reason: "the correction contradicts its tool's failures (what they say not to \
+                         do, it says to do, or the other way round)"
+                    .into(),
+            };
+        }
         let tools: BTreeSet<&str> = matching.iter().map(|f| f.tool.as_str()).collect();
         let tool = c.tool.clone().or_else(|| {
             (tools.len() == 1)
@@ -129,6 +175,54 @@ impl OfflineVerifier {
             evidence_run_ids: runs,
         }
     }
+}
+
+/// Words that carry no advice on their own, left out when a correction is matched against its
+/// evidence.
+const FILLER: [&str; 52] = [
+    "the", "and", "for", "with", "from", "into", "onto", "that", "this", "these", "those", "when",
+    "then", "than", "always", "never", "should", "must", "need", "needs", "use", "using", "call",
+    "calling", "calls", "set", "pass", "give", "make", "sure", "safe", "tool", "tools", "you",
+    "your", "are", "was", "were", "been", "being", "have", "has", "not", "but", "all", "any",
+    "every", "one", "also", "just", "only", "its",
+];
+
+/// Words by which a clause says not to do something (or that it is refused).
+const NEGATIONS: [&str; 12] = [
+    "not",
+    "no",
+    "never",
+    "don't",
+    "dont",
+    "without",
+    "out",
+    "omit",
+    "remove",
+    "refused",
+    "unsupported",
+    "forbidden",
+];
+
+/// The lowercased words of `text` (runs of letters, digits, `_` and `'`) of three characters or
+/// more that are not [`FILLER`], each with its clause's stance: `false` when the clause (split
+/// at `;`, `:`, `.` and `,`) negates (`sort is not supported`), `true` otherwise.
+fn stances(text: &str) -> BTreeSet<(String, bool)> {
+    let lower = text.to_lowercase();
+    let mut out = BTreeSet::new();
+    for clause in lower.split([';', ':', '.', ',', '\n']) {
+        let words: Vec<&str> = clause
+            .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '\''))
+            .map(|w| w.trim_matches('\''))
+            .filter(|w| !w.is_empty())
+            .collect();
+        let positive = !words.iter().any(|w| NEGATIONS.contains(w));
+        for w in words {
+            if w.chars().count() >= 3 && !FILLER.contains(&w) {
+                out.insert((w.to_string(), positive));
+            }
+        }
+    }
+    out
 }
 
 impl Verifier for OfflineVerifier {

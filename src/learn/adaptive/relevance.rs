@@ -51,13 +51,26 @@ impl AdaptiveStrategies {
                     Some(t) if query.tools.iter().any(|q| q == t) => 2.0,
                     _ => 0.0,
                 };
-                let feature_score = matched as f64 / (l.preconditions.len().max(1)) as f64;
-                let lesson_words = word_set(&l.action);
+                // A lesson that holds everywhere is half as specific as one whose
+                // preconditions all hold here.
+                let feature_score = if l.preconditions.is_empty() {
+                    0.5
+                } else {
+                    matched as f64 / l.preconditions.len() as f64
+                };
+                let mut lesson_words = word_set(&l.action);
+                if let Some(t) = &l.tool {
+                    lesson_words.extend(word_set(t));
+                }
+                // The share of the goal's words the lesson speaks of (a long lesson is not
+                // diluted by its own length).
                 let inter = goal_words.intersection(&lesson_words).count() as f64;
-                let union = goal_words.union(&lesson_words).count().max(1) as f64;
-                let word_score = 0.5 * inter / union;
+                let word_score = 0.5 * inter / goal_words.len().max(1) as f64;
+                // Something must tie the lesson to the task: its tool, a precondition that
+                // holds, or a word of the goal.
+                let tied = tool_score > 0.0 || matched > 0 || inter > 0.0;
                 let raw = tool_score + feature_score + word_score;
-                (raw > 0.0).then(|| ScoredLesson {
+                (tied && raw > 0.0).then(|| ScoredLesson {
                     lesson: l.clone(),
                     score: raw * l.confidence,
                 })

@@ -60,8 +60,10 @@ pub trait Synthesiser: Send + Sync {
     fn synthesise<'a>(&'a self, input: &'a SynthesisInput) -> ModelFuture<'a, Vec<LessonDraft>>;
 }
 
-/// The offline synthesiser: groups failures by (tool, error class) and states what the group
-/// has in common (features, argument names) with advice for the class.
+/// The offline synthesiser: groups failures by tool, error class and message (numbers aside)
+/// and states, for each group, the tool, when it fails (the features the failures share), the
+/// cause in the tool's own words and the fix: the instruction the message gives (`pass
+/// since`, `leave it out`), or advice for the error class when it gives none.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct OfflineSynthesiser;
 
@@ -104,18 +106,83 @@ fn advice(class: ErrorClass) -> &'static str {
     }
 }
 
+/// Words that open an instruction in an error message (`pass since ...`, `leave it out`).
+const IMPERATIVES: [&str; 24] = [
+    "pass", "set", "use", "search", "leave", "do", "don't", "add", "remove", "include", "narrow",
+    "fetch", "call", "specify", "provide", "give", "send", "omit", "bound", "try", "wait", "drop",
+    "check", "retry",
+];
+
+/// The instruction an error message gives, if any: its first clause (split at `;`, `:`, `.`
+/// and `,` followed by a space) that opens with an imperative, e.g. `pass since (YYYY-MM-DD) to
+/// bound the query` out of `pro accounts keep 10 years of invoices; pass since (YYYY-MM-DD)
+/// to bound the query`, else its first clause that states a requirement (`deletion needs
+/// confirm=true`).
+pub fn instruction_in(message: &str) -> Option<&str> {
+    let clauses = || {
+        message
+            .split([';', '\n'])
+            .flat_map(|part| part.split(": "))
+            .flat_map(|part| part.split(". "))
+            .flat_map(|part| part.split(", "))
+            .map(|c| c.trim().trim_end_matches('.'))
+    };
+    let opens_with_imperative = |c: &&str| {
+        c.split_whitespace()
+            .next()
+            .is_some_and(|w| IMPERATIVES.contains(&w.to_lowercase().as_str()))
+    };
+    let states_a_need = |c: &&str| {
+        c.split_whitespace()
+            .any(|w| REQUIREMENTS.contains(&w.to_lowercase().as_str()))
+    };
+    clauses()
+        .find(opens_with_imperative)
+        .or_else(|| clauses().find(states_a_need))
+}
+
+/// Words by which a message states a requirement (`deletion needs confirm=true`), the fix when
+/// no clause is an instruction.
+const REQUIREMENTS: [&str; 7] = [
+    "needs", "need", "requires", "require", "must", "only", "expects",
+];
+
+/// A message with its runs of digits folded, so that failures differing in a count or an id
+/// group together.
+fn signature(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut in_digits = false;
+    for c in message.chars().take(160) {
+        if c.is_ascii_digit() {
+            if !in_digits {
+                out.push('#');
+            }
+            in_digits = true;
+        } else {
+            in_digits = false;
+            out.extend(c.to_lowercase());
+        }
+    }
+    out
+}
+
 impl OfflineSynthesiser {
-    /// Derives drafts synchronously (the offline synthesiser is pure): one per (tool, class)
-    /// group of at least two failures, or for the largest group when none has two.
+    /// Derives drafts synchronously (the offline synthesiser is pure): one per (tool, class,
+    /// message) group of at least two failures, or for the largest group when none has two.
     pub fn derive(&self, input: &SynthesisInput, max_chars: usize) -> Vec<LessonDraft> {
-        let mut groups: BTreeMap<(String, ErrorClass), Vec<&FailureRecord>> = BTreeMap::new();
+        type Key = (String, ErrorClass, String);
+        let mut groups: BTreeMap<Key, Vec<&FailureRecord>> = BTreeMap::new();
         for f in &input.failures {
             groups
-                .entry((f.tool.clone(), f.classification.error_class))
+                .entry((
+                    f.tool.clone(),
+                    f.classification.error_class,
+                    signature(&f.message),
+                ))
                 .or_default()
                 .push(f);
         }
-        let mut chosen: Vec<(&(String, ErrorClass), &Vec<&FailureRecord>)> =
+        let mut chosen: Vec<(&Key, &Vec<&FailureRecord>)> =
             groups.iter().filter(|(_, v)| v.len() >= 2).collect();
         if chosen.is_empty()
             && let Some(best) = groups.iter().max_by_key(|(_, v)| v.len())
@@ -123,7 +190,7 @@ impl OfflineSynthesiser {
             chosen.push(best);
         }
         let mut out = Vec::new();
-        for ((tool, class), fails) in chosen {
+        for ((tool, class, _), fails) in chosen {
             let pre = common_features(fails.iter().copied());
             let mut args: Option<BTreeSet<String>> = None;
             for f in fails {
@@ -134,12 +201,22 @@ impl OfflineSynthesiser {
                 });
             }
             let args = args.unwrap_or_default();
+            let message = fails
+                .first()
+                .map(|f| f.message.trim().to_string())
+                .unwrap_or_default();
             let mut text = format!("{tool} failed {} times with {class}", fails.len());
             if !pre.is_empty() {
                 let when: Vec<String> = pre.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 text.push_str(&format!(" when {}", when.join(", ")));
             }
-            text.push_str(&format!(": {}", advice(*class)));
+            if !message.is_empty() {
+                text.push_str(&format!(" (\"{message}\")"));
+            }
+            match instruction_in(&message) {
+                Some(fix) => text.push_str(&format!("; fix: {fix}")),
+                None => text.push_str(&format!(": {}", advice(*class))),
+            }
             if !args.is_empty()
                 && matches!(class, ErrorClass::SchemaMismatch | ErrorClass::NotFound)
             {
@@ -393,4 +470,102 @@ pub fn vet_lesson(
         return Err(VetRejection::Injection(f.rule));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::learn::adaptive::failure::FailureObservation;
+    use crate::taxonomy::{ErrorClassification, FailureCategory};
+
+    fn failure(id: u64, tool: &str, message: &str, tier: &str) -> FailureRecord {
+        let obs = FailureObservation {
+            run_id: format!("run-{id}"),
+            tool: tool.into(),
+            error_type: Some("DeterministicFailure".into()),
+            message: message.into(),
+            arguments: Some(serde_json::json!({"customer_id": format!("cus_{id}")})),
+            features: [("tier".to_string(), tier.to_string())].into(),
+        };
+        let class = ErrorClassification {
+            category: FailureCategory::Strategy,
+            error_class: ErrorClass::DeterministicFailure,
+            confidence: 0.9,
+            rule: "test".into(),
+        };
+        FailureRecord::new(id, &obs, class, 0)
+    }
+
+    #[test]
+    fn the_instruction_of_a_message_is_found_or_there_is_none() {
+        assert_eq!(
+            instruction_in(
+                "pro accounts keep 10 years of invoices; pass since (YYYY-MM-DD) to bound the query"
+            ),
+            Some("pass since (YYYY-MM-DD) to bound the query")
+        );
+        assert_eq!(
+            instruction_in("sort is not supported by this index; leave it out"),
+            Some("leave it out")
+        );
+        assert_eq!(
+            instruction_in("free accounts can only export csv; pass format=csv"),
+            Some("pass format=csv")
+        );
+        assert_eq!(
+            instruction_in("deletion needs confirm=true"),
+            Some("deletion needs confirm=true")
+        );
+        assert_eq!(instruction_in("HTTP 400 Bad Request"), None);
+    }
+
+    #[test]
+    fn a_lesson_names_the_tool_the_cause_and_the_fix_and_groups_by_message() {
+        let invoices =
+            "pro accounts keep 10 years of invoices; pass since (YYYY-MM-DD) to bound the query";
+        let failures = vec![
+            failure(1, "list_invoices", invoices, "pro"),
+            failure(2, "list_invoices", invoices, "pro"),
+            failure(3, "list_invoices", "HTTP 400 Bad Request", "free"),
+            failure(4, "list_invoices", "HTTP 400 Bad Request", "pro"),
+        ];
+        let input = SynthesisInput {
+            scope: "user:a".into(),
+            failures,
+            known_tools: ["list_invoices".to_string()].into(),
+            lesson_chars: (12, 300),
+        };
+        let drafts = OfflineSynthesiser.derive(&input, 300);
+        assert_eq!(drafts.len(), 2, "{drafts:?}");
+        let since = drafts
+            .iter()
+            .find(|d| d.lesson.contains("pass since"))
+            .expect("a lesson on since");
+        assert!(
+            since.lesson.starts_with("list_invoices failed 2 times"),
+            "{}",
+            since.lesson
+        );
+        assert!(
+            since
+                .lesson
+                .ends_with("fix: pass since (YYYY-MM-DD) to bound the query"),
+            "{}",
+            since.lesson
+        );
+        assert_eq!(
+            since.preconditions.get("tier").map(String::as_str),
+            Some("pro")
+        );
+        let confirm = drafts
+            .iter()
+            .find(|d| d.lesson.contains("400"))
+            .expect("a lesson on the bad request");
+        assert!(confirm.preconditions.is_empty(), "tiers differ");
+        assert!(
+            confirm.lesson.contains("prefer another approach"),
+            "{}",
+            confirm.lesson
+        );
+    }
 }

@@ -475,6 +475,7 @@ impl RunMachine {
         failure: &AttemptFailure,
         action: &RecoveryAction,
     ) -> bool {
+        let said = self.rules.triage.hints();
         let words = match action {
             RecoveryAction::Retry {
                 inject: None,
@@ -482,17 +483,18 @@ impl RunMachine {
                 ..
             } => {
                 self.st.latency_ms += *delay_ms as f64;
-                self.go_on_in_words(format!(
-                    "The last step failed ({}); try again.",
-                    failure.message
-                ));
+                self.go_on_in_words(
+                    said.then(|| format!("The last step failed ({}); try again.", failure.message)),
+                );
                 return true;
             }
             RecoveryAction::Resume { from_subgoal } => {
-                self.go_on_in_words(format!(
-                    "Resume from the subgoal `{from_subgoal}`: the steps above that succeeded \
-                     stand; do not repeat them."
-                ));
+                self.go_on_in_words(said.then(|| {
+                    format!(
+                        "Resume from the subgoal `{from_subgoal}`: the steps above that succeeded \
+                         stand; do not repeat them."
+                    )
+                }));
                 return true;
             }
             RecoveryAction::Retry {
@@ -516,6 +518,7 @@ impl RunMachine {
             }
             _ => return false,
         };
+        let words = said.then_some(words);
         let others = self.workflow.agent(&failed.stage).is_some_and(|agent| {
             agent.variants.iter().any(|v| {
                 v.name != failed.strategy
@@ -527,7 +530,7 @@ impl RunMachine {
         if others {
             self.repair(plan.clone(), failed, failure.stage, words);
         } else {
-            self.st.guidance = Some(words);
+            self.st.guidance = words;
             self.st.rewind_to(plan, failure.stage);
             self.checkpoint();
             self.attempt_start();
@@ -536,14 +539,15 @@ impl RunMachine {
     }
 
     /// Goes on with the stage's conversation after a failure: the calls not made are dropped
-    /// and `words` reach the model as a user message.
-    fn go_on_in_words(&mut self, words: String) {
+    /// and `words`, if any, reach the model as a user message.
+    fn go_on_in_words(&mut self, words: Option<String>) {
         self.st.pending_calls.clear();
         self.st.in_flight = None;
-        if !self.st.conversation.is_empty() {
-            self.st.conversation.push(ChatMessage::user(words));
-        } else {
-            self.st.guidance = Some(words);
+        match words {
+            Some(words) if !self.st.conversation.is_empty() => {
+                self.st.conversation.push(ChatMessage::user(words));
+            }
+            words => self.st.guidance = words,
         }
         self.checkpoint();
         self.attempt_start();

@@ -1044,11 +1044,11 @@ impl RunMachine {
             } => {
                 // Retry with the tool manifest: only arms that fit remain.
                 let hint = hint.unwrap_or_else(|| "use only tools that fit".to_string());
-                self.repair(plan, &failed_arm, failure.stage, hint);
+                self.repair(plan, &failed_arm, failure.stage, Some(hint));
                 return;
             }
             RecoveryAction::Replan { hint } => {
-                self.repair(plan, &failed_arm, failure.stage, hint);
+                self.repair(plan, &failed_arm, failure.stage, Some(hint));
                 return;
             }
             RecoveryAction::Resume { from_subgoal } => {
@@ -1090,13 +1090,13 @@ impl RunMachine {
 
     /// Repairs the plan after a failure: the failed arm is ruled out for this run and replaced
     /// by the policy's best untried arm of its stage; the stages before it stand.
-    fn repair(&mut self, plan: PlanChoice, failed: &ArmChoice, stage: usize, hint: String) {
+    fn repair(&mut self, plan: PlanChoice, failed: &ArmChoice, stage: usize, hint: Option<String>) {
         self.st.excluded.push((
             failed.stage.clone(),
             failed.tool.clone(),
             failed.strategy.clone(),
         ));
-        self.st.guidance = Some(hint);
+        self.st.guidance = hint;
         let command = Command::Choose {
             base: Some(plan.arms.clone()),
             exclude: self.st.excluded.clone(),

@@ -10,6 +10,7 @@ macro_rules! outln {
 }
 
 pub mod agents;
+pub mod bench_adaptive;
 pub mod bench_store;
 pub mod bench_tree;
 pub mod classify;
@@ -160,6 +161,9 @@ enum BenchCommand {
     Runtime(bench_tree::RuntimeArgs),
     /// Learning KPIs on a simulated environment against its oracle and random baseline.
     Learning(bench_tree::LearningArgs),
+    /// Learning in words on a simulated agent environment: repeat errors, lessons, corrections,
+    /// model calls and SOP coverage, with one mechanism ablated side by side.
+    Adaptive(bench_adaptive::Args),
 }
 
 /// Runs `hindsight bench ...`.
@@ -168,6 +172,7 @@ pub async fn run_bench(global: &Global, args: BenchArgs) -> Result<(), Failure> 
         BenchCommand::Store(a) => bench_store::run(global, a).await,
         BenchCommand::Runtime(a) => bench_tree::runtime(global, a).await,
         BenchCommand::Learning(a) => bench_tree::learning(global, a).await,
+        BenchCommand::Adaptive(a) => bench_adaptive::run(global, a).await,
     }
 }
 

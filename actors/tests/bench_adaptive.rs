@@ -1,0 +1,61 @@
+//! `hindsight bench adaptive` through the whole tree: lessons cut repeated errors against the
+//! same run with lessons ablated, a poisoned correction is refused, infrastructure faults teach
+//! nothing, and switching corrections off refuses them at the reflector.
+
+use hindsight::learn::Mechanism;
+use hindsight::tools::sim::agent::AgentEnv;
+use hindsight_actors::app::adaptive::{AdaptivePlan, adaptive};
+
+fn support_desk() -> AgentEnv {
+    AgentEnv::load(std::path::Path::new("../config/envs/support_desk.toml")).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lessons_cut_repeated_errors_against_their_ablation() {
+    let plan = AdaptivePlan {
+        tasks: 400,
+        seed: 3,
+        ablate: Some(Mechanism::Lessons),
+    };
+    let b = adaptive(&support_desk(), plan).await.unwrap();
+    let on = &b.figures;
+    let off = b.ablated.as_ref().unwrap();
+    println!("{}", serde_json::to_string_pretty(&b).unwrap());
+    assert!(
+        on.lessons > off.lessons,
+        "{} vs {}",
+        on.lessons,
+        off.lessons
+    );
+    assert!(
+        on.repeat_error_rate < 0.6 * off.repeat_error_rate,
+        "repeat error rate {} with lessons, {} without",
+        on.repeat_error_rate,
+        off.repeat_error_rate
+    );
+    assert!(on.lessons_injected_per_run > off.lessons_injected_per_run);
+    assert_eq!(on.infra_failures_learned_from, 0);
+    assert_eq!(off.infra_failures_learned_from, 0);
+    // Before task 300 the file sends a right correction (task 150) and a poisoned one.
+    assert_eq!(on.corrections_submitted, 2);
+    assert_eq!(on.right_corrections_accepted, 1);
+    assert_eq!(on.poisoned_corrections_accepted, 0);
+    assert!((on.oracle_first_try_success - 0.922).abs() < 0.01);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrections_switched_off_are_refused_by_the_reflector() {
+    let plan = AdaptivePlan {
+        tasks: 200,
+        seed: 3,
+        ablate: Some(Mechanism::Corrections),
+    };
+    let b = adaptive(&support_desk(), plan).await.unwrap();
+    let off = b.ablated.as_ref().unwrap();
+    assert_eq!(b.figures.right_corrections_accepted, 1);
+    assert_eq!(off.corrections_submitted, 1);
+    assert_eq!(
+        off.right_corrections_accepted + off.poisoned_corrections_accepted,
+        0
+    );
+}
