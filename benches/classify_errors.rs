@@ -6,8 +6,10 @@
 //! `benches/promptise_classify.py` on the same messages and call count (a venv under
 //! `target/promptise-venv` is created on first use); the ratio is printed. If Python or promptise
 //! cannot be had, the bench says so and prints no peer figure. Then criterion groups: the whole
-//! corpus per iteration (throughput in messages) and adversarial input of 68 KB and 1 MB (the
-//! classifier is linear and bounds the message, so the larger costs about the same).
+//! corpus per iteration (throughput in messages) and adversarial input of 68 KB and 1 MB, without
+//! and with an explicit status that sends the text through the status pattern and the wrapped
+//! exception search (the classifier is linear and bounds the message, so the larger costs about
+//! the same).
 //!
 //! Run: `cargo bench -p hindsight --bench classify_errors`.
 
@@ -187,6 +189,17 @@ fn bench(c: &mut Criterion) {
         b.iter(|| black_box(classify_error(Some("Error"), black_box(&unit))))
     });
     g.bench_function("1MB", |b| {
+        b.iter(|| black_box(classify_error(Some("Error"), black_box(&big))))
+    });
+    // With an explicit 5xx status at the end: the status pattern, the regex patterns admitted
+    // by "tool", and the search for a wrapped exception all run over the whole bounded text.
+    let near = "status 50 code= http/ tool x: valueerror ".repeat(1_600);
+    let unit = format!("{near}HTTP 503");
+    let big = format!("{}HTTP 503", near.repeat(16));
+    g.bench_function("68KB_status", |b| {
+        b.iter(|| black_box(classify_error(Some("Error"), black_box(&unit))))
+    });
+    g.bench_function("1MB_status", |b| {
         b.iter(|| black_box(classify_error(Some("Error"), black_box(&big))))
     });
     g.finish();
