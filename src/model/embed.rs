@@ -141,7 +141,7 @@ pub fn embed_with_dimension(text: &str, dimension: usize) -> Vec<f32> {
             grams.push((fnv1a_parts(b'c', &[gram.as_bytes()]), CHAR_WEIGHT));
         }
     }
-    grams.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    grams.sort_unstable_by_key(|a| a.0);
     let mut v = vec![0.0f32; dimension];
     let mut i = 0;
     while i < grams.len() {

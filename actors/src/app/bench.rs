@@ -174,10 +174,11 @@ fn tempdir() -> Result<TempDir, RuntimeError> {
 }
 
 /// A directory removed when dropped.
-struct TempDir(std::path::PathBuf);
+pub(crate) struct TempDir(std::path::PathBuf);
 
 impl TempDir {
-    fn new() -> std::io::Result<TempDir> {
+    /// A new directory under the system's temporary directory.
+    pub(crate) fn new() -> std::io::Result<TempDir> {
         let base = std::env::temp_dir().join(format!(
             "hindsight-bench-{}-{}",
             std::process::id(),
@@ -187,7 +188,8 @@ impl TempDir {
         Ok(TempDir(base))
     }
 
-    fn path(&self) -> &Path {
+    /// Where it is.
+    pub(crate) fn path(&self) -> &Path {
         &self.0
     }
 }

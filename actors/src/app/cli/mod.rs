@@ -10,6 +10,7 @@ macro_rules! outln {
 }
 
 pub mod agents;
+pub mod bench_overhead;
 pub mod bench_store;
 pub mod bench_tree;
 pub mod classify;
@@ -160,6 +161,9 @@ enum BenchCommand {
     Runtime(bench_tree::RuntimeArgs),
     /// Learning KPIs on a simulated environment against its oracle and random baseline.
     Learning(bench_tree::LearningArgs),
+    /// What the runtime adds to a run before its first tool call, and the resume time, on a
+    /// store that has been in use.
+    Overhead(bench_overhead::Args),
 }
 
 /// Runs `hindsight bench ...`.
@@ -168,6 +172,7 @@ pub async fn run_bench(global: &Global, args: BenchArgs) -> Result<(), Failure> 
         BenchCommand::Store(a) => bench_store::run(global, a).await,
         BenchCommand::Runtime(a) => bench_tree::runtime(global, a).await,
         BenchCommand::Learning(a) => bench_tree::learning(global, a).await,
+        BenchCommand::Overhead(a) => bench_overhead::run(global, a).await,
     }
 }
 
