@@ -49,6 +49,11 @@ pub enum StoredPolicyError {
     /// The snapshot decoded but is not a policy this build can restore.
     #[error("table `policy` key `snapshot`: {0}")]
     Restore(#[from] hindsight::learn::bandit::PolicyError),
+    /// The store holds no policy snapshot.
+    #[error(
+        "table `policy` key `snapshot`: there is none (start and stop a tree on the store first)"
+    )]
+    Missing,
 }
 
 /// The live policy as the policy actor last persisted it (`None` when it never has): what
@@ -62,6 +67,32 @@ pub fn stored_policy(store: &Store) -> Result<Option<Policy>, StoredPolicyError>
 }
 
 pub use hindsight::run::{PlanChoice, parse_sop_plan_id, sop_plan_id};
+
+/// Adds SOPs to the stored policy, for a store prepared offline (an import, or the overhead
+/// bench's): each joins the SOP book of the persisted snapshot and the SOP table, in one
+/// transaction; the policy (and memory's index) read them at the next start. Fails when the
+/// store holds no policy snapshot (start and stop a tree on it first).
+pub async fn add_stored_sops(store: &Store, sops: &[Sop]) -> Result<(), StoredPolicyError> {
+    let Some(mut persisted) = store.get::<Persisted>(POLICY, SNAPSHOT_KEY)? else {
+        return Err(StoredPolicyError::Missing);
+    };
+    let mut ops = Vec::with_capacity(sops.len() + 1);
+    for sop in sops {
+        ops.push(hindsight::store::WriteOp::put(
+            SOPS,
+            &format!("{}@{}", sop.sop_id, sop.version),
+            sop,
+        )?);
+    }
+    persisted.sops.sops.extend_from_slice(sops);
+    ops.push(hindsight::store::WriteOp::put(
+        POLICY,
+        SNAPSHOT_KEY,
+        &persisted,
+    )?);
+    store.write_batch(ops).await?;
+    Ok(())
+}
 
 const SNAPSHOT_KEY: &str = "snapshot";
 /// The key of the distiller (the ranker in force and its schedule) in [`POLICY`].

@@ -512,6 +512,51 @@ impl ReflectorState {
     }
 }
 
+/// Why lessons could not be added to a store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoredLessonsError {
+    /// The store could not be read or written.
+    #[error(transparent)]
+    Store(#[from] hindsight::store::StoreError),
+    /// The store holds no reflector snapshot.
+    #[error(
+        "table `reflector` key `state`: there is none (start and stop a tree on the store first)"
+    )]
+    Missing,
+}
+
+/// Adds lessons to the stored adaptive strategies, for a store prepared offline (an import, or
+/// the overhead bench's): each joins its scope's lessons (`lesson.scope`) in the persisted
+/// snapshot, and the lesson table, in one transaction; the reflector reads them at the next
+/// start (memory indexes lessons as it is sent them: [`MemoryMsg::IndexLessons`]). Fails when
+/// the store holds no reflector snapshot (start and stop a tree on it first).
+pub async fn add_stored_lessons(
+    store: &Store,
+    lessons: &[Lesson],
+) -> Result<(), StoredLessonsError> {
+    let Some(mut persisted) = store.get::<Persisted>(REFLECTOR, SNAPSHOT_KEY)? else {
+        return Err(StoredLessonsError::Missing);
+    };
+    let mut ops = Vec::with_capacity(lessons.len() + 1);
+    for lesson in lessons {
+        ops.push(WriteOp::put(
+            LESSONS,
+            &lesson.lesson_id,
+            &LessonRecord::from(lesson),
+        )?);
+        persisted
+            .adaptive
+            .scopes
+            .entry(lesson.scope.clone())
+            .or_default()
+            .lessons
+            .push(lesson.clone());
+    }
+    ops.push(WriteOp::put(REFLECTOR, SNAPSHOT_KEY, &persisted)?);
+    store.write_batch(ops).await?;
+    Ok(())
+}
+
 fn refusal(e: &hindsight::learn::adaptive::correction::CorrectionError) -> FeedbackRefused {
     use hindsight::learn::adaptive::correction::CorrectionError as E;
     match e {

@@ -391,3 +391,50 @@ fn learning_bench_learns_with_a_configuration_files_policy_section() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(out.stdout.is_empty());
 }
+
+#[test]
+fn overhead_bench_measures_every_run_and_accounts_for_every_unfinished_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = hindsight(
+        dir.path(),
+        &[
+            "bench",
+            "overhead",
+            "--runs",
+            "5",
+            "--experiences",
+            "300",
+            "--lessons",
+            "60",
+            "--sops",
+            "6",
+            "--unfinished",
+            "25",
+            "--json",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["runs"], 5, "{report}");
+    assert_eq!(report["load"]["lessons"], 60);
+    let resumed = report["resumed_to_first_call"].as_u64().unwrap();
+    let ended = report["ended_before_first_call"].as_u64().unwrap();
+    assert_eq!(resumed + ended, 25, "{report}");
+    for key in [
+        "p50_ms",
+        "p99_ms",
+        "max_ms",
+        "resume_seconds",
+        "start_seconds",
+    ] {
+        assert!(
+            report[key].as_f64().is_some_and(|x| x >= 0.0),
+            "{key}: {report}"
+        );
+    }
+    assert!(report["p50_ms"].as_f64() <= report["p99_ms"].as_f64());
+}

@@ -1,7 +1,7 @@
 //! A postcard-friendly, exact encoding of `serde_json::Value` (postcard cannot decode `Value`
 //! itself, because `Value` needs a self-describing format).
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, Serializer};
 use serde_json::{Map, Number, Value};
 
 /// A JSON value in a form that postcard encodes and decodes exactly.
@@ -17,28 +17,51 @@ pub(crate) enum JsonTree {
     Object(Vec<(String, JsonTree)>),
 }
 
-impl From<&Value> for JsonTree {
-    fn from(value: &Value) -> JsonTree {
-        match value {
-            Value::Null => JsonTree::Null,
-            Value::Bool(b) => JsonTree::Bool(*b),
+/// A JSON value written exactly as its [`JsonTree`] would be, without building the tree (the
+/// store's write path: a checkpoint or an experience is encoded straight from its values).
+#[derive(Clone, Copy)]
+pub(crate) struct JsonRef<'a>(pub(crate) &'a Value);
+
+/// [`JsonTree`]'s name; [`JsonRef`] writes its variants' indices in declaration order, as the
+/// derived `Serialize` does.
+const NAME: &str = "JsonTree";
+
+impl Serialize for JsonRef<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Value::Null => s.serialize_unit_variant(NAME, 0, "Null"),
+            Value::Bool(b) => s.serialize_newtype_variant(NAME, 1, "Bool", b),
             Value::Number(n) => {
                 if let Some(u) = n.as_u64() {
-                    JsonTree::U64(u)
+                    s.serialize_newtype_variant(NAME, 2, "U64", &u)
                 } else if let Some(i) = n.as_i64() {
-                    JsonTree::I64(i)
+                    s.serialize_newtype_variant(NAME, 3, "I64", &i)
                 } else {
-                    JsonTree::F64(n.as_f64().unwrap_or(f64::NAN))
+                    s.serialize_newtype_variant(NAME, 4, "F64", &n.as_f64().unwrap_or(f64::NAN))
                 }
             }
-            Value::String(s) => JsonTree::String(s.clone()),
-            Value::Array(xs) => JsonTree::Array(xs.iter().map(JsonTree::from).collect()),
-            Value::Object(m) => JsonTree::Object(
-                m.iter()
-                    .map(|(k, v)| (k.clone(), JsonTree::from(v)))
-                    .collect(),
-            ),
+            Value::String(x) => s.serialize_newtype_variant(NAME, 5, "String", x),
+            Value::Array(xs) => s.serialize_newtype_variant(NAME, 6, "Array", &Items(xs)),
+            Value::Object(m) => s.serialize_newtype_variant(NAME, 7, "Object", &Entries(m)),
         }
+    }
+}
+
+/// An array's items, as `Vec<JsonTree>` is written.
+struct Items<'a>(&'a [Value]);
+
+impl Serialize for Items<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(JsonRef))
+    }
+}
+
+/// An object's entries, as `Vec<(String, JsonTree)>` is written.
+struct Entries<'a>(&'a Map<String, Value>);
+
+impl Serialize for Entries<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|(k, v)| (k, JsonRef(v))))
     }
 }
 
@@ -76,13 +99,15 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn every_kind_of_value_round_trips_through_postcard() {
+    fn every_kind_of_value_written_from_its_reference_reads_back_as_a_tree() {
         let v = json!({
             "null": null, "t": true, "u": 18446744073709551615u64, "i": -7,
             "f": 0.1, "s": "héllo", "a": [1, [2, {"x": []}]], "o": {}
         });
-        let bytes = postcard::to_allocvec(&JsonTree::from(&v)).unwrap();
+        let bytes = postcard::to_allocvec(&JsonRef(&v)).unwrap();
         let back: JsonTree = postcard::from_bytes(&bytes).unwrap();
+        // The same bytes as the tree itself writes.
+        assert_eq!(postcard::to_allocvec(&back).unwrap(), bytes);
         assert_eq!(back.into_value().unwrap(), v);
     }
 

@@ -61,9 +61,8 @@ use crate::record::{Checkpoint, ExperienceTuple, Run};
 use compact::index_open_runs;
 pub use envelope::EnvelopeError;
 pub use error::StoreError;
-use json::JsonTree;
+use json::JsonRef;
 pub use shrink::{ShrinkReport, shrink};
-use stored::{StoredCheckpoint, StoredExperience};
 pub use tables::KvTable;
 use tables::{CHECKPOINTS, DIARY, EXPERIENCE, IDEMPOTENCY, META, RUNS};
 use writer::{Op, Request, WriterConfig};
@@ -156,7 +155,7 @@ impl WriteOp {
     pub fn checkpoint(cp: &Checkpoint) -> Result<WriteOp, StoreError> {
         Ok(WriteOp(Op::PutCheckpoint {
             run_id: cp.run_id.clone(),
-            bytes: encode("checkpoints", &cp.run_id, &StoredCheckpoint::from(cp))?,
+            bytes: encode("checkpoints", &cp.run_id, &stored::CheckpointRef::from(cp))?,
         }))
     }
 
@@ -178,7 +177,7 @@ impl WriteOp {
     /// Appends an experience tuple.
     pub fn experience(tuple: &ExperienceTuple) -> Result<WriteOp, StoreError> {
         Ok(WriteOp(Op::AppendExperience {
-            bytes: encode("experience", "(new)", &StoredExperience::from(tuple))?,
+            bytes: encode("experience", "(new)", &stored::ExperienceRef::from(tuple))?,
         }))
     }
 
@@ -186,7 +185,7 @@ impl WriteOp {
     pub fn idempotent(key: &str, value: &serde_json::Value) -> Result<WriteOp, StoreError> {
         Ok(WriteOp(Op::PutIdempotent {
             key: key.to_string(),
-            bytes: encode("idempotency", key, &JsonTree::from(value))?,
+            bytes: encode("idempotency", key, &JsonRef(value))?,
         }))
     }
 
@@ -528,7 +527,7 @@ impl Store {
         key: &str,
         value: &serde_json::Value,
     ) -> Result<Claim, StoreError> {
-        let bytes = encode("idempotency", key, &JsonTree::from(value))?;
+        let bytes = encode("idempotency", key, &JsonRef(value))?;
         let ack = self
             .submit_one(Op::ClaimIdempotent {
                 key: key.to_string(),

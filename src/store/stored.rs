@@ -1,17 +1,14 @@
 //! The storage forms of records that hold JSON values: the same fields, with every
-//! `serde_json::Value` kept as a [`JsonTree`] so that postcard can decode it.
+//! `serde_json::Value` kept as a [`JsonTree`] so that postcard can decode it; each is written
+//! from a borrowed form (`*Ref`) that produces the same bytes without copying the record.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::json::JsonTree;
+use super::json::{JsonRef, JsonTree};
 use crate::record::{ArmChoice, Checkpoint, ExperienceTuple, RunResult, RunState};
 use crate::taxonomy::{ErrorClass, Step};
-
-fn tree(v: &Option<serde_json::Value>) -> Option<JsonTree> {
-    v.as_ref().map(JsonTree::from)
-}
 
 fn value(t: Option<JsonTree>) -> Result<Option<serde_json::Value>, String> {
     t.map(JsonTree::into_value).transpose()
@@ -37,29 +34,63 @@ pub(crate) struct StoredStep {
     metadata: Vec<(String, JsonTree)>,
 }
 
-impl From<&Step> for StoredStep {
-    fn from(s: &Step) -> StoredStep {
-        StoredStep {
+/// Write form of [`Step`]: written as [`StoredStep`] is, straight from the step.
+#[derive(Serialize)]
+pub(crate) struct StepRef<'a> {
+    index: u32,
+    action: &'a str,
+    tool_called: Option<&'a str>,
+    tool_input: Option<JsonRef<'a>>,
+    tool_output: Option<JsonRef<'a>>,
+    llm_output: Option<&'a str>,
+    error: Option<&'a str>,
+    exception_type: Option<&'a str>,
+    error_class: Option<ErrorClass>,
+    timestamp_ms: u64,
+    latency_ms: f64,
+    cost: f64,
+    idempotent: bool,
+    idempotency_key: Option<&'a str>,
+    metadata: Metadata<'a>,
+}
+
+/// A step's metadata, as `Vec<(String, JsonTree)>` is written.
+struct Metadata<'a>(&'a BTreeMap<String, serde_json::Value>);
+
+impl Serialize for Metadata<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|(k, v)| (k, JsonRef(v))))
+    }
+}
+
+impl<'a> From<&'a Step> for StepRef<'a> {
+    fn from(s: &'a Step) -> StepRef<'a> {
+        StepRef {
             index: s.index,
-            action: s.action.clone(),
-            tool_called: s.tool_called.clone(),
-            tool_input: tree(&s.tool_input),
-            tool_output: tree(&s.tool_output),
-            llm_output: s.llm_output.clone(),
-            error: s.error.clone(),
-            exception_type: s.exception_type.clone(),
+            action: &s.action,
+            tool_called: s.tool_called.as_deref(),
+            tool_input: s.tool_input.as_ref().map(JsonRef),
+            tool_output: s.tool_output.as_ref().map(JsonRef),
+            llm_output: s.llm_output.as_deref(),
+            error: s.error.as_deref(),
+            exception_type: s.exception_type.as_deref(),
             error_class: s.error_class,
             timestamp_ms: s.timestamp_ms,
             latency_ms: s.latency_ms,
             cost: s.cost,
             idempotent: s.idempotent,
-            idempotency_key: s.idempotency_key.clone(),
-            metadata: s
-                .metadata
-                .iter()
-                .map(|(k, v)| (k.clone(), JsonTree::from(v)))
-                .collect(),
+            idempotency_key: s.idempotency_key.as_deref(),
+            metadata: Metadata(&s.metadata),
         }
+    }
+}
+
+/// Steps, as `Vec<StoredStep>` is written.
+struct Steps<'a>(&'a [Step]);
+
+impl Serialize for Steps<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(StepRef::from))
     }
 }
 
@@ -104,14 +135,26 @@ pub(crate) struct StoredCheckpoint {
     created_ms: u64,
 }
 
-impl From<&Checkpoint> for StoredCheckpoint {
-    fn from(c: &Checkpoint) -> StoredCheckpoint {
-        StoredCheckpoint {
-            run_id: c.run_id.clone(),
+/// Write form of [`Checkpoint`]: written as [`StoredCheckpoint`] is, straight from the record
+/// (no JSON tree is built).
+#[derive(Serialize)]
+pub(crate) struct CheckpointRef<'a> {
+    run_id: &'a str,
+    step_index: u32,
+    name: Option<&'a str>,
+    state: JsonRef<'a>,
+    completed_steps: Steps<'a>,
+    created_ms: u64,
+}
+
+impl<'a> From<&'a Checkpoint> for CheckpointRef<'a> {
+    fn from(c: &'a Checkpoint) -> CheckpointRef<'a> {
+        CheckpointRef {
+            run_id: &c.run_id,
             step_index: c.step_index,
-            name: c.name.clone(),
-            state: JsonTree::from(&c.state),
-            completed_steps: c.completed_steps.iter().map(StoredStep::from).collect(),
+            name: c.name.as_deref(),
+            state: JsonRef(&c.state),
+            completed_steps: Steps(&c.completed_steps),
             created_ms: c.created_ms,
         }
     }
@@ -158,26 +201,54 @@ pub(crate) struct StoredExperience {
     time_ms: u64,
 }
 
-impl From<&ExperienceTuple> for StoredExperience {
-    fn from(e: &ExperienceTuple) -> StoredExperience {
-        StoredExperience {
-            run_id: e.run_id.clone(),
-            task_id: e.task_id.clone(),
-            plan_id: e.plan_id.clone(),
-            user_id: e.user_id.clone(),
-            context_features: e.context_features.clone(),
-            arms: e.arms.clone(),
-            steps: e.steps.iter().map(StoredStep::from).collect(),
-            result: StoredRunResult {
+/// Write form of [`RunResult`], as [`StoredRunResult`] is written.
+#[derive(Serialize)]
+struct RunResultRef<'a> {
+    state: RunState,
+    passed: bool,
+    output: Option<JsonRef<'a>>,
+    latency_ms: f64,
+    cost: f64,
+    attempts: u32,
+}
+
+/// Write form of [`ExperienceTuple`]: written as [`StoredExperience`] is, straight from the
+/// record.
+#[derive(Serialize)]
+pub(crate) struct ExperienceRef<'a> {
+    run_id: &'a str,
+    task_id: &'a str,
+    plan_id: &'a str,
+    user_id: Option<&'a str>,
+    context_features: &'a BTreeMap<String, String>,
+    arms: &'a [ArmChoice],
+    steps: Steps<'a>,
+    result: RunResultRef<'a>,
+    reward: f64,
+    user_feedback: Option<&'a str>,
+    time_ms: u64,
+}
+
+impl<'a> From<&'a ExperienceTuple> for ExperienceRef<'a> {
+    fn from(e: &'a ExperienceTuple) -> ExperienceRef<'a> {
+        ExperienceRef {
+            run_id: &e.run_id,
+            task_id: &e.task_id,
+            plan_id: &e.plan_id,
+            user_id: e.user_id.as_deref(),
+            context_features: &e.context_features,
+            arms: &e.arms,
+            steps: Steps(&e.steps),
+            result: RunResultRef {
                 state: e.result.state,
                 passed: e.result.passed,
-                output: tree(&e.result.output),
+                output: e.result.output.as_ref().map(JsonRef),
                 latency_ms: e.result.latency_ms,
                 cost: e.result.cost,
                 attempts: e.result.attempts,
             },
             reward: e.reward,
-            user_feedback: e.user_feedback.clone(),
+            user_feedback: e.user_feedback.as_deref(),
             time_ms: e.time_ms,
         }
     }
@@ -211,5 +282,82 @@ impl StoredExperience {
             user_feedback: self.user_feedback,
             time_ms: self.time_ms,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn step(index: u32) -> Step {
+        Step {
+            index,
+            action: "call".into(),
+            tool_called: Some("ocr".into()),
+            tool_input: Some(json!({"path": "a.pdf", "pages": [1, 2, -3], "x": 0.5})),
+            tool_output: None,
+            error: Some("Timeout".into()),
+            error_class: Some(ErrorClass::Timeout),
+            latency_ms: 12.5,
+            metadata: [
+                ("stage".to_string(), json!("extract")),
+                ("n".to_string(), json!(null)),
+            ]
+            .into_iter()
+            .collect(),
+            ..Step::default()
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_is_written_as_its_storage_form_and_reads_back() {
+        let cp = Checkpoint {
+            run_id: "run-1".into(),
+            step_index: 2,
+            name: Some("before-write".into()),
+            state: json!({"outputs": {"extract": {"rows": 3}}, "u": u64::MAX, "s": "é"}),
+            completed_steps: vec![step(0), step(1)],
+            created_ms: 7,
+        };
+        let bytes = postcard::to_allocvec(&CheckpointRef::from(&cp)).unwrap();
+        let stored: StoredCheckpoint = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!(postcard::to_allocvec(&stored).unwrap(), bytes);
+        assert_eq!(stored.into_checkpoint().unwrap(), cp);
+    }
+
+    #[test]
+    fn an_experience_is_written_as_its_storage_form_and_reads_back() {
+        let e = ExperienceTuple {
+            run_id: "run-1".into(),
+            task_id: "t".into(),
+            plan_id: "p".into(),
+            user_id: Some("u".into()),
+            context_features: [("tenant".to_string(), "A".to_string())]
+                .into_iter()
+                .collect(),
+            arms: vec![ArmChoice {
+                stage: "extract".into(),
+                tool: "ocr".into(),
+                strategy: "fast".into(),
+                propensity: 0.25,
+            }],
+            steps: vec![step(0)],
+            result: RunResult {
+                state: RunState::Succeeded,
+                passed: true,
+                output: Some(json!([1, "two", {"three": 3.5}])),
+                latency_ms: 1.0,
+                cost: 0.01,
+                attempts: 1,
+            },
+            reward: 0.9,
+            user_feedback: None,
+            time_ms: 42,
+        };
+        let bytes = postcard::to_allocvec(&ExperienceRef::from(&e)).unwrap();
+        let stored: StoredExperience = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!(postcard::to_allocvec(&stored).unwrap(), bytes);
+        assert_eq!(stored.into_experience().unwrap(), e);
     }
 }

@@ -175,11 +175,11 @@ pub(crate) fn tempdir() -> Result<TempDir, RuntimeError> {
 }
 
 /// A directory removed when dropped.
-/// A directory removed when dropped.
 pub(crate) struct TempDir(std::path::PathBuf);
 
 impl TempDir {
-    fn new() -> std::io::Result<TempDir> {
+    /// A new directory under the system's temporary directory.
+    pub(crate) fn new() -> std::io::Result<TempDir> {
         let base = std::env::temp_dir().join(format!(
             "hindsight-bench-{}-{}",
             std::process::id(),
@@ -189,6 +189,7 @@ impl TempDir {
         Ok(TempDir(base))
     }
 
+    /// Where it is.
     pub(crate) fn path(&self) -> &Path {
         &self.0
     }

@@ -10,6 +10,7 @@ pub mod bench;
 pub mod demo;
 pub mod drift;
 pub mod metrics;
+pub mod overhead;
 pub mod report;
 pub mod telemetry;
 pub mod workload;

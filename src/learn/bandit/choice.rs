@@ -145,6 +145,43 @@ pub(super) fn conditional_frequencies(
         .collect()
 }
 
+/// The buffers of a choice's draws, reused across the draws behind one choice and its
+/// propensity (a choice and its propensity make `propensity_draws + 1` draws of every arm's
+/// posterior, each `samples` times under information-directed sampling).
+pub(super) struct Scratch {
+    /// One draw per arm (flat order).
+    p: Vec<f64>,
+    /// The `(stage, arm)` departures from the greedy plan in one stage: the information-directed
+    /// candidates after the greedy plan itself.
+    departures: Vec<(usize, usize)>,
+    /// Each candidate's value under each draw (draw after draw).
+    values: Vec<f64>,
+    /// The plan being valued.
+    plan: Vec<usize>,
+}
+
+impl Scratch {
+    /// Buffers for choices of `policy` around the greedy plan `greedy`.
+    pub(super) fn new(policy: &Policy, greedy: &[usize]) -> Scratch {
+        let mut departures = Vec::new();
+        if greedy.len() == policy.stages.len() {
+            for (s, st) in policy.stages.iter().enumerate() {
+                departures.extend(
+                    (0..st.arms.len())
+                        .filter(|&a| a != greedy[s])
+                        .map(|a| (s, a)),
+                );
+            }
+        }
+        Scratch {
+            p: vec![0.0; policy.n_arms],
+            departures,
+            values: Vec::new(),
+            plan: Vec::with_capacity(greedy.len()),
+        }
+    }
+}
+
 impl Policy {
     /// Chooses a plan for a task with `features`: samples the posteriors, takes the greedy plan
     /// or the departure from it that information-directed sampling prefers (the plan with the
@@ -194,13 +231,13 @@ impl Policy {
                 .and_then(|(plan, s)| self.valid_plan(Some(plan)).map(|p| (p, s.clamp(0.0, 1.0)))),
             exploring: routing.exploring,
         };
-        let mut p = vec![0.0; self.n_arms];
+        let mut scratch = Scratch::new(self, &greedy);
         let mut chosen = Vec::new();
-        let drawn = self.mixed_draw(&eff, &greedy, routing, &mut p, rng, &mut chosen);
+        let drawn = self.mixed_draw(&eff, &greedy, routing, &mut scratch, rng, &mut chosen);
         // Propensity: the chosen draw plus `propensity_draws` more; per stage the frequency of
         // the chosen arm given that the earlier stages matched (the product is the plan's).
         let props = conditional_frequencies(&chosen, self.config.propensity_draws, 1, |out| {
-            self.mixed_draw(&eff, &greedy, routing, &mut p, rng, out);
+            self.mixed_draw(&eff, &greedy, routing, &mut scratch, rng, out);
         });
         let (ranked, sop) = (drawn == Drawn::Ranker, drawn == Drawn::Sop);
         let explored = if drawn == Drawn::Policy {
@@ -266,7 +303,7 @@ impl Policy {
         eff: &Eff,
         greedy: &[usize],
         routing: Routing<'_>,
-        p: &mut [f64],
+        scratch: &mut Scratch,
         rng: &mut fastrand::Rng,
         out: &mut Vec<usize>,
     ) -> Drawn {
@@ -278,8 +315,9 @@ impl Policy {
             ChoiceRule::Thompson => None,
         };
         if let Some(samples) = ids {
-            self.ids_draw(eff, greedy, samples, p, rng, out);
+            self.ids_draw(eff, greedy, samples, scratch, rng, out);
         } else {
+            let p = &mut scratch.p;
             eff.sample_all(rng, p);
             self.best_plan(p, eff, out);
             let from = self.tuning.one_stage_exploration_from;
@@ -307,13 +345,13 @@ impl Policy {
 
     /// One information-directed choice into `out` (see [`ChoiceRule::InformationDirected`]):
     /// the greedy plan or one of its departures in a single stage, from `samples` draws of the
-    /// plain posteriors (`p` is scratch).
+    /// plain posteriors (`scratch` holds the departures of `greedy` and the buffers).
     pub(super) fn ids_draw(
         &self,
         eff: &Eff,
         greedy: &[usize],
         samples: usize,
-        p: &mut [f64],
+        scratch: &mut Scratch,
         rng: &mut fastrand::Rng,
         out: &mut Vec<usize>,
     ) {
@@ -323,29 +361,28 @@ impl Policy {
             return;
         }
         // Candidate 0 is the greedy plan (ties go to it); then (stage, arm) departures.
-        let mut departures: Vec<(usize, usize)> = Vec::new();
-        for (s, st) in self.stages.iter().enumerate() {
-            departures.extend(
-                (0..st.arms.len())
-                    .filter(|&a| a != greedy[s])
-                    .map(|a| (s, a)),
-            );
-        }
+        let Scratch {
+            p,
+            departures,
+            values,
+            plan,
+        } = scratch;
         let k = departures.len() + 1;
-        let mut values = Vec::with_capacity(samples * k);
-        let mut plan = greedy.to_vec();
+        values.clear();
+        plan.clear();
+        plan.extend_from_slice(greedy);
         for _ in 0..samples {
             for (j, x) in p.iter_mut().enumerate() {
                 *x = eff.sample_plain(j, rng);
             }
-            values.push(self.plan_value(p, eff, &plan));
-            for &(s, a) in &departures {
+            values.push(self.plan_value(p, eff, plan));
+            for &(s, a) in departures.iter() {
                 plan[s] = a;
-                values.push(self.plan_value(p, eff, &plan));
+                values.push(self.plan_value(p, eff, plan));
                 plan[s] = greedy[s];
             }
         }
-        let chosen = crate::learn::ids::choose(&values, k).and_then(|i| i.checked_sub(1));
+        let chosen = crate::learn::ids::choose(values, k).and_then(|i| i.checked_sub(1));
         if let Some(&(s, a)) = chosen.and_then(|i| departures.get(i)) {
             out[s] = a;
         }
@@ -395,11 +432,18 @@ impl Policy {
         let eff = self.effective(features);
         let draws = draws.max(1);
         let (greedy, _) = self.greedy_in(&eff);
-        let mut p = vec![0.0; self.n_arms];
+        let mut scratch = Scratch::new(self, &greedy);
         let mut plan = Vec::new();
         let mut counts: BTreeMap<Vec<usize>, usize> = BTreeMap::new();
         for _ in 0..draws {
-            self.mixed_draw(&eff, &greedy, Routing::default(), &mut p, rng, &mut plan);
+            self.mixed_draw(
+                &eff,
+                &greedy,
+                Routing::default(),
+                &mut scratch,
+                rng,
+                &mut plan,
+            );
             *counts.entry(plan.clone()).or_default() += 1;
         }
         let mut out: Vec<(Vec<usize>, f64)> = counts

@@ -11,6 +11,7 @@ macro_rules! outln {
 
 pub mod agents;
 pub mod bench_adaptive;
+pub mod bench_overhead;
 pub mod bench_store;
 pub mod bench_tree;
 pub mod classify;
@@ -164,6 +165,9 @@ enum BenchCommand {
     /// Learning in words on a simulated agent environment: repeat errors, lessons, corrections,
     /// model calls and SOP coverage, with one mechanism ablated side by side.
     Adaptive(bench_adaptive::Args),
+    /// What the runtime adds to a run before its first tool call, and the resume time, on a
+    /// store that has been in use.
+    Overhead(bench_overhead::Args),
 }
 
 /// Runs `hindsight bench ...`.
@@ -173,6 +177,7 @@ pub async fn run_bench(global: &Global, args: BenchArgs) -> Result<(), Failure> 
         BenchCommand::Runtime(a) => bench_tree::runtime(global, a).await,
         BenchCommand::Learning(a) => bench_tree::learning(global, a).await,
         BenchCommand::Adaptive(a) => bench_adaptive::run(global, a).await,
+        BenchCommand::Overhead(a) => bench_overhead::run(global, a).await,
     }
 }
 
