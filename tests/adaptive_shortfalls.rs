@@ -639,12 +639,18 @@ fn a_correction_about_nothing_the_failures_show_is_refused() {
     };
     assert!(a.submit_correction_offline(&right, 3).is_ok());
     assert_eq!(a.lessons(SCOPE).len(), 1);
+    // Advice to keep away from the failing tool needs nothing more than its failures.
+    let avoid = Correction {
+        tool: Some("pdfminer".into()),
+        ..correction("do not use pdfminer for scanned statements")
+    };
+    assert!(a.submit_correction_offline(&avoid, 4).is_ok());
     // Advice that turns the failures around is refused: they ask for YYYY-MM-DD.
     let contrary = Correction {
         tool: Some("pdfminer".into()),
         ..correction("pdfminer does not want YYYY-MM-DD here")
     };
-    match a.submit_correction_offline(&contrary, 4) {
+    match a.submit_correction_offline(&contrary, 5) {
         Err(CorrectionError::Rejected { reason }) => {
             assert!(reason.contains("contradicts"), "{reason}")
         }

@@ -142,7 +142,9 @@ impl OfflineVerifier {
                 !named.contains(w) && (arguments.contains(w) || shown.iter().any(|(s, _)| s == w))
             })
             .collect();
-        if about.is_empty() {
+        // "Do not use pdfminer for scans" needs no more than its tool's failures.
+        let avoids_the_tool = said.iter().any(|(w, stance)| !stance && named.contains(w));
+        if about.is_empty() && !avoids_the_tool {
             return Verdict::Rejected {
                 reason: "what the correction says to do is about nothing its tool's failures \
                          show (no word of their messages or arguments)"
