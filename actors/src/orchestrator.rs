@@ -228,7 +228,6 @@ impl Actor for Orchestrator {
             .filter(|r| !r.state.is_terminal())
             .cloned()
             .collect();
-        let mut resumed = Vec::with_capacity(unfinished.len());
         for run in unfinished {
             if !state.claim_for_resume(&run.run_id) {
                 continue;
@@ -241,7 +240,7 @@ impl Actor for Orchestrator {
                         .store
                         .get::<TaskInput>(TASK_INPUTS, &run.task_id)?
                         .map(|i| i.0);
-                    resumed.push((run, task));
+                    crate::run::spawn_driver(state.ctx.clone(), run, task, true)
                 }
                 None => {
                     state.ctx.live.release(&run.run_id);
@@ -249,7 +248,6 @@ impl Actor for Orchestrator {
                 }
             }
         }
-        crate::run::resume_drivers(state.ctx.clone(), resumed);
         Ok(())
     }
 

@@ -90,42 +90,7 @@ pub fn run_id_for(task: &Task) -> String {
 /// panics ends its run `failed` with the reason recorded, and the run's callers are answered at
 /// once. A driver cancelled because the process is stopping leaves its run to be resumed.
 pub fn spawn_driver(ctx: Arc<TreeCtx>, run: Run, task: Task, resume: bool) {
-    spawn_holding(ctx, run, task, resume, None);
-}
-
-/// Runs resumed at once when the tree starts on unfinished runs. Each driver calls memory,
-/// policy and reflector before its first step; with every unfinished run started at once
-/// (10,000 after a crash under load) those calls queue past their timeouts and the runs end
-/// failed instead of resuming. The rest wait for a driver to end.
-pub const RESUMES_IN_FLIGHT: usize = 256;
-
-/// Resumes `runs` (each with its task), at most [`RESUMES_IN_FLIGHT`] at a time, from a task of
-/// its own so that the caller (the orchestrator starting) is not held.
-pub fn resume_drivers(ctx: Arc<TreeCtx>, runs: Vec<(Run, Task)>) {
-    if runs.is_empty() {
-        return;
-    }
     tokio::spawn(async move {
-        let slots = Arc::new(tokio::sync::Semaphore::new(RESUMES_IN_FLIGHT));
-        for (run, task) in runs {
-            let Ok(permit) = slots.clone().acquire_owned().await else {
-                return;
-            };
-            spawn_holding(ctx.clone(), run, task, true, Some(permit));
-        }
-    });
-}
-
-/// [`spawn_driver`], holding `permit` until the run's end is recorded.
-fn spawn_holding(
-    ctx: Arc<TreeCtx>,
-    run: Run,
-    task: Task,
-    resume: bool,
-    permit: Option<tokio::sync::OwnedSemaphorePermit>,
-) {
-    tokio::spawn(async move {
-        let _permit = permit;
         let ended = run.clone();
         let run_id = run.run_id.clone();
         let driver = tokio::spawn({
