@@ -217,15 +217,7 @@ async fn run_once(
     if first_lesson.is_none() && lessons > 0 {
         first_lesson = Some(tasks);
     }
-    let stats = rt
-        .ctx()
-        .dir
-        .policy
-        .call_with_timeout(
-            |reply| crate::policy::PolicyMsg::Stats { reply },
-            Duration::from_secs(30),
-        )
-        .await?;
+    let stats = super::bench::policy_stats(&rt).await?;
     let log: Vec<ExperienceTuple> = rt
         .store()
         .experience_all()?

@@ -364,15 +364,7 @@ async fn learn_on_tree(env: &SimEnv, plan: &LearningPlan<'_>) -> Result<Learned,
         |_| {},
     )
     .await?;
-    let stats = rt
-        .ctx()
-        .dir
-        .policy
-        .call_with_timeout(
-            |reply| crate::policy::PolicyMsg::Stats { reply },
-            Duration::from_secs(30),
-        )
-        .await?;
+    let stats = policy_stats(&rt).await?;
     let ranker = workload::distillation(&rt).await?;
     let sops_promoted = crate::policy::sops_promoted(rt.store())?;
     let restarts = rt.restarts();
@@ -385,6 +377,21 @@ async fn learn_on_tree(env: &SimEnv, plan: &LearningPlan<'_>) -> Result<Learned,
         sops_promoted,
         restarts,
     })
+}
+
+/// What the policy learned of a bench's runs (infrastructure failures learned from and ignored).
+pub(crate) async fn policy_stats(
+    rt: &Runtime,
+) -> Result<crate::policy::LearningStats, RuntimeError> {
+    Ok(rt
+        .ctx()
+        .dir
+        .policy
+        .call_with_timeout(
+            |reply| crate::policy::PolicyMsg::Stats { reply },
+            Duration::from_secs(30),
+        )
+        .await?)
 }
 
 /// The core's interpreter of the run machine on `env`'s tasks, built from `opts` as
