@@ -167,20 +167,18 @@ impl Planner {
         self.in_flight.retain(|(task, ..)| task != &exp.task_id);
         let via_sop = parse_sop_plan_id(&exp.plan_id);
         let first_passed = exp.result.passed && exp.result.attempts == 1;
-        if !self.sops_on {
-            self.mark_applied(seq);
-            return true;
-        }
-        self.sops.record_run(
-            &exp.context_features,
-            &exp.arms,
-            first_passed,
-            &exp.run_id,
-            via_sop,
-        );
-        if seq.is_multiple_of(10) {
-            let events = self.sops.consolidate(exp.time_ms);
-            self.sop_events.extend(events);
+        if self.sops_on {
+            self.sops.record_run(
+                &exp.context_features,
+                &exp.arms,
+                first_passed,
+                &exp.run_id,
+                via_sop,
+            );
+            if seq.is_multiple_of(10) {
+                let events = self.sops.consolidate(exp.time_ms);
+                self.sop_events.extend(events);
+            }
         }
         self.mark_applied(seq);
         true
