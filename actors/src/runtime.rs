@@ -484,6 +484,9 @@ impl Runtime {
     /// released: for a caller that holds the store (or the context) itself, such as the daemon
     /// behind the HTTP API, whose file closes when that caller lets go.
     pub async fn stop(mut self) {
+        self.ctx
+            .stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         drop(self.compactor.take());
         let _ = self
             .ctx

@@ -44,6 +44,45 @@ pub struct TreeCtx {
     /// Fault injection into the drivers (actor name `run_driver`, one message per driver
     /// start), if any.
     pub chaos: Option<crate::chaos_hook::ChaosHook>,
+    /// Calls from drivers to the tree's shared actors in flight ([`SHARED_CALLS_IN_FLIGHT`]).
+    pub shared: Gate,
+    /// Set when the tree is being stopped: a driver whose actors went away then leaves its run
+    /// to be resumed at the next start instead of ending it.
+    pub stopping: std::sync::atomic::AtomicBool,
+}
+
+/// Calls from run drivers to the tree's shared actors (policy, memory, reflector,
+/// orchestrator, validator, ReflectRetry) in flight at once. Each of them answers one message
+/// at a time: a burst of drivers (10,000 runs resumed after a crash, a flood of submissions)
+/// would otherwise queue in their mailboxes past the calls' timeouts and end runs failed for
+/// no fault of theirs. A driver waits for its turn here, where no timeout runs; a call's timeout
+/// starts when it is sent. Tool calls and model turns are not gated: they wait on the world,
+/// not on the tree.
+pub const SHARED_CALLS_IN_FLIGHT: usize = 64;
+
+/// At most so many futures in flight at once; the others wait their turn, first come first
+/// served.
+pub struct Gate(tokio::sync::Semaphore);
+
+impl Gate {
+    /// A gate that lets `n` through at once.
+    pub fn new(n: usize) -> Gate {
+        Gate(tokio::sync::Semaphore::new(n))
+    }
+
+    /// Performs `work` in its turn.
+    pub async fn run<T>(&self, work: impl std::future::Future<Output = T>) -> T {
+        // The semaphore is never closed; were it, the work goes ahead ungated.
+        let _turn = self.0.acquire().await.ok();
+        work.await
+    }
+}
+
+impl TreeCtx {
+    /// Performs `call` (a call to a shared actor) in its turn among the drivers' calls.
+    pub async fn gated<T>(&self, call: impl std::future::Future<Output = T>) -> T {
+        self.shared.run(call).await
+    }
 }
 
 /// The set of runs that have a live driver, so that no run is ever driven twice.
@@ -99,6 +138,10 @@ pub fn spawn_driver(ctx: Arc<TreeCtx>, run: Run, task: Task, resume: bool) {
         });
         let outcome = match driver.await {
             Ok(Ok(outcome)) => outcome,
+            Ok(Err(e)) if ctx.stopping.load(std::sync::atomic::Ordering::SeqCst) => {
+                tracing::debug!(run_id = %run_id, error = %e, "the tree is stopping; the run resumes at the next start");
+                return;
+            }
             Ok(Err(e)) => {
                 tracing::error!(run_id = %run_id, error = %e, "run driver failed; the run ends failed");
                 RunOutcome::rejected(&ended, e.to_string())
@@ -117,16 +160,14 @@ pub fn spawn_driver(ctx: Arc<TreeCtx>, run: Run, task: Task, resume: bool) {
             }
         };
         let finished = ctx
-            .dir
-            .orchestrator
-            .call_with(
+            .gated(ctx.dir.orchestrator.call_with(
                 |reply| OrchestratorMsg::Finished {
                     outcome: Box::new(outcome.clone()),
                     reply,
                 },
                 crate::directory::DEFAULT_CALL_TIMEOUT,
                 1_000,
-            )
+            ))
             .await;
         match finished {
             Ok(Ok(())) => {}
@@ -201,27 +242,27 @@ async fn drive(
         let event = match command {
             Command::Prepare => prepare(ctx, &run_id, &task).await?,
             Command::Choose { base, exclude } => Event::Planned(
-                ctx.dir
-                    .policy
-                    .call(|reply| PolicyMsg::Choose {
-                        task: task.clone(),
-                        base: base.clone(),
-                        exclude: exclude.clone(),
-                        reply,
-                    })
-                    .await?,
+                ctx.gated(ctx.dir.policy.call(|reply| PolicyMsg::Choose {
+                    task: task.clone(),
+                    base: base.clone(),
+                    exclude: exclude.clone(),
+                    reply,
+                }))
+                .await?,
             ),
             Command::Transition { from, next, patch } => {
                 let answer = ctx
-                    .dir
-                    .orchestrator
-                    .call(|reply| OrchestratorMsg::Transition {
-                        run_id: run_id.clone(),
-                        from,
-                        next,
-                        patch: patch.clone(),
-                        reply,
-                    })
+                    .gated(
+                        ctx.dir
+                            .orchestrator
+                            .call(|reply| OrchestratorMsg::Transition {
+                                run_id: run_id.clone(),
+                                from,
+                                next,
+                                patch: patch.clone(),
+                                reply,
+                            }),
+                    )
                     .await?;
                 Event::Transitioned(answer.map_err(DriveError::Transition)?.state)
             }
@@ -287,14 +328,12 @@ async fn drive(
                 }
             }
             Command::Validate(outputs) => Event::Validated(
-                ctx.dir
-                    .validator
-                    .call(|reply| ValidatorMsg::Validate {
-                        task: task.clone(),
-                        outputs: outputs.clone(),
-                        reply,
-                    })
-                    .await?,
+                ctx.gated(ctx.dir.validator.call(|reply| ValidatorMsg::Validate {
+                    task: task.clone(),
+                    outputs: outputs.clone(),
+                    reply,
+                }))
+                .await?,
             ),
             Command::LoadCheckpoint(name) => Event::CheckpointLoaded(match name {
                 Some(name) => ctx.store.checkpoint_named(&run_id, &name)?,
@@ -321,25 +360,21 @@ async fn prepare(ctx: &TreeCtx, run_id: &str, task: &Arc<Task>) -> Result<Event,
             .tell(PluginMsg::BeforeRun(Box::new((**task).clone())));
     }
     let mut bundle = ctx
-        .dir
-        .memory
-        .call(|reply| MemoryMsg::Retrieve {
+        .gated(ctx.dir.memory.call(|reply| MemoryMsg::Retrieve {
             task: task.clone(),
             reply,
-        })
+        }))
         .await?;
     // The lessons of the task's scope, fenced, join the retrieval (a reflector that cannot
     // answer leaves the run without them rather than failing it).
     bundle.strategy_context = ctx
-        .dir
-        .reflector
-        .call_with_timeout(
+        .gated(ctx.dir.reflector.call_with_timeout(
             |reply| ReflectorMsg::Context {
                 task: task.clone(),
                 reply,
             },
             PLUGIN_TIMEOUT,
-        )
+        ))
         .await
         .ok()
         .flatten();
@@ -357,12 +392,10 @@ async fn prepare(ctx: &TreeCtx, run_id: &str, task: &Arc<Task>) -> Result<Event,
 /// the run.
 async fn review(ctx: &TreeCtx, report: hindsight::run::RunReport) -> Event {
     let reflect_retry = ctx
-        .dir
-        .reflect_retry
-        .call_with_timeout(
+        .gated(ctx.dir.reflect_retry.call_with_timeout(
             |reply| PluginMsg::AfterRun(Box::new(report.clone()), reply),
             PLUGIN_TIMEOUT,
-        )
+        ))
         .await
         .unwrap_or(Verdict::Accept);
     let mut plugins = Vec::new();
@@ -389,5 +422,40 @@ async fn review(ctx: &TreeCtx, report: hindsight::run::RunReport) -> Event {
         reflect_retry,
         plugins,
         at_ms: now_ms(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[tokio::test]
+    async fn the_gate_lets_through_its_number_at_once_and_every_one_in_turn() {
+        let gate = Arc::new(Gate::new(SHARED_CALLS_IN_FLIGHT));
+        let now = Arc::new(AtomicUsize::new(0));
+        let max = Arc::new(AtomicUsize::new(0));
+        let done = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..1_000 {
+            let (gate, now, max, done) = (gate.clone(), now.clone(), max.clone(), done.clone());
+            tasks.push(tokio::spawn(async move {
+                gate.run(async {
+                    let inside = now.fetch_add(1, Ordering::SeqCst) + 1;
+                    max.fetch_max(inside, Ordering::SeqCst);
+                    for _ in 0..4 {
+                        tokio::task::yield_now().await;
+                    }
+                    now.fetch_sub(1, Ordering::SeqCst);
+                    done.fetch_add(1, Ordering::SeqCst);
+                })
+                .await
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(done.load(Ordering::SeqCst), 1_000);
+        assert_eq!(max.load(Ordering::SeqCst), SHARED_CALLS_IN_FLIGHT);
     }
 }

@@ -36,6 +36,9 @@ pub struct Args {
 
 /// Runs `hindsight bench overhead`.
 pub async fn run(_global: &Global, args: Args) -> Result<(), Failure> {
+    // What goes wrong in the tree (a run that ends before its first call, say) on stderr.
+    hindsight_actors::app::telemetry::init(hindsight::config::LogFormat::Text, "warn")
+        .map_err(|e| Failure::new(e.to_string()))?;
     let env = load_env(args.env.as_deref()).map_err(|e| Failure::new(e.to_string()))?;
     let load = Load {
         experiences: args.experiences,
