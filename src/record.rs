@@ -363,4 +363,6 @@ pub struct Sop {
     pub created_ms: u64,
     /// When it was last changed (ms since epoch).
     pub updated_ms: u64,
+    /// For agent stages, the calls that replace the model (empty for a plan of tool stages).
+    pub procedure: Vec<crate::learn::procedure::Procedure>,
 }

@@ -308,7 +308,12 @@ impl MemoryState {
             }
         };
         let mut latest: BTreeMap<String, Sop> = BTreeMap::new();
-        for sop in rows.into_iter().filter_map(|(_, s)| s.ok()) {
+        // Candidates on trial are not in force: the latest version that has been.
+        for sop in rows
+            .into_iter()
+            .filter_map(|(_, s)| s.ok())
+            .filter(|s| s.status != hindsight::SopStatus::Candidate)
+        {
             if latest
                 .get(&sop.sop_id)
                 .is_none_or(|l| l.version < sop.version)

@@ -528,6 +528,7 @@ impl PolicyState {
             let (sop, what) = match &event {
                 SopEvent::Promoted(s) => (s, "promoted"),
                 SopEvent::RolledBack(s) => (s, "rolled back"),
+                SopEvent::Proposed(s) => (s, "proposed"),
             };
             ops.push(hindsight::store::WriteOp::put(
                 SOPS,
@@ -554,7 +555,11 @@ impl PolicyState {
                         sop.p_value
                             .map(|p| format!("{p:.4}"))
                             .unwrap_or_else(|| "n/a".into())
-                    ),
+                    ) + &sop
+                        .procedure
+                        .iter()
+                        .map(|p| format!("; procedure of stage {}:\n{p}", p.stage))
+                        .collect::<String>(),
                     tags: vec!["sop".to_string()],
                 },
             )?);
@@ -586,11 +591,20 @@ impl PolicyState {
         self.distiller_dirty = false;
         // On disk: memory indexes the promoted SOPs and forgets the rolled-back ones. Without
         // waiting for it: a memory down now reads the SOP table when it starts again.
+        // A candidate is not indexed; a version rolled back leaves the index to the version of
+        // its SOP still stable, if one is.
         for event in events {
-            self.memory.tell(match event {
+            let msg = match event {
                 SopEvent::Promoted(s) => MemoryMsg::IndexSop(Box::new(s)),
-                SopEvent::RolledBack(s) => MemoryMsg::ForgetSop(s.sop_id),
-            });
+                SopEvent::RolledBack(s) => {
+                    match self.planner.sops.stable().find(|x| x.sop_id == s.sop_id) {
+                        Some(stable) => MemoryMsg::IndexSop(Box::new(stable.clone())),
+                        None => MemoryMsg::ForgetSop(s.sop_id),
+                    }
+                }
+                SopEvent::Proposed(_) => continue,
+            };
+            self.memory.tell(msg);
         }
         Ok(())
     }

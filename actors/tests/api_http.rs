@@ -76,6 +76,7 @@ impl Backend for Fake {
             evidence: vec![run_id.clone()],
             created_ms: 1,
             updated_ms: 1,
+            procedure: vec![],
         };
         let mut sops = self.sops.lock().unwrap();
         if !sops.iter().any(|s| s.sop.sop_id == sop.sop_id) {

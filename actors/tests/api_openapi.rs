@@ -314,8 +314,10 @@ fn response_schemas_match_types() {
         evidence: vec![],
         created_ms: 0,
         updated_ms: 0,
+        procedure: vec![procedure()],
     };
     check_response("Sop", &sop);
+    check_response("Procedure", &procedure());
     check_response("ArmChoice", &arm());
     let ts = TenantSop {
         tenant: "a".into(),
@@ -587,5 +589,49 @@ fn memory_item_kinds_and_documented_statuses() {
         ("/orchestrate", "413"),
     ] {
         assert!(responses(path)[status].is_object(), "{path} {status}");
+    }
+}
+
+/// A procedure with every kind of source and an answer template.
+fn procedure() -> hindsight::learn::procedure::Procedure {
+    use hindsight::learn::procedure::{Piece, Procedure, ProcedureCall, Source};
+    Procedure {
+        stage: "answer".into(),
+        calls: vec![
+            ProcedureCall {
+                tool: "crm.lookup".into(),
+                args: vec![
+                    ("email".into(), Source::Input("email".into())),
+                    ("tier".into(), Source::Feature("tier".into())),
+                    ("limit".into(), Source::Literal("10".into())),
+                ],
+            },
+            ProcedureCall {
+                tool: "invoices".into(),
+                args: vec![
+                    (
+                        "customer".into(),
+                        Source::Result {
+                            call: 0,
+                            field: "id".into(),
+                        },
+                    ),
+                    (
+                        "path".into(),
+                        Source::Template(vec![
+                            Piece::Text("/c/".into()),
+                            Piece::Value(Source::Input("email".into())),
+                        ]),
+                    ),
+                ],
+            },
+        ],
+        answer: Some(vec![
+            Piece::Value(Source::Result {
+                call: 1,
+                field: "total".into(),
+            }),
+            Piece::Text(" owed".into()),
+        ]),
     }
 }

@@ -59,3 +59,33 @@ async fn corrections_switched_off_are_refused_by_the_reflector() {
         0
     );
 }
+
+/// Procedures from the agent's trajectories: where one was promoted, a run through it needs no
+/// model turn at all (the sim's answers agree on a template), passes as often as the model's
+/// own runs there, and switching SOPs off proposes none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promoted_procedures_replace_the_model_at_no_loss_of_success() {
+    let plan = AdaptivePlan {
+        tasks: 600,
+        seed: 1,
+        ablate: Some(Mechanism::Sops),
+    };
+    let b = adaptive(&support_desk(), plan).await.unwrap();
+    let (on, off) = (&b.figures, b.ablated.as_ref().unwrap());
+    let p = &on.procedures;
+    println!("{}", serde_json::to_string_pretty(&b).unwrap());
+    assert!(p.promoted >= 1 && p.sop_runs > 0, "{p:?}");
+    assert!(
+        p.model_calls_per_task_sop <= 0.5 * p.model_calls_per_task_model,
+        "{p:?}"
+    );
+    assert!(p.success_rate_sop >= p.success_rate_model, "{p:?}");
+    assert!(
+        p.first_try_success_sop >= p.first_try_success_model,
+        "{p:?}"
+    );
+    assert!(on.sop_coverage_last_100 > 0.0);
+    assert!(on.model_calls_per_task < off.model_calls_per_task);
+    assert_eq!(off.procedures.proposed, 0);
+    assert_eq!(off.sop_coverage_last_100, 0.0);
+}

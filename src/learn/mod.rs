@@ -14,6 +14,7 @@ pub mod mechanism;
 pub mod ope;
 pub mod planner;
 pub mod posterior;
+pub mod procedure;
 pub mod reflector;
 pub mod sop;
 pub mod stats;

@@ -10,7 +10,8 @@ use crate::learn::bandit::{Observation, Policy, Routing, StageObservation, Updat
 use crate::learn::distill::{DistillOutcome, Distiller};
 use crate::learn::first_attempt::{FirstAttempts, step_observations};
 use crate::learn::ope::{Objective, log_for};
-use crate::learn::sop::{SopBook, SopEvent};
+use crate::learn::procedure::{PROCEDURE_KEY, Procedure};
+use crate::learn::sop::{SopBook, SopEvent, SopRun};
 use crate::run::{PlanChoice, parse_sop_plan_id, sop_plan_id};
 use crate::{ArmChoice, ExperienceTuple, Task};
 
@@ -168,13 +169,20 @@ impl Planner {
         let via_sop = parse_sop_plan_id(&exp.plan_id);
         let first_passed = exp.result.passed && exp.result.attempts == 1;
         if self.sops_on {
-            self.sops.record_run(
-                &exp.context_features,
-                &exp.arms,
-                first_passed,
-                &exp.run_id,
+            let procedure = if via_sop.is_none() && first_passed {
+                procedures_of(exp)
+            } else {
+                Vec::new()
+            };
+            self.sops.record_run(&SopRun {
+                features: &exp.context_features,
+                plan: &exp.arms,
+                passed: first_passed,
+                reward: exp.reward,
+                run_id: &exp.run_id,
                 via_sop,
-            );
+                procedure: &procedure,
+            });
             if seq.is_multiple_of(10) {
                 let events = self.sops.consolidate(exp.time_ms);
                 self.sop_events.extend(events);
@@ -297,17 +305,27 @@ impl Planner {
     fn route(&mut self, task: &Task) -> PlanChoice {
         let features = &task.features;
         let exploit = self.distiller.exploit_plan(&self.policy, features);
-        // The SOP in force, with its plan's arm indices: one that matches, fits the stages, and
-        // that the policy's own evidence since the promotion (a drift, say) has not overtaken.
-        let stable = if self.sops_on {
-            self.sops.matching_stable_sop(features)
+        // The SOP in force, with its plan's arm indices and its share: one that matches, fits
+        // the stages, and that the policy's own evidence since the promotion (a drift, say) has
+        // not overtaken. A stable procedure first, then a candidate procedure on trial, then a
+        // stable plan.
+        let (stable, candidate) = if self.sops_on {
+            (
+                self.sops.matching_stable_sop(features),
+                self.sops.matching_candidate(features),
+            )
         } else {
-            None
+            (None, None)
         };
-        let in_force = stable.and_then(|sop| {
+        let pick = match (stable, candidate) {
+            (Some(s), _) if !s.procedure.is_empty() => Some((s, self.sops.sop_share())),
+            (_, Some(c)) => Some((c, self.sops.config.trial_share.clamp(0.0, 1.0))),
+            (s, None) => s.map(|s| (s, self.sops.sop_share())),
+        };
+        let in_force = pick.and_then(|(sop, share)| {
             let indices = self.policy.choice_indices(&sop.plan)?;
             let gap = self.policy.shortfall(features, &sop.plan)?;
-            (gap <= self.sops.config.defer_margin).then_some((sop, indices))
+            (gap <= self.sops.config.defer_margin).then_some((sop, indices, share))
         });
         self.choices += 1;
         let oldest = self.choices.saturating_sub(IN_FLIGHT_CHOICES);
@@ -321,7 +339,7 @@ impl Planner {
             ranker: exploit.as_deref(),
             sop: in_force
                 .as_ref()
-                .map(|(_, indices)| (indices.as_slice(), self.sops.sop_share())),
+                .map(|(_, indices, share)| (indices.as_slice(), *share)),
             exploring: &exploring,
         };
         let choice = self.policy.choose_routed(features, routing, &mut self.rng);
@@ -332,10 +350,11 @@ impl Planner {
         }
         let arms = choice.arm_choices();
         let mut plan = match in_force {
-            Some((sop, _)) if choice.sop => {
+            Some((sop, ..)) if choice.sop => {
                 let mut plan = PlanChoice::new(arms, Some(sop.sop_id.clone()), true);
                 plan.plan_id = sop_plan_id(&sop.sop_id, sop.version);
                 plan.sop_version = Some(sop.version);
+                plan.procedure = sop.procedure.clone();
                 plan
             }
             _ => PlanChoice::new(arms, None, choice.greedy),
@@ -346,6 +365,16 @@ impl Planner {
             .unwrap_or_default();
         plan
     }
+}
+
+/// The procedures a run's agent stages made, from its answer steps ([`PROCEDURE_KEY`]); empty
+/// when a stage left none (a step whose record does not read is no procedure).
+pub fn procedures_of(exp: &ExperienceTuple) -> Vec<Procedure> {
+    exp.steps
+        .iter()
+        .filter_map(|s| s.metadata.get(PROCEDURE_KEY))
+        .filter_map(|v| serde_json::from_value(v.clone()).ok())
+        .collect()
 }
 
 /// The bandit observation of an experience: one entry per stage call, its outcome taken from the

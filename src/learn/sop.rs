@@ -2,14 +2,17 @@
 //! promotion on statistical evidence (minimum sample, one-sided uplift test over the cluster's
 //! baseline, no critical incident in the window), versioning, matching for the planner, and an
 //! A/B router that keeps a share of traffic on the baseline and rolls an SOP back when its live
-//! success falls significantly below its evidence.
+//! success falls significantly below its evidence. For agent stages, the calls a model keeps
+//! making when it passes are proposed as a procedure (a candidate SOP), trialled on a share of
+//! the cluster's tasks, and promoted on the same test over its trials.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 use crate::learn::cluster::{cluster_key, key_hash};
-use crate::learn::stats::{fisher_exact_greater, two_proportion_z};
+use crate::learn::procedure::Procedure;
+use crate::learn::stats::{fisher_exact_greater, mann_whitney_greater, two_proportion_z};
 use crate::record::{ArmChoice, Sop, SopStatus};
 
 /// Configuration of SOP promotion and routing (serde, with defaults).
@@ -40,6 +43,13 @@ pub struct SopConfig {
     /// expects this much more reward from its own greedy plan than from the SOP's (what it has
     /// learned since the promotion, a drift for one, outweighs the SOP's evidence).
     pub defer_margin: f64,
+    /// Passed first attempts of a cluster that made the same calls (the same procedure) before
+    /// the procedure is proposed as a candidate. Lower proposes sooner, from less agreement.
+    pub propose_after: u64,
+    /// Share of the matching traffic's exploit draws a candidate procedure is trialled on (its
+    /// trials are the evidence it is promoted on). Higher gathers evidence sooner, at the risk
+    /// of more runs through a procedure not yet proven.
+    pub trial_share: f64,
 }
 
 impl Default for SopConfig {
@@ -54,6 +64,8 @@ impl Default for SopConfig {
             incident_window_ms: 24 * 3600 * 1000,
             max_evidence: 50,
             defer_margin: 0.05,
+            propose_after: 5,
+            trial_share: 0.25,
         }
     }
 }
@@ -76,8 +88,10 @@ pub struct Tally {
 pub enum SopEvent {
     /// A plan was promoted to a stable SOP (a new version when the SOP id existed).
     Promoted(Sop),
-    /// A stable SOP was rolled back.
+    /// A stable SOP (or a candidate whose trials fell short) was rolled back.
     RolledBack(Sop),
+    /// A procedure was proposed: a candidate, trialled before it can be promoted.
+    Proposed(Sop),
 }
 
 /// Live results of a stable SOP since its promotion.
@@ -104,6 +118,64 @@ pub struct SopBook {
     pub sops: Vec<Sop>,
     /// `sop_id@version` -> live results.
     pub live: BTreeMap<String, LiveTally>,
+    /// Cluster key -> the procedures its passed first attempts made, by their calls.
+    pub proposals: BTreeMap<String, BTreeMap<String, Proposal>>,
+    /// Cluster key -> the rewards of its latest runs outside any SOP ([`REWARD_WINDOW`]).
+    pub model_rewards: BTreeMap<String, Vec<f64>>,
+    /// `sop_id@version` of a candidate -> the rewards of its latest trials.
+    pub trial_rewards: BTreeMap<String, Vec<f64>>,
+}
+
+/// Rewards kept per cluster (and per candidate) for the test of a procedure's uplift: the
+/// latest runs, so that a cluster's early learning does not stand for the model of today.
+pub const REWARD_WINDOW: usize = 100;
+
+/// Adds `reward` to a window of the latest [`REWARD_WINDOW`].
+fn window(rewards: &mut Vec<f64>, reward: f64) {
+    rewards.push(reward);
+    let excess = rewards.len().saturating_sub(REWARD_WINDOW);
+    rewards.drain(..excess);
+}
+
+/// A finished run as the SOP book records it.
+#[derive(Debug, Clone, Copy)]
+pub struct SopRun<'a> {
+    /// The task's features.
+    pub features: &'a BTreeMap<String, String>,
+    /// The first attempt's plan.
+    pub plan: &'a [ArmChoice],
+    /// Whether it passed on its first attempt.
+    pub passed: bool,
+    /// Its reward.
+    pub reward: f64,
+    /// The run.
+    pub run_id: &'a str,
+    /// The SOP it ran through (id, version), if any.
+    pub via_sop: Option<(&'a str, u32)>,
+    /// The procedure its agent stages made, when it ran through none (empty otherwise).
+    pub procedure: &'a [Procedure],
+}
+
+/// The passed first attempts of a cluster that made one procedure's calls.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Proposal {
+    /// The procedure of each agent stage, as the latest run made it.
+    pub procedure: Vec<Procedure>,
+    /// The plan of the latest run that made it (the model and variant that answer after it).
+    pub plan: Vec<ArmChoice>,
+    /// Runs that made it.
+    pub runs: u64,
+    /// Of those, the latest in a row whose answers had the same template.
+    pub answers_agree: u64,
+}
+
+/// The key of a run's procedures: their calls' keys, joined.
+fn procedure_key(procedure: &[Procedure]) -> String {
+    procedure
+        .iter()
+        .map(Procedure::calls_key)
+        .collect::<Vec<_>>()
+        .join("|")
 }
 
 /// The key of a plan: `stage:tool/strategy` joined by `,`.
@@ -131,18 +203,37 @@ impl SopBook {
         }
     }
 
-    /// Records a finished run: its features, the first attempt's plan, whether it passed, and
-    /// through which SOP it ran (if any). Runs through an SOP count towards its live results;
-    /// the others towards the plan's tally and the cluster's baseline.
-    pub fn record_run(
-        &mut self,
-        features: &BTreeMap<String, String>,
-        plan: &[ArmChoice],
-        passed: bool,
-        run_id: &str,
-        via_sop: Option<(&str, u32)>,
-    ) {
+    /// Records a finished run. Runs through a stable SOP count towards its live results, runs
+    /// through a candidate towards its trials; the others towards the plan's tally and the
+    /// cluster's baseline, and their procedure towards its proposal.
+    pub fn record_run(&mut self, run: &SopRun<'_>) {
+        let SopRun {
+            features,
+            plan,
+            passed,
+            reward,
+            run_id,
+            via_sop,
+            procedure,
+        } = *run;
+        let max_ev = self.config.max_evidence;
         if let Some((id, version)) = via_sop {
+            if let Some(sop) = self.sops.iter_mut().find(|s| {
+                s.sop_id == id && s.version == version && s.status == SopStatus::Candidate
+            }) {
+                sop.trials += 1;
+                if passed {
+                    sop.successes += 1;
+                    sop.evidence.push(run_id.to_string());
+                    let excess = sop.evidence.len().saturating_sub(max_ev);
+                    sop.evidence.drain(..excess);
+                }
+                window(
+                    self.trial_rewards.entry(live_key(id, version)).or_default(),
+                    reward,
+                );
+                return;
+            }
             let live = self.live.entry(live_key(id, version)).or_default();
             live.trials += 1;
             live.successes += u64::from(passed);
@@ -159,7 +250,33 @@ impl SopBook {
             return;
         }
         let cluster = cluster_key(features);
-        let max_ev = self.config.max_evidence;
+        window(
+            self.model_rewards.entry(cluster.clone()).or_default(),
+            reward,
+        );
+        if passed && !procedure.is_empty() {
+            let proposal = self
+                .proposals
+                .entry(cluster.clone())
+                .or_default()
+                .entry(procedure_key(procedure))
+                .or_default();
+            let answers = |p: &[Procedure]| p.iter().map(|p| p.answer.clone()).collect::<Vec<_>>();
+            proposal.answers_agree = if answers(&proposal.procedure) == answers(procedure) {
+                proposal.answers_agree + 1
+            } else {
+                1
+            };
+            proposal.runs += 1;
+            proposal.procedure = procedure.to_vec();
+            proposal.plan = plan
+                .iter()
+                .map(|a| ArmChoice {
+                    propensity: 1.0,
+                    ..a.clone()
+                })
+                .collect();
+        }
         let add = |t: &mut Tally| {
             t.trials += 1;
             if passed {
@@ -252,8 +369,11 @@ impl SopBook {
                 sop.status = SopStatus::RolledBack;
                 sop.updated_ms = now_ms;
                 events.push(SopEvent::RolledBack(sop.clone()));
-                // Its plan must earn promotion again from fresh evidence.
+                // Its plan (its procedure) must earn promotion again from fresh evidence.
                 let cluster = cluster_key(&sop.preconditions);
+                if let Some(proposals) = self.proposals.get_mut(&cluster) {
+                    proposals.remove(&procedure_key(&sop.procedure));
+                }
                 if let Some(plans) = self.plans.get_mut(&cluster)
                     && let Some(t) = plans.get_mut(&plan_key(&sop.plan))
                 {
@@ -335,11 +455,148 @@ impl SopBook {
                 evidence: tally.evidence.clone(),
                 created_ms: now_ms,
                 updated_ms: now_ms,
+                procedure: Vec::new(),
             };
             self.sops.push(sop.clone());
             events.push(SopEvent::Promoted(sop));
         }
+        self.consolidate_procedures(now_ms, &mut events);
         events
+    }
+
+    /// Candidates whose trials earned it are promoted (as a plan is: enough trials and baseline
+    /// runs, a significant one-sided uplift over the cluster's baseline, no critical incident;
+    /// the uplift is the reward's, by the Mann-Whitney test of the trials' rewards against the
+    /// model's latest in the cluster), those whose trials passed or earned significantly less
+    /// than the model are rolled back, and the procedure
+    /// most made by a cluster's passed first attempts is proposed where no candidate or stable
+    /// procedure is.
+    fn consolidate_procedures(&mut self, now_ms: u64, events: &mut Vec<SopEvent>) {
+        let cfg = self.config.clone();
+        let mut promoted = Vec::new();
+        for i in 0..self.sops.len() {
+            let sop = &self.sops[i];
+            if sop.status != SopStatus::Candidate || sop.trials < cfg.min_trials {
+                continue;
+            }
+            let cluster = cluster_key(&sop.preconditions);
+            let Some((_, baseline)) = self.clusters.get(&cluster) else {
+                continue;
+            };
+            if baseline.trials < cfg.min_baseline_trials {
+                continue;
+            }
+            let key = live_key(&sop.sop_id, sop.version);
+            let none = Vec::new();
+            let trial_rewards = self.trial_rewards.get(&key).unwrap_or(&none);
+            let model_rewards = self.model_rewards.get(&cluster).unwrap_or(&none);
+            // The uplift: its trials' rewards above the model's latest in the cluster (a
+            // procedure saves the model's turns and failed calls: the reward says what that
+            // is worth).
+            let p = mann_whitney_greater(trial_rewards, model_rewards).p_value;
+            let incident = self
+                .plans
+                .get(&cluster)
+                .and_then(|plans| plans.get(&plan_key(&sop.plan)))
+                .and_then(|(_, t)| t.last_incident_ms)
+                .is_some_and(|t| now_ms.saturating_sub(t) < cfg.incident_window_ms);
+            // Worse: it passes significantly less often than the model, or earns significantly
+            // less.
+            let worse = fisher_exact_greater(
+                baseline.successes,
+                baseline.trials,
+                sop.successes,
+                sop.trials,
+            )
+            .p_value
+                < cfg.rollback_alpha
+                || mann_whitney_greater(model_rewards, trial_rewards).p_value < cfg.rollback_alpha;
+            let (baseline_successes, baseline_trials) = (baseline.successes, baseline.trials);
+            let sop = &mut self.sops[i];
+            if worse {
+                sop.status = SopStatus::RolledBack;
+                sop.updated_ms = now_ms;
+                events.push(SopEvent::RolledBack(sop.clone()));
+                if let Some(proposals) = self.proposals.get_mut(&cluster) {
+                    proposals.remove(&procedure_key(&sop.procedure));
+                }
+            } else if p < cfg.alpha && !incident {
+                sop.status = SopStatus::Stable;
+                sop.p_value = Some(p);
+                sop.baseline_successes = baseline_successes;
+                sop.baseline_trials = baseline_trials;
+                sop.updated_ms = now_ms;
+                promoted.push(i);
+            }
+        }
+        for i in promoted {
+            let (id, version) = (self.sops[i].sop_id.clone(), self.sops[i].version);
+            for s in self
+                .sops
+                .iter_mut()
+                .filter(|s| s.sop_id == id && s.version != version && s.status == SopStatus::Stable)
+            {
+                s.status = SopStatus::Retired;
+                s.updated_ms = now_ms;
+            }
+            events.push(SopEvent::Promoted(self.sops[i].clone()));
+        }
+        // Proposals, where no procedure is on trial or in force.
+        let mut proposed = Vec::new();
+        for (cluster, proposals) in &self.proposals {
+            let taken = self.sops.iter().any(|s| {
+                !s.procedure.is_empty()
+                    && matches!(s.status, SopStatus::Candidate | SopStatus::Stable)
+                    && cluster_key(&s.preconditions) == *cluster
+            });
+            if taken {
+                continue;
+            }
+            let best = proposals
+                .values()
+                .filter(|p| p.runs >= cfg.propose_after)
+                .max_by_key(|p| p.runs);
+            let (Some(best), Some((features, _))) = (best, self.clusters.get(cluster)) else {
+                continue;
+            };
+            let plan = best.plan.clone();
+            let mut procedure = best.procedure.clone();
+            if best.answers_agree < cfg.propose_after {
+                // The model's answers did not agree on one template: it still writes them.
+                for p in &mut procedure {
+                    p.answer = None;
+                }
+            }
+            proposed.push((cluster.clone(), features.clone(), plan, procedure));
+        }
+        for (cluster, features, plan, procedure) in proposed {
+            let sop_id = format!("sop-{:016x}", key_hash(&cluster));
+            let version = self
+                .sops
+                .iter()
+                .filter(|s| s.sop_id == sop_id)
+                .map(|s| s.version + 1)
+                .max()
+                .unwrap_or(1);
+            let sop = Sop {
+                sop_id,
+                version,
+                preconditions: features,
+                plan,
+                status: SopStatus::Candidate,
+                successes: 0,
+                trials: 0,
+                baseline_successes: 0,
+                baseline_trials: 0,
+                p_value: None,
+                evidence: Vec::new(),
+                created_ms: now_ms,
+                updated_ms: now_ms,
+                procedure,
+            };
+            self.sops.push(sop.clone());
+            events.push(SopEvent::Proposed(sop));
+        }
     }
 
     /// The stable SOP whose preconditions match `features` (the most specific, then the
@@ -356,6 +613,18 @@ impl SopBook {
     /// [`crate::learn::bandit::Routing`]).
     pub fn sop_share(&self) -> f64 {
         1.0 - self.config.baseline_share.clamp(0.0, 1.0)
+    }
+
+    /// The candidate procedure on trial whose preconditions match `features`, if any.
+    pub fn matching_candidate(&self, features: &BTreeMap<String, String>) -> Option<&Sop> {
+        self.sops
+            .iter()
+            .filter(|s| {
+                s.status == SopStatus::Candidate
+                    && !s.procedure.is_empty()
+                    && matches(&s.preconditions, features)
+            })
+            .max_by_key(|s| (s.preconditions.len(), s.version))
     }
 
     /// Stable SOPs.
@@ -402,9 +671,28 @@ mod tests {
         }]
     }
 
+    /// A run of a tool-stage plan (no procedure), rewarded 1 when it passed.
+    fn run<'a>(
+        features: &'a BTreeMap<String, String>,
+        plan: &'a [ArmChoice],
+        passed: bool,
+        run_id: &'a str,
+        via_sop: Option<(&'a str, u32)>,
+    ) -> SopRun<'a> {
+        SopRun {
+            features,
+            plan,
+            passed,
+            reward: f64::from(u8::from(passed)),
+            run_id,
+            via_sop,
+            procedure: &[],
+        }
+    }
+
     fn feed(book: &mut SopBook, f: &BTreeMap<String, String>, tool: &str, ok: u64, n: u64) {
         for i in 0..n {
-            book.record_run(f, &plan(tool), i < ok, &format!("{tool}-{i}"), None);
+            book.record_run(&run(f, &plan(tool), i < ok, &format!("{tool}-{i}"), None));
         }
     }
 
@@ -472,21 +760,23 @@ mod tests {
         feed(&mut book, &f, "good", 30, 30);
         feed(&mut book, &f, "bad", 4, 15);
         assert_eq!(book.consolidate(0).len(), 1);
-        let (id, v) = {
+        let (sop_id, v) = {
             let s = book.matching_stable_sop(&f).unwrap();
             (s.sop_id.clone(), s.version)
         };
         // Live results as good as the evidence: no rollback.
         for i in 0..10 {
-            book.record_run(&f, &plan("good"), i != 3, &format!("l{i}"), Some((&id, v)));
+            let (p, id) = (plan("good"), format!("l{i}"));
+            book.record_run(&run(&f, &p, i != 3, &id, Some((&sop_id, v))));
         }
         assert!(book.consolidate(5).is_empty());
         // Then it breaks.
         for i in 0..10 {
-            book.record_run(&f, &plan("good"), false, &format!("m{i}"), Some((&id, v)));
+            let (p, id) = (plan("good"), format!("m{i}"));
+            book.record_run(&run(&f, &p, false, &id, Some((&sop_id, v))));
         }
         let ev = book.consolidate(6);
-        assert!(matches!(&ev[..], [SopEvent::RolledBack(s)] if s.sop_id == id));
+        assert!(matches!(&ev[..], [SopEvent::RolledBack(s)] if s.sop_id == sop_id));
         assert!(book.matching_stable_sop(&f).is_none());
         // A new version needs fresh evidence.
         feed(&mut book, &f, "good", 25, 25);
@@ -495,5 +785,185 @@ mod tests {
         let json = serde_json::to_string(&book.snapshot()).unwrap();
         let back = SopBook::restore(serde_json::from_str(&json).unwrap());
         assert_eq!(back, book);
+    }
+
+    /// A two-call procedure of agent stage `answer`, answered by `answer` (a literal).
+    fn procedure(query: &str, answer: &str) -> Vec<Procedure> {
+        use crate::learn::procedure::{Piece, ProcedureCall, Source};
+        vec![Procedure {
+            stage: "answer".into(),
+            calls: vec![
+                ProcedureCall {
+                    tool: "search".into(),
+                    args: vec![("q".into(), Source::Literal(format!("\"{query}\"")))],
+                },
+                ProcedureCall {
+                    tool: "fetch".into(),
+                    args: vec![(
+                        "id".into(),
+                        Source::Result {
+                            call: 0,
+                            field: "id".into(),
+                        },
+                    )],
+                },
+            ],
+            answer: Some(vec![Piece::Text(answer.into())]),
+        }]
+    }
+
+    fn model_run(
+        book: &mut SopBook,
+        f: &BTreeMap<String, String>,
+        i: u64,
+        reward: f64,
+        p: &[Procedure],
+    ) {
+        let (plan, id) = (plan("model"), format!("model-{i}"));
+        book.record_run(&SopRun {
+            features: f,
+            plan: &plan,
+            passed: reward > 0.5,
+            reward,
+            run_id: &id,
+            via_sop: None,
+            procedure: p,
+        });
+    }
+
+    fn trial_run(book: &mut SopBook, f: &BTreeMap<String, String>, sop: &Sop, i: u64, reward: f64) {
+        let (plan, id) = (plan("model"), format!("trial-{i}"));
+        book.record_run(&SopRun {
+            features: f,
+            plan: &plan,
+            passed: reward > 0.5,
+            reward,
+            run_id: &id,
+            via_sop: Some((&sop.sop_id, sop.version)),
+            procedure: &[],
+        });
+    }
+
+    #[test]
+    fn a_procedure_made_again_and_again_is_proposed_and_promoted_on_its_trials_rewards() {
+        let mut book = SopBook::new(SopConfig::default());
+        let f = feats("A");
+        let p = procedure("x", "done");
+        // Four passed runs made it: not yet.
+        for i in 0..4 {
+            model_run(&mut book, &f, i, 0.90, &p);
+        }
+        assert!(book.consolidate(0).is_empty());
+        assert!(book.matching_candidate(&f).is_none());
+        model_run(&mut book, &f, 4, 0.90, &p);
+        let ev = book.consolidate(1);
+        let [SopEvent::Proposed(candidate)] = &ev[..] else {
+            panic!("{ev:?}")
+        };
+        assert_eq!(candidate.status, SopStatus::Candidate);
+        assert_eq!(
+            candidate.procedure, p,
+            "the answers agreed: the template is kept"
+        );
+        assert_eq!(
+            book.matching_candidate(&f).unwrap().sop_id,
+            candidate.sop_id
+        );
+        assert!(
+            book.matching_stable_sop(&f).is_none(),
+            "a candidate is not in force"
+        );
+        // The model goes on, earning 0.80-0.89; the trials earn 0.95-0.99.
+        for i in 0..40 {
+            model_run(&mut book, &f, 10 + i, 0.80 + (i % 10) as f64 * 0.01, &[]);
+        }
+        for i in 0..19 {
+            trial_run(&mut book, &f, candidate, i, 0.95 + (i % 5) as f64 * 0.01);
+        }
+        assert!(book.consolidate(2).is_empty(), "19 trials < min_trials");
+        trial_run(&mut book, &f, candidate, 19, 0.97);
+        let ev = book.consolidate(3);
+        let [SopEvent::Promoted(sop)] = &ev[..] else {
+            panic!("{ev:?}")
+        };
+        assert_eq!((sop.trials, sop.successes), (20, 20));
+        assert!(sop.p_value.unwrap() < 0.05);
+        assert_eq!(book.matching_stable_sop(&f).unwrap().procedure, p);
+        assert!(book.matching_candidate(&f).is_none());
+        // No second proposal while it is in force.
+        for i in 0..10 {
+            model_run(&mut book, &f, 100 + i, 0.9, &p);
+        }
+        assert!(book.consolidate(4).is_empty());
+    }
+
+    #[test]
+    fn a_candidate_that_earns_less_than_the_model_is_rolled_back_and_one_no_better_waits() {
+        let mut book = SopBook::new(SopConfig::default());
+        let f = feats("A");
+        let p = procedure("x", "done");
+        for i in 0..5 {
+            model_run(&mut book, &f, i, 0.9, &p);
+        }
+        let ev = book.consolidate(0);
+        let [SopEvent::Proposed(candidate)] = &ev[..] else {
+            panic!("{ev:?}")
+        };
+        // As good as the model: no uplift, no promotion, no rollback.
+        for i in 0..30 {
+            model_run(&mut book, &f, 10 + i, 0.85 + (i % 10) as f64 * 0.01, &[]);
+            trial_run(&mut book, &f, candidate, i, 0.85 + (i % 10) as f64 * 0.01);
+        }
+        assert!(book.consolidate(1).is_empty());
+        // Then its trials fail.
+        for i in 0..20 {
+            trial_run(&mut book, &f, candidate, 30 + i, 0.0);
+        }
+        let ev = book.consolidate(2);
+        assert!(
+            matches!(&ev[..], [SopEvent::RolledBack(s)] if s.sop_id == candidate.sop_id),
+            "{ev:?}"
+        );
+        assert!(book.matching_candidate(&f).is_none());
+        // Its proposal starts again from nothing.
+        assert!(book.consolidate(3).is_empty());
+    }
+
+    #[test]
+    fn answers_that_do_not_agree_leave_the_answer_to_the_model() {
+        let mut book = SopBook::new(SopConfig::default());
+        let f = feats("A");
+        for i in 0..5 {
+            model_run(
+                &mut book,
+                &f,
+                i,
+                0.9,
+                &procedure("x", &format!("answer {i}")),
+            );
+        }
+        let ev = book.consolidate(0);
+        let [SopEvent::Proposed(candidate)] = &ev[..] else {
+            panic!("{ev:?}")
+        };
+        assert_eq!(candidate.procedure[0].calls.len(), 2);
+        assert_eq!(candidate.procedure[0].answer, None);
+    }
+
+    #[test]
+    fn the_calls_most_made_are_proposed() {
+        let mut book = SopBook::new(SopConfig::default());
+        let f = feats("A");
+        for i in 0..6 {
+            model_run(&mut book, &f, i, 0.9, &procedure("x", "done"));
+        }
+        for i in 0..9 {
+            model_run(&mut book, &f, 10 + i, 0.9, &procedure("y", "done"));
+        }
+        let ev = book.consolidate(0);
+        let [SopEvent::Proposed(candidate)] = &ev[..] else {
+            panic!("{ev:?}")
+        };
+        assert_eq!(candidate.procedure, procedure("y", "done"));
     }
 }

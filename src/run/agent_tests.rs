@@ -134,8 +134,20 @@ fn drive(
 
 /// As [`drive`], ReflectRetry judging each round with `review`.
 fn drive_reviewed(
+    m: RunMachine,
+    context: Option<&str>,
+    model: impl FnMut(u32, u32, &ChatRequest) -> Result<ModelReply, ModelError>,
+    tool: impl FnMut(&StageCall) -> Result<Value, ToolError>,
+    review: impl FnMut(&RunReport) -> Verdict,
+) -> Seen {
+    drive_planned(m, context, None, model, tool, review)
+}
+
+/// As [`drive_reviewed`], the first plan being `first` when given.
+fn drive_planned(
     mut m: RunMachine,
     context: Option<&str>,
+    mut first: Option<PlanChoice>,
     mut model: impl FnMut(u32, u32, &ChatRequest) -> Result<ModelReply, ModelError>,
     mut tool: impl FnMut(&StageCall) -> Result<Value, ToolError>,
     mut review: impl FnMut(&RunReport) -> Verdict,
@@ -154,7 +166,7 @@ fn drive_reviewed(
             Command::Choose { exclude, .. } => {
                 let taken = |v: &str| exclude.iter().any(|(_, _, s)| s == v);
                 let variant = ["v1", "v2"].into_iter().find(|v| !taken(v)).unwrap();
-                Event::Planned(Ok(plan(variant)))
+                Event::Planned(Ok(first.take().unwrap_or_else(|| plan(variant))))
             }
             Command::Transition { next, .. } => Event::Transitioned(next),
             Command::Checkpoint | Command::Notify(_) | Command::LearnFirstAttempt(_) => continue,
@@ -578,4 +590,205 @@ fn after_a_crash_mid_loop_a_turn_is_asked_again_a_done_call_is_not_repeated_and_
         matches!(first, Command::Review(_)),
         "the in-doubt call was not escalated: {first:?}"
     );
+}
+
+/// The procedure the model of [`a_model_calls_tools_and_its_answer_is_the_stages_output`]
+/// makes: a lookup by the input's email, then the answer from its result.
+fn procedure(answer: bool) -> crate::learn::procedure::Procedure {
+    let args = json!({"email": "c17@example.com"});
+    let result = json!({"id": "cus_17", "owes": "120.50"});
+    let calls = [crate::learn::procedure::MadeCall {
+        tool: "crm.lookup",
+        args: &args,
+        result: &result,
+    }];
+    let mut p = crate::learn::procedure::Procedure::abstracted(
+        "answer",
+        &calls,
+        &task().features,
+        task().input.as_ref(),
+        "Customer cus_17 owes 120.50",
+    )
+    .unwrap();
+    if !answer {
+        p.answer = None;
+    }
+    p
+}
+
+fn sop_plan(answer: bool) -> PlanChoice {
+    let mut plan = plan("v1");
+    plan.sop_id = Some("sop-x".into());
+    plan.plan_id = crate::run::sop_plan_id("sop-x", 1);
+    plan.procedure = vec![procedure(answer)];
+    plan
+}
+
+#[test]
+fn a_passed_stage_records_the_procedure_its_calls_make() {
+    let seen = drive(
+        machine(&["v1"], None),
+        None,
+        |_, turn, _| match turn {
+            0 => reply(
+                "",
+                vec![call(
+                    "c0",
+                    "crm_lookup",
+                    json!({"email": "c17@example.com"}),
+                )],
+            ),
+            _ => reply("Customer cus_17 owes 120.50", vec![]),
+        },
+        lookup_ok,
+    );
+    let recorded = crate::learn::planner::procedures_of(&seen.finished.experience);
+    assert_eq!(recorded, vec![procedure(true)]);
+    assert_eq!(
+        recorded[0].calls_key(),
+        "answer:crm.lookup(email={input.email})"
+    );
+}
+
+#[test]
+fn a_procedure_runs_its_calls_and_answers_without_the_model() {
+    let seen = drive_planned(
+        machine(&["v1"], None),
+        None,
+        Some(sop_plan(true)),
+        |_, _, _| panic!("the model is not asked"),
+        lookup_ok,
+        |_| Verdict::Accept,
+    );
+    let out = &seen.finished.outcome;
+    assert_eq!(out.state, RunState::Succeeded, "{:?}", out.reason);
+    assert_eq!(
+        out.output,
+        Some(json!({"answer": {"answer": "Customer cus_17 owes 120.50"}}))
+    );
+    assert_eq!(seen.calls.len(), 1);
+    assert_eq!(seen.calls[0].tool, "crm.lookup");
+    assert_eq!(seen.calls[0].args, json!({"email": "c17@example.com"}));
+    assert!(seen.requests.is_empty());
+    // A run through a procedure proposes none of its own.
+    assert!(crate::learn::planner::procedures_of(&seen.finished.experience).is_empty());
+}
+
+#[test]
+fn a_procedure_without_an_answer_asks_the_model_once_after_its_calls() {
+    let seen = drive_planned(
+        machine(&["v1"], None),
+        None,
+        Some(sop_plan(false)),
+        |_, turn, request| {
+            assert_eq!(turn, 0, "one turn");
+            // The model sees the procedure's call and its result as its own.
+            let n = request.messages.len();
+            assert_eq!(request.messages[n - 2].tool_calls[0].name, "crm_lookup");
+            assert_eq!(request.messages[n - 1].role, Role::Tool);
+            reply("Customer cus_17 owes 120.50", vec![])
+        },
+        lookup_ok,
+        |_| Verdict::Accept,
+    );
+    assert_eq!(seen.finished.outcome.state, RunState::Succeeded);
+    assert_eq!(seen.requests.len(), 1);
+}
+
+#[test]
+fn a_failing_procedure_step_hands_the_stage_to_the_model_with_the_failure_in_words() {
+    let mut calls = 0;
+    let seen = drive_planned(
+        machine(&["v1"], None),
+        None,
+        Some(sop_plan(true)),
+        |_, turn, request| {
+            if turn == 0 {
+                let said = &request.messages.last().unwrap().content;
+                assert!(
+                    said.contains("The procedure sop-x stopped at step 1 of 1 (crm.lookup)")
+                        && said.contains("no customer with that email"),
+                    "{said}"
+                );
+                return reply(
+                    "",
+                    vec![call(
+                        "c0",
+                        "crm_lookup",
+                        json!({"email": "C17@example.com"}),
+                    )],
+                );
+            }
+            reply("Customer cus_17 owes 120.50", vec![])
+        },
+        |_| {
+            calls += 1;
+            if calls == 1 {
+                Err(ToolError::new(
+                    ErrorClass::SchemaMismatch,
+                    crate::FailureCategory::Strategy,
+                    "no customer with that email",
+                ))
+            } else {
+                Ok(json!({"id": "cus_17", "owes": "120.50"}))
+            }
+        },
+        |_| Verdict::Accept,
+    );
+    let out = &seen.finished.outcome;
+    assert_eq!(out.state, RunState::Succeeded, "{:?}", out.reason);
+    assert_eq!(seen.requests.len(), 2);
+    assert_eq!(seen.calls.len(), 2);
+}
+
+#[test]
+fn a_procedures_calls_feed_each_other_under_keys_of_their_own() {
+    let (a1, r1) = (json!({"email": "c17@example.com"}), json!({"id": "cus_17"}));
+    let (a2, r2) = (json!({"customer": "cus_17"}), json!({"owes": "120.50"}));
+    let calls = [
+        crate::learn::procedure::MadeCall {
+            tool: "crm.lookup",
+            args: &a1,
+            result: &r1,
+        },
+        crate::learn::procedure::MadeCall {
+            tool: "charge",
+            args: &a2,
+            result: &r2,
+        },
+    ];
+    let p = crate::learn::procedure::Procedure::abstracted(
+        "answer",
+        &calls,
+        &task().features,
+        task().input.as_ref(),
+        "cus_17 owes 120.50",
+    )
+    .unwrap();
+    let mut plan = sop_plan(true);
+    plan.procedure = vec![p];
+    let seen = drive_planned(
+        machine(&["v1"], None),
+        None,
+        Some(plan),
+        |_, _, _| panic!("the model is not asked"),
+        |c| match c.tool.as_str() {
+            "crm.lookup" => Ok(json!({"id": "cus_99"})),
+            _ => Ok(json!({"owes": "7"})),
+        },
+        |_| Verdict::Accept,
+    );
+    let out = &seen.finished.outcome;
+    assert_eq!(out.state, RunState::Succeeded, "{:?}", out.reason);
+    assert_eq!(seen.calls[1].args, json!({"customer": "cus_99"}));
+    assert_eq!(
+        out.output,
+        Some(json!({"answer": {"answer": "cus_99 owes 7"}}))
+    );
+    let keys: Vec<&str> = seen
+        .calls
+        .iter()
+        .map(|c| c.idempotency_key.as_str())
+        .collect();
+    assert_eq!(keys, ["run-t#1/a0/answer/p0", "run-t#1/a0/answer/p1"]);
 }

@@ -25,6 +25,10 @@ pub struct PlanChoice {
     /// regret into ignorance and exploration.
     #[serde(default)]
     pub greedy_arms: Vec<Arm>,
+    /// The calls that replace the model in the plan's agent stages, when it follows a
+    /// procedure SOP (one per stage that has one).
+    #[serde(default)]
+    pub procedure: Vec<crate::learn::procedure::Procedure>,
 }
 
 impl PlanChoice {
@@ -42,6 +46,7 @@ impl PlanChoice {
             greedy,
             sop_version: None,
             greedy_arms: Vec::new(),
+            procedure: Vec::new(),
         }
     }
 }

@@ -25,6 +25,12 @@ pub fn agent_call_key(run_id: &str, attempt: u32, stage: &str, turn: u32, call: 
     format!("{run_id}/a{attempt}/{stage}/t{turn}/c{call}")
 }
 
+/// The idempotency key of call `call` (0-based) that a procedure makes in place of the model in
+/// agent stage `stage`.
+pub fn procedure_call_key(run_id: &str, attempt: u32, stage: &str, call: usize) -> String {
+    format!("{run_id}/a{attempt}/{stage}/p{call}")
+}
+
 /// The key of a claim of a client's idempotency key (`key_hash`, hashed by the caller) within
 /// `scope` (a tenant).
 pub fn task_claim_key(scope: &str, key_hash: &str) -> String {

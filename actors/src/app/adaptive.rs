@@ -11,11 +11,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hindsight::learn::Mechanism;
+use hindsight::learn::cluster::cluster_key;
 use hindsight::model::{ChatRequest, LanguageModel, ModelFuture, ModelReply, TurnContext};
+use hindsight::run::RunOutcome;
 use hindsight::run::workflow::SIM_MODEL;
 use hindsight::store::Durability;
 use hindsight::tools::sim::agent::{AgentEnv, SimModel};
-use hindsight::{ExperienceTuple, Task};
+use hindsight::{ExperienceTuple, Sop, Task};
 use serde::{Deserialize, Serialize};
 
 use crate::reflector::{FeedbackRefused, ReflectorMsg};
@@ -68,8 +70,11 @@ pub struct AdaptiveFigures {
     pub model_calls_per_task: f64,
     /// Mean tokens (prompt and completion) per task, as the model reported them.
     pub tokens_per_task: f64,
-    /// Share of the last 100 tasks whose agent stage a stable SOP ran.
+    /// Share of the last 100 tasks run through a promoted procedure (a stable SOP of an agent
+    /// stage; trials of a candidate are not counted).
     pub sop_coverage_last_100: f64,
+    /// Procedures proposed and promoted, and what running them changed where they were.
+    pub procedures: ProcedureFigures,
     /// Infrastructure failures the policy learned from (must be 0).
     pub infra_failures_learned_from: u64,
     /// Corrections submitted.
@@ -82,6 +87,125 @@ pub struct AdaptiveFigures {
     pub oracle_first_try_success: f64,
     /// Wall time of the run.
     pub seconds: f64,
+}
+
+/// Procedures from the agent's trajectories: how many were proposed and promoted, and in the
+/// clusters where one was promoted, the runs through it against the model's own runs there
+/// (those outside any procedure: before the promotion, and the router's holdout after it).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcedureFigures {
+    /// Candidate procedures proposed (every version).
+    pub proposed: u64,
+    /// Of those, promoted on their trials.
+    pub promoted: u64,
+    /// Runs that trialled a candidate.
+    pub trial_runs: u64,
+    /// Runs through a promoted procedure.
+    pub sop_runs: u64,
+    /// The model's own runs in the clusters where a procedure was promoted.
+    pub model_runs: u64,
+    /// Mean model turns of a run through a promoted procedure.
+    pub model_calls_per_task_sop: f64,
+    /// Mean model turns of the model's own runs in those clusters.
+    pub model_calls_per_task_model: f64,
+    /// Share of the runs through a promoted procedure that passed.
+    pub success_rate_sop: f64,
+    /// Share of the model's own runs in those clusters that passed.
+    pub success_rate_model: f64,
+    /// Share of the runs through a promoted procedure that passed on their first attempt.
+    pub first_try_success_sop: f64,
+    /// Share of the model's own runs in those clusters that passed on their first attempt.
+    pub first_try_success_model: f64,
+}
+
+/// What a procedure did to a run, by task: `None` (the model's run), a trial of a candidate, or
+/// a run through a promoted procedure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    Model,
+    Trial,
+    Sop,
+}
+
+impl ProcedureFigures {
+    /// The figures of a bench run from its SOP table, its log and its outcomes (in task order).
+    fn read(
+        sops: &[Sop],
+        log: &BTreeMap<u64, &ExperienceTuple>,
+        outcomes: &[RunOutcome],
+        turns: &BTreeMap<u64, u64>,
+    ) -> (ProcedureFigures, BTreeMap<u64, Via>) {
+        let procedures: Vec<&Sop> = sops.iter().filter(|s| !s.procedure.is_empty()).collect();
+        let promoted: Vec<&&Sop> = procedures.iter().filter(|s| s.p_value.is_some()).collect();
+        // Runs through each procedure version in task order: the first `trials` of a promoted
+        // one were its trials (recorded while it was a candidate), the rest ran it stable.
+        let mut through: BTreeMap<String, u64> = BTreeMap::new();
+        let mut via = BTreeMap::new();
+        for (&index, exp) in log {
+            let v = match hindsight::run::parse_sop_plan_id(&exp.plan_id) {
+                Some((id, version)) => match procedures
+                    .iter()
+                    .find(|s| s.sop_id == id && s.version == version)
+                {
+                    Some(sop) => {
+                        let n = through.entry(exp.plan_id.clone()).or_default();
+                        *n += 1;
+                        if sop.p_value.is_some() && *n > sop.trials {
+                            Via::Sop
+                        } else {
+                            Via::Trial
+                        }
+                    }
+                    None => Via::Model,
+                },
+                None => Via::Model,
+            };
+            via.insert(index, v);
+        }
+        let clusters: BTreeSet<String> = promoted
+            .iter()
+            .map(|s| cluster_key(&s.preconditions))
+            .collect();
+        let in_clusters = |index: u64| {
+            log.get(&index)
+                .is_some_and(|e| clusters.contains(&cluster_key(&e.context_features)))
+        };
+        let group = |want: Via| -> Vec<u64> {
+            via.iter()
+                .filter(|(i, v)| **v == want && in_clusters(**i))
+                .map(|(i, _)| *i)
+                .collect()
+        };
+        let (sop_runs, model_runs) = (group(Via::Sop), group(Via::Model));
+        let share = |runs: &[u64], f: &dyn Fn(&RunOutcome) -> bool| {
+            let n = runs.len().max(1) as f64;
+            runs.iter()
+                .filter(|&&i| outcomes.get(i as usize).is_some_and(f))
+                .count() as f64
+                / n
+        };
+        let mean_turns = |runs: &[u64]| {
+            runs.iter()
+                .map(|i| turns.get(i).copied().unwrap_or(0) as f64)
+                .sum::<f64>()
+                / runs.len().max(1) as f64
+        };
+        let first_try = |o: &RunOutcome| o.passed && o.attempts <= 1 && o.reflect_retries == 0;
+        let figures = ProcedureFigures {
+            proposed: procedures.len() as u64,
+            promoted: promoted.len() as u64,
+            trial_runs: via.values().filter(|v| **v == Via::Trial).count() as u64,
+            sop_runs: sop_runs.len() as u64,
+            model_runs: model_runs.len() as u64,
+            model_calls_per_task_sop: mean_turns(&sop_runs),
+            model_calls_per_task_model: mean_turns(&model_runs),
+            success_rate_sop: share(&sop_runs, &|o| o.passed),
+            success_rate_model: share(&model_runs, &|o| o.passed),
+            first_try_success_sop: share(&sop_runs, &first_try),
+            first_try_success_model: share(&model_runs, &first_try),
+        };
+        (figures, via)
+    }
 }
 
 /// What `hindsight bench adaptive` prints: the run's figures and, with `--ablate`, the same
@@ -218,6 +342,12 @@ async fn run_once(
         first_lesson = Some(tasks);
     }
     let stats = super::bench::policy_stats(&rt).await?;
+    let sops: Vec<Sop> = rt
+        .store()
+        .scan::<Sop>(crate::policy::SOPS)?
+        .into_iter()
+        .filter_map(|(_, s)| s.ok())
+        .collect();
     let log: Vec<ExperienceTuple> = rt
         .store()
         .experience_all()?
@@ -227,6 +357,11 @@ async fn run_once(
     rt.shutdown().await;
     let sent = sent.lock().map(|s| s.clone()).unwrap_or_default();
     let trail = Trail::read(&env, &log);
+    let by_task: BTreeMap<u64, &ExperienceTuple> = log
+        .iter()
+        .filter_map(|e| Some((task_index(&e.task_id)?, e)))
+        .collect();
+    let (procedures, via) = ProcedureFigures::read(&sops, &by_task, &outcomes, &trail.turns);
     let n = tasks.max(1) as f64;
     let last: Vec<u64> = (tasks.saturating_sub(100)..tasks).collect();
     let last_n = last.len().max(1) as f64;
@@ -255,13 +390,10 @@ async fn run_once(
         tokens_per_task: mean(&|i| trail.tokens.get(&i).copied().unwrap_or(0) as f64),
         sop_coverage_last_100: last
             .iter()
-            .filter(|&&i| {
-                outcomes
-                    .get(i as usize)
-                    .is_some_and(|o| o.sop_id.is_some() && !trail.turns.contains_key(&i))
-            })
+            .filter(|i| via.get(i) == Some(&Via::Sop))
             .count() as f64
             / last_n,
+        procedures,
         infra_failures_learned_from: stats.infra_learned,
         corrections_submitted: corrections.submitted,
         right_corrections_accepted: corrections.right_accepted,
@@ -360,12 +492,10 @@ struct Trail {
 impl Trail {
     /// Reads the log of a bench run (one scope), in task order.
     fn read(env: &AgentEnv, log: &[ExperienceTuple]) -> Trail {
-        let mut by_task: BTreeMap<u64, &ExperienceTuple> = BTreeMap::new();
-        for exp in log {
-            if let Some(index) = task_index(&exp.task_id) {
-                by_task.insert(index, exp);
-            }
-        }
+        let by_task: BTreeMap<u64, &ExperienceTuple> = log
+            .iter()
+            .filter_map(|e| Some((task_index(&e.task_id)?, e)))
+            .collect();
         let mut trail = Trail::default();
         let mut seen: BTreeSet<String> = BTreeSet::new();
         for (&index, exp) in &by_task {

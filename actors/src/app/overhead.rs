@@ -328,6 +328,7 @@ fn sop(env: &SimEnv, i: u64) -> Sop {
         evidence: Vec::new(),
         created_ms: now_ms(),
         updated_ms: now_ms(),
+        procedure: Vec::new(),
     }
 }
 

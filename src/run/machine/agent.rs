@@ -43,9 +43,13 @@ impl RunMachine {
             self.st.turn = 0;
             self.st.stage_calls = 0;
             self.st.pending_calls.clear();
+            self.open_procedure(&arm.stage);
         }
         if let Some(call) = self.st.pending_calls.first().cloned() {
             self.agent_call(i, &arm, call);
+            return;
+        }
+        if self.follow_procedure(i, &arm, agent) {
             return;
         }
         if self.st.turn >= agent.max_turns {
@@ -187,7 +191,13 @@ impl RunMachine {
     /// The model answered: the answer is read (as JSON under a schema), checked for values no
     /// tool returned and judged by the classifier (plan left undone, constraint, goal); then it
     /// is the stage's output.
-    fn answered(&mut self, i: usize, arm: &ArmChoice, agent: &AgentStage, content: String) {
+    pub(super) fn answered(
+        &mut self,
+        i: usize,
+        arm: &ArmChoice,
+        agent: &AgentStage,
+        content: String,
+    ) {
         let output = match &agent.answer_schema {
             None => serde_json::json!({ "answer": content }),
             Some(_) => match serde_json::from_str::<Value>(content.trim()) {
@@ -241,10 +251,11 @@ impl RunMachine {
             );
             return;
         }
-        let st = &mut self.st;
-        if let Some(step) = st.steps.last_mut() {
+        if let Some(step) = self.st.steps.last_mut() {
             step.tool_output = Some(output.clone());
         }
+        self.record_procedure(&arm.stage, &content);
+        let st = &mut self.st;
         st.outputs.insert(arm.stage.clone(), output);
         st.output_step.insert(arm.stage.clone(), st.steps.len() - 1);
         st.next_stage += 1;
@@ -294,7 +305,7 @@ impl RunMachine {
 
     /// Makes the model's next call: through the resilient runner under an idempotency key of
     /// its own (stage, turn, call), so that a completed call is replayed, never repeated.
-    fn agent_call(&mut self, i: usize, arm: &ArmChoice, call: ToolCall) {
+    pub(super) fn agent_call(&mut self, i: usize, arm: &ArmChoice, call: ToolCall) {
         let toolset = self.workflow.toolset(&arm.stage, &arm.strategy);
         let Some(tool) = toolset.registry_name(&call.name).map(str::to_string) else {
             let offered: Vec<&str> = toolset.offered.iter().map(|t| t.name.as_str()).collect();
@@ -348,13 +359,21 @@ impl RunMachine {
             tool,
             args: call.arguments.clone(),
             features: self.task.features.clone(),
-            idempotency_key: crate::store::idempotency::agent_call_key(
-                &self.run_id,
-                self.st.attempt,
-                &arm.stage,
-                self.st.turn,
-                self.st.stage_calls,
-            ),
+            idempotency_key: match &self.st.following {
+                Some(f) => crate::store::idempotency::procedure_call_key(
+                    &self.run_id,
+                    self.st.attempt,
+                    &arm.stage,
+                    f.next,
+                ),
+                None => crate::store::idempotency::agent_call_key(
+                    &self.run_id,
+                    self.st.attempt,
+                    &arm.stage,
+                    self.st.turn,
+                    self.st.stage_calls,
+                ),
+            },
             budget: Budget::remaining(&self.task.constraints, self.st.latency_ms, self.st.cost),
             turn: self.st.turn,
             call: self.st.stage_calls,
@@ -399,8 +418,17 @@ impl RunMachine {
             model_call.id.clone(),
             tool_message_text(&outcome.result),
         ));
+        let following = self.st.following.as_ref().map(|f| f.next);
+        if let Some(at) = following {
+            step.metadata
+                .insert("procedure_step".into(), Value::from(at));
+        }
         match outcome.result {
             Ok(value) => {
+                if following.is_some() {
+                    self.procedure_called(&value);
+                }
+                let st = &mut self.st;
                 step.tool_output = Some(value);
                 step.metadata
                     .insert("outcome".into(), Value::from("success"));
@@ -428,13 +456,16 @@ impl RunMachine {
                 step.exception_type = Some(err.class.to_string());
                 step.metadata
                     .insert("outcome".into(), Value::from(err.category.as_str()));
-                st.steps.push(step);
+                self.st.steps.push(step);
                 self.event(RunEvent::Error {
                     stage: arm.stage.clone(),
                     tool: call.tool.clone(),
                     class: err.class,
                     message: err.message.clone(),
                 });
+                if err.category != FailureCategory::Infrastructure && following.is_some() {
+                    self.procedure_failed(&arm.stage, &err.message);
+                }
                 if err.category == FailureCategory::Infrastructure {
                     self.st.pending_calls.clear();
                     self.checkpoint();

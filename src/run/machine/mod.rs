@@ -9,6 +9,7 @@
 //! seed they take the same decisions.
 
 mod agent;
+mod procedure;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -318,6 +319,22 @@ pub struct RunProgress {
     /// Tool calls of the agent stage in progress.
     #[serde(default)]
     pub stage_calls: u32,
+    /// Where the agent stage in progress is in the procedure its plan follows, if it follows
+    /// one.
+    #[serde(default)]
+    pub following: Option<Following>,
+    /// Whether the run's procedure stopped (a step failed) and the model carries on from there.
+    #[serde(default)]
+    pub procedure_dropped: bool,
+}
+
+/// Where an agent stage is in the procedure it follows.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Following {
+    /// The next call (0-based).
+    pub next: usize,
+    /// The results of the calls made so far.
+    pub results: Vec<Value>,
 }
 
 impl RunProgress {
