@@ -174,6 +174,7 @@ fn build_tree(store: &Store, env: &SimEnv, seed: u64) -> Result<tree::Tree, BoxE
         adaptive: AdaptiveConfig::default(),
         // Lessons derived offline; `Some(Arc::new(ModelSynthesiser::new(model)))` asks a model.
         synthesiser: None,
+        verifier: None,
         distill: DistillConfig::default(),
         max_restarts: 20,
         restart_period: Duration::from_secs(5),

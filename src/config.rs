@@ -1032,6 +1032,19 @@ mod tests {
         );
         let e = Config::parse(&two, "f.toml").unwrap_err().to_string();
         assert!(e.contains("agent[1]"), "{e}");
+        // A misspelt key of the block, or of a variant, is refused with its name.
+        for (block, in_variant, key) in [
+            ("max_turn = 3\n", "", "max_turn"),
+            ("", "temprature = 0.2\n", "temprature"),
+        ] {
+            let text = format!(
+                "[[agent]]\nname = \"a\"\ninstructions = \"i\"\n{block}\
+                 [[agent.variants]]\nname = \"v\"\nmodel = \"local\"\ntools = []\n{in_variant}\
+                 [models.local]\n"
+            );
+            let e = Config::parse(&text, "f.toml").unwrap_err().to_string();
+            assert!(e.contains("agent[0]") && e.contains(key), "{e}");
+        }
     }
 
     #[test]

@@ -9,8 +9,9 @@ use std::sync::Arc;
 
 use hindsight::learn::Mechanism;
 use hindsight::learn::adaptive::{
-    AdaptiveConfig, AdaptiveSnapshot, AdaptiveStrategies, Correction, FailureObservation,
-    LessonDraft, RelevanceQuery, SynthesisJob, Synthesiser,
+    AdaptiveConfig, AdaptiveSnapshot, AdaptiveStrategies, Correction, CorrectionError,
+    FailureObservation, LessonDraft, OfflineVerifier, PreparedCorrection, RelevanceQuery,
+    SynthesisJob, Synthesiser, Verdict, Verifier,
 };
 use hindsight::learn::reflector::{Reflector, ReflectorConfig, ReflectorSnapshot};
 use hindsight::store::{KvTable, Store, WriteOp};
@@ -80,6 +81,15 @@ pub enum ReflectorMsg {
         /// The stored lesson, or why not.
         reply: RpcReplyPort<Result<Lesson, FeedbackRefused>>,
     },
+    /// The judge's verdict on a correction came back (sent by the reflector to itself).
+    Judged {
+        /// The correction, as prepared.
+        prepared: Box<PreparedCorrection>,
+        /// The verdict.
+        verdict: Verdict,
+        /// Where the answer goes.
+        reply: RpcReplyPort<Result<Lesson, FeedbackRefused>>,
+    },
     /// A model-backed synthesis came back (sent by the reflector to itself).
     Synthesised {
         /// The job (its lease).
@@ -114,6 +124,10 @@ pub struct ReflectorArgs {
     /// A model-backed synthesiser (`[model]`), if any; lessons are derived offline otherwise,
     /// and when the model fails.
     pub synthesiser: Option<Arc<dyn Synthesiser>>,
+    /// The judge of human corrections (a model, `[model]`), if any: a correction the evidence
+    /// check passes must also be judged supported by it. The evidence check alone otherwise,
+    /// and when the judge cannot answer.
+    pub verifier: Option<Arc<dyn Verifier>>,
     /// Fault injection.
     pub chaos: Option<ChaosHook>,
     /// Learning mechanisms switched off: `Lessons` (failures are kept as evidence, but no
@@ -138,6 +152,7 @@ pub struct ReflectorState {
     memory: Arc<Slot<MemoryMsg>>,
     since_consolidation: u64,
     synthesiser: Option<Arc<dyn Synthesiser>>,
+    verifier: Option<Arc<dyn Verifier>>,
     chaos: Option<ChaosHook>,
     ablate: BTreeSet<Mechanism>,
 }
@@ -182,6 +197,7 @@ impl Actor for ReflectorActor {
             memory: args.memory,
             since_consolidation: 0,
             synthesiser: args.synthesiser,
+            verifier: args.verifier,
             chaos: args.chaos,
             ablate: args.ablate,
         };
@@ -267,9 +283,46 @@ impl Actor for ReflectorActor {
                 run_id,
                 reply,
             } => {
-                let answer = state
-                    .feedback(principal, &scope_of, tool, text, run_id)
-                    .await;
+                let prepared =
+                    match state.prepare_feedback(principal, &scope_of, tool, text, run_id) {
+                        Ok(prepared) => prepared,
+                        Err(refused) => {
+                            let _ = reply.send(state.settle_feedback(Err(refused)).await);
+                            return Ok(());
+                        }
+                    };
+                match state.verifier.clone() {
+                    None => {
+                        let verdict = OfflineVerifier.check(&prepared);
+                        let answer = state.judged(prepared, verdict).await;
+                        let _ = reply.send(answer);
+                    }
+                    // The judge is a model: asked off the actor, so that lessons and contexts
+                    // are served meanwhile.
+                    Some(judge) => {
+                        tokio::spawn(async move {
+                            let verdict = match judge.verify(&prepared).await {
+                                Ok(verdict) => verdict,
+                                Err(e) => {
+                                    tracing::warn!(error = %e, judge = judge.name(), "the judge of a correction did not answer; the evidence check decides");
+                                    OfflineVerifier.check(&prepared)
+                                }
+                            };
+                            let _ = myself.cast(ReflectorMsg::Judged {
+                                prepared: Box::new(prepared),
+                                verdict,
+                                reply,
+                            });
+                        });
+                    }
+                }
+            }
+            ReflectorMsg::Judged {
+                prepared,
+                verdict,
+                reply,
+            } => {
+                let answer = state.judged(*prepared, verdict).await;
                 let _ = reply.send(answer);
             }
             ReflectorMsg::Lessons {
@@ -451,16 +504,18 @@ impl ReflectorState {
         )
     }
 
-    async fn feedback(
+    /// A correction checked for who sent it and where it belongs, ready to be judged; the
+    /// refusal otherwise (switched off, no scope, no principal, rate-limited, an injection).
+    fn prepare_feedback(
         &mut self,
         principal: Option<String>,
         scope_of: &Task,
         tool: Option<String>,
         text: String,
         run_id: Option<String>,
-    ) -> Result<Lesson, FeedbackRefused> {
+    ) -> Result<PreparedCorrection, CorrectionError> {
         if self.ablate.contains(&Mechanism::Corrections) {
-            return Err(FeedbackRefused::Rejected {
+            return Err(CorrectionError::Rejected {
                 reason: "corrections are switched off in this runtime".into(),
             });
         }
@@ -468,7 +523,7 @@ impl ReflectorState {
             self.adaptive
                 .config()
                 .scope_of(scope_of)
-                .map_err(|e| FeedbackRefused::Rejected {
+                .map_err(|e| CorrectionError::Rejected {
                     reason: e.to_string(),
                 })?;
         let correction = Correction {
@@ -478,10 +533,25 @@ impl ReflectorState {
             text,
             run_id,
         };
-        let result = self
-            .adaptive
-            .submit_correction_offline(&correction, now_ms());
-        // The rate limiter's count and any stored lesson are persisted before the answer.
+        self.adaptive.prepare_correction(&correction, now_ms())
+    }
+
+    /// Commits a judged correction (a lesson when it was verified) and answers.
+    async fn judged(
+        &mut self,
+        prepared: PreparedCorrection,
+        verdict: Verdict,
+    ) -> Result<Lesson, FeedbackRefused> {
+        let result = self.adaptive.commit_correction(prepared, verdict, now_ms());
+        self.settle_feedback(result).await
+    }
+
+    /// Persists what a correction changed (the rate limiter's count, the lesson) before the
+    /// answer, and has memory index the lesson.
+    async fn settle_feedback(
+        &mut self,
+        result: Result<Lesson, CorrectionError>,
+    ) -> Result<Lesson, FeedbackRefused> {
         let persisted = async {
             let mut ops = vec![self.snapshot_op()?];
             if let Ok(lesson) = &result {

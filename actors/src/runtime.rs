@@ -99,6 +99,9 @@ pub struct RuntimeOptions {
     /// A model-backed lesson synthesiser (the `[model]` section), if any: lessons are derived
     /// offline without one, and when it fails.
     pub synthesiser: Option<Arc<dyn hindsight::learn::adaptive::Synthesiser>>,
+    /// The judge of human corrections (the `[model]` section's model), if any: a correction the
+    /// evidence check passes must also be judged supported by it.
+    pub verifier: Option<Arc<dyn hindsight::learn::adaptive::Verifier>>,
     /// How the policy distils a ranker from the log and when it plans with it.
     pub distill: DistillConfig,
     /// Root restart intensity: at most this many restarts ...
@@ -168,6 +171,7 @@ impl RuntimeOptions {
             sop: SopConfig::default(),
             adaptive: AdaptiveConfig::default(),
             synthesiser: None,
+            verifier: None,
             distill: DistillConfig::default(),
             max_restarts: 100,
             restart_period: Duration::from_secs(5),
@@ -399,6 +403,7 @@ impl Runtime {
             sop: opts.sop,
             adaptive: opts.adaptive,
             synthesiser: opts.synthesiser,
+            verifier: opts.verifier,
             distill: opts.distill,
             max_restarts: opts.max_restarts,
             restart_period: opts.restart_period,

@@ -103,6 +103,8 @@ pub struct TreeSpec {
     pub adaptive: hindsight::learn::adaptive::AdaptiveConfig,
     /// A model-backed lesson synthesiser, if any (offline otherwise).
     pub synthesiser: Option<Arc<dyn hindsight::learn::adaptive::Synthesiser>>,
+    /// The judge of human corrections, if any (the evidence check alone otherwise).
+    pub verifier: Option<Arc<dyn hindsight::learn::adaptive::Verifier>>,
     /// How the policy distils its ranker.
     pub distill: hindsight::learn::distill::DistillConfig,
     /// Run limits and the failure policy.
@@ -234,6 +236,7 @@ pub fn build(spec: TreeSpec) -> Tree {
         let memory = ctx.dir.memory.clone();
         let adaptive = spec.adaptive.clone();
         let synthesiser = spec.synthesiser.clone();
+        let verifier = spec.verifier.clone();
         let ablate = spec.ablate.clone();
         children.push(ChildSpec::actor("reflector", None, move || {
             (
@@ -245,6 +248,7 @@ pub fn build(spec: TreeSpec) -> Tree {
                     memory: memory.clone(),
                     slot: slot.clone(),
                     synthesiser: synthesiser.clone(),
+                    verifier: verifier.clone(),
                     chaos: chaos.clone(),
                     ablate: ablate.clone(),
                 },

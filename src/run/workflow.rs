@@ -71,6 +71,7 @@ impl WorkflowStage {
 
 /// An agent stage: a loop in which a model calls tools until it answers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AgentStage {
     /// What the agent is for, in words (listed by `hindsight agents list` and `GET /agents`).
     #[serde(default)]
@@ -97,7 +98,7 @@ fn default_max_turns() -> u32 {
 }
 
 /// An agent as configured (`[[agent]]`): its name, what it is for, and its loop.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AgentConfig {
     /// The agent's name (tasks are submitted to it by name).
     pub name: String,
@@ -106,8 +107,29 @@ pub struct AgentConfig {
     pub stage: AgentStage,
 }
 
+/// Read by hand rather than with `#[serde(flatten)]`, which would let an unknown key of the
+/// block (a misspelt `max_turn` for one) pass unnoticed: the stage refuses keys it lacks.
+impl<'de> Deserialize<'de> for AgentConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let mut block = serde_json::Map::<String, Value>::deserialize(d)?;
+        let name = match block.remove("name") {
+            Some(Value::String(name)) => name,
+            Some(other) => {
+                return Err(D::Error::custom(format!(
+                    "`name` must be a string, not {other}"
+                )));
+            }
+            None => return Err(D::Error::missing_field("name")),
+        };
+        let stage = AgentStage::deserialize(Value::Object(block)).map_err(D::Error::custom)?;
+        Ok(AgentConfig { name, stage })
+    }
+}
+
 /// One way of running an agent stage.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AgentVariant {
     /// The variant's name (the bandit's strategy).
     pub name: String,

@@ -163,6 +163,27 @@ impl OfflineVerifier {
                     .into(),
             };
         }
+        // Nor give an argument another value than the one the failures ask for: "adjuster_queue
+        // set to general_intake" where they said "set adjuster_queue=field_auto".
+        let demanded: Vec<(String, String)> = matching
+            .iter()
+            .flat_map(|f| assignments(&f.message))
+            .collect();
+        if let Some((arg, want, said)) = assignments(&c.text).into_iter().find_map(|(arg, v)| {
+            let wants: Vec<&String> = demanded
+                .iter()
+                .filter(|(a, _)| *a == arg)
+                .map(|(_, w)| w)
+                .collect();
+            (!wants.is_empty() && !wants.contains(&&v)).then(|| (arg, wants[0].clone(), v))
+        }) {
+            return Verdict::Rejected {
+                reason: format!(
+                    "the correction sets {arg} to {said}, but its tool's failures ask for \
+                     {arg}={want}"
+                ),
+            };
+        }
         let tools: BTreeSet<&str> = matching.iter().map(|f| f.tool.as_str()).collect();
         let tool = c.tool.clone().or_else(|| {
             (tools.len() == 1)
@@ -222,6 +243,36 @@ fn stances(text: &str) -> BTreeSet<(String, bool)> {
             if w.chars().count() >= 3 && !FILLER.contains(&w) {
                 out.insert((w.to_string(), positive));
             }
+        }
+    }
+    out
+}
+
+/// The values `text` gives arguments, lowercased: `arg=value`, `set arg to value`, `arg set to
+/// value` (a value is one word).
+fn assignments(text: &str) -> Vec<(String, String)> {
+    let lower = text.to_lowercase();
+    let words: Vec<&str> = lower
+        .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '=' || c == '-'))
+        .filter(|w| !w.is_empty())
+        .collect();
+    let mut out = Vec::new();
+    for (i, w) in words.iter().enumerate() {
+        if let Some((arg, value)) = w.split_once('=')
+            && !arg.is_empty()
+            && !value.is_empty()
+        {
+            out.push((arg.to_string(), value.to_string()));
+            continue;
+        }
+        // `set ARG to V` and `ARG set to V`.
+        let (arg, to) = match (words.get(i + 1), words.get(i + 2)) {
+            (Some(&"set"), Some(&"to")) => (*w, i + 3),
+            (Some(arg), Some(&"to")) if *w == "set" => (*arg, i + 3),
+            _ => continue,
+        };
+        if let Some(value) = words.get(to) {
+            out.push((arg.to_string(), value.to_string()));
         }
     }
     out

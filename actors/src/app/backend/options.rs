@@ -75,8 +75,12 @@ pub async fn runtime_options(
     });
     apply_learning(config, &mut opts);
     if let Some(client) = model_of(&config.model, "model")? {
-        // `[model]`: lessons are synthesised by the model (offline when it fails).
+        // `[model]`: lessons are synthesised by the model (offline when it fails), and human
+        // corrections the evidence supports are judged by it too.
         opts.synthesiser = Some(Arc::new(hindsight::learn::adaptive::ModelSynthesiser::new(
+            client.clone(),
+        )));
+        opts.verifier = Some(Arc::new(hindsight::learn::adaptive::ModelVerifier::new(
             client,
         )));
     }

@@ -217,6 +217,13 @@ fn shipped_files_parse() {
     assert!(research.spec().corrections.iter().any(|c| c.poisoned));
     assert!(research.spec().corrections.iter().any(|c| !c.poisoned));
     assert!(research.spec().model.p_claim > 0.0 && research.spec().model.p_drift > 0.0);
+    // Written apart from the others, from a different angle (see config/envs/README.md).
+    let travel = shipped("travel_booking.toml");
+    assert_eq!(travel.spec().plans.len(), 4);
+    assert!(travel.spec().corrections.iter().any(|c| c.poisoned));
+    let claims = shipped("claims_intake.toml");
+    assert_eq!(claims.spec().features.len(), 3);
+    assert!(claims.spec().corrections.iter().all(|c| c.poisoned));
     let shared =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/envs/AGENT-FORMAT.md");
     assert!(std::fs::read_to_string(shared).is_ok_and(|t| t.contains("## Semantics")));
