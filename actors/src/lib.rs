@@ -24,6 +24,7 @@ pub mod reflector;
 pub mod run;
 pub mod runtime;
 pub mod supervisor;
+pub mod tenancy;
 pub mod tree;
 pub mod validator;
 

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::applied::{Applied, read_snapshot};
 use crate::chaos_hook::ChaosHook;
 use crate::directory::Slot;
+use crate::tenancy::{run_in_tenant, scope_in_tenant, sop_in_tenant};
 
 /// The table of the memory snapshot.
 pub const MEMORY: KvTable = KvTable::new("memory");
@@ -129,6 +130,9 @@ pub struct MemoryArgs {
     pub slot: Arc<Slot<MemoryMsg>>,
     /// Fault injection.
     pub chaos: Option<ChaosHook>,
+    /// Whether a tenant's run may read what the graph learned from every tenant's runs (the
+    /// best strategies and failure modes of its cluster: `api.shared_learning`).
+    pub shared_learning: bool,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -145,6 +149,9 @@ pub struct MemoryState {
     tools: Vec<String>,
     since_snapshot: u64,
     chaos: Option<ChaosHook>,
+    shared_learning: bool,
+    /// The SOPs indexed, by id (whose runs they were promoted from decides who may read them).
+    sops: BTreeMap<String, Sop>,
 }
 
 impl Actor for MemoryActor {
@@ -169,6 +176,8 @@ impl Actor for MemoryActor {
             tools: args.tools,
             since_snapshot: 0,
             chaos: args.chaos,
+            shared_learning: args.shared_learning,
+            sops: BTreeMap::new(),
         };
         for (seq, exp) in state.store.experience_since(state.applied.watermark)? {
             match exp {
@@ -203,10 +212,10 @@ impl Actor for MemoryActor {
                     tools: state.tools.clone(),
                     k: 5,
                 };
-                let _ = reply.send(state.retrieve(&query));
+                let _ = reply.send(state.retrieve(&query, task.tenant.as_deref()));
             }
             MemoryMsg::Query { query, reply } => {
-                let _ = reply.send(state.retrieve(&query));
+                let _ = reply.send(state.retrieve(&query, None));
             }
             MemoryMsg::Record {
                 seq,
@@ -271,6 +280,7 @@ impl Actor for MemoryActor {
 impl MemoryState {
     /// Indexes an SOP's plan (replacing an earlier version's) and links it to its cluster.
     fn index_sop(&mut self, sop: &Sop) {
+        self.sops.insert(sop.sop_id.clone(), sop.clone());
         let cluster = hindsight::memory::cluster_key(&sop.preconditions);
         self.memory.link_sop(&sop.sop_id, &cluster);
         let text = format!(
@@ -383,11 +393,20 @@ impl MemoryState {
         Ok(())
     }
 
-    fn retrieve(&self, q: &Query) -> RetrievalBundle {
+    fn retrieve(&self, q: &Query, tenant: Option<&str>) -> RetrievalBundle {
         let diary: Vec<hindsight::DiaryEntry> = self
             .store
             .diary_tail(5)
-            .map(|v| v.into_iter().filter_map(Result::ok).collect())
+            .map(|v| {
+                v.into_iter()
+                    .filter_map(Result::ok)
+                    .filter(|e| {
+                        tenant.is_none_or(|t| {
+                            e.run_id.as_deref().is_some_and(|r| run_in_tenant(t, r))
+                        })
+                    })
+                    .collect()
+            })
             .unwrap_or_default();
         let bundle = self
             .memory
@@ -408,8 +427,30 @@ impl MemoryState {
                         score: i.citation.score,
                     },
                 })
+                .filter(|i| tenant.is_none_or(|t| self.visible(t, &i.citation)))
                 .collect(),
             strategy_context: None,
+        }
+    }
+
+    /// Whether a run of `tenant` may read the item `citation` names: its own lessons, SOPs
+    /// promoted from its runs only, its postmortems and diary notes, and the graph's statistics
+    /// over every tenant's runs only with `shared_learning` (the API's rules, `crate::tenancy`).
+    fn visible(&self, tenant: &str, citation: &Citation) -> bool {
+        let id = citation.id.as_str();
+        match citation.kind.as_str() {
+            "lesson" => self
+                .store
+                .get::<crate::reflector::LessonRecord>(crate::reflector::LESSONS, id)
+                .ok()
+                .flatten()
+                .is_some_and(|r| scope_in_tenant(tenant, &r.lesson.scope)),
+            "sop" => self.sops.get(id).is_some_and(|s| sop_in_tenant(tenant, s)),
+            "postmortem" => run_in_tenant(tenant, id),
+            // Taken from the tenant's own diary notes only (see `retrieve`).
+            "diary" => true,
+            "strategy" | "failure_mode" => self.shared_learning,
+            _ => false,
         }
     }
 }

@@ -69,6 +69,9 @@ pub struct TreeConfig {
     pub stage_timeout: Duration,
     /// What a task must satisfy to be run (checked at ingress, by the orchestrator).
     pub guard: hindsight::guard::GuardConfig,
+    /// Whether a tenant's run may read what memory's graph learned from every tenant's runs
+    /// (`api.shared_learning`); its own lessons, SOPs and postmortems it reads either way.
+    pub shared_learning: bool,
 }
 
 impl Default for TreeConfig {
@@ -77,6 +80,7 @@ impl Default for TreeConfig {
             rules: RunRules::default(),
             stage_timeout: Duration::from_secs(120),
             guard: hindsight::guard::GuardConfig::default(),
+            shared_learning: false,
         }
     }
 }
@@ -176,6 +180,7 @@ pub fn build(spec: TreeSpec) -> Tree {
             ctx.dir.memory.clone(),
             hook(&faults, "memory"),
         );
+        let shared_learning = ctx.config.shared_learning;
         let mut tools: Vec<String> = spec
             .workflow
             .stages()
@@ -192,6 +197,7 @@ pub fn build(spec: TreeSpec) -> Tree {
                     tools: tools.clone(),
                     slot: slot.clone(),
                     chaos: chaos.clone(),
+                    shared_learning,
                 },
             )
         }));

@@ -85,6 +85,7 @@ pub async fn runtime_options(
         )));
     }
     opts.tree.guard = config.guard.clone();
+    opts.tree.shared_learning = config.api.shared_learning;
     if let Some(path) = &config.triage.policy_file {
         let setup = hindsight::run::TriageSetup::load(path)
             .map_err(|e| config_error("triage.policy_file", e.to_string()))?;

@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use hindsight::{ArmChoice, Sop, Task};
+use hindsight::{ArmChoice, Task};
 
 /// The namespaced task id of a tenant's task.
 pub fn tenant_task_id(tenant: &str, task_id: &str) -> String {
@@ -34,25 +34,7 @@ pub fn tenant_run_id(tenant: &str, task_id: &str) -> String {
     })
 }
 
-/// Whether `run_id` is in `tenant`'s namespace.
-pub fn run_in_tenant(tenant: &str, run_id: &str) -> bool {
-    run_id
-        .strip_prefix("run-")
-        .and_then(|rest| rest.strip_prefix(tenant))
-        .is_some_and(|rest| rest.starts_with('/'))
-}
-
-/// Whether a lesson scope belongs to `tenant`.
-pub fn scope_in_tenant(tenant: &str, scope: &str) -> bool {
-    scope == format!("tenant:{tenant}")
-        || scope.starts_with(&format!("user:{tenant}/"))
-        || scope.starts_with(&format!("session:{tenant}/"))
-}
-
-/// Whether an SOP is visible to `tenant`: every run of its evidence is the tenant's.
-pub fn sop_in_tenant(tenant: &str, sop: &Sop) -> bool {
-    !sop.evidence.is_empty() && sop.evidence.iter().all(|r| run_in_tenant(tenant, r))
-}
+pub use crate::tenancy::{run_in_tenant, scope_in_tenant, sop_in_tenant};
 
 /// What one tenant may see of memory.
 pub(super) struct Visible {

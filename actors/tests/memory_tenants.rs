@@ -1,0 +1,66 @@
+//! What a run reads from memory is its tenant's: lessons of its scopes, postmortems and diary
+//! notes of its runs, SOPs promoted from its runs; never another tenant's, in a tree that serves
+//! several (the daemon's).
+
+use hindsight::Task;
+use hindsight::store::Durability;
+use hindsight::tools::sim::agent::AgentEnv;
+use hindsight_actors::memory::MemoryMsg;
+use hindsight_actors::{Runtime, RuntimeOptions};
+
+/// Task `i` of the support desk as the API namespaces it for `tenant`.
+fn task(env: &AgentEnv, tenant: &str, i: u64) -> Task {
+    let t = env.task(i);
+    Task {
+        task_id: format!("{tenant}/{}", t.task_id),
+        user_id: Some(format!("{tenant}/u")),
+        tenant: Some(tenant.into()),
+        ..t
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_reads_nothing_of_another_tenant_from_memory() {
+    let env = AgentEnv::load(std::path::Path::new("../config/envs/support_desk.toml")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = RuntimeOptions::new(dir.path(), env.clone());
+    opts.durability = Durability::None;
+    let rt = Runtime::start(opts).await.unwrap();
+    // Tenant a's runs fail and learn (postmortems, diary notes, lessons of user a/u).
+    for i in 0..80 {
+        rt.orchestrate(task(&env, "a", i)).await.unwrap();
+    }
+    let retrieve = |t: Task| {
+        let rt = &rt;
+        async move {
+            rt.ctx()
+                .dir
+                .memory
+                .call(|reply| MemoryMsg::Retrieve {
+                    task: std::sync::Arc::new(t.clone()),
+                    reply,
+                })
+                .await
+                .unwrap()
+        }
+    };
+    let own = retrieve(task(&env, "a", 80)).await;
+    assert!(
+        own.items
+            .iter()
+            .any(|i| i.citation.kind != "strategy" && i.citation.kind != "failure_mode"),
+        "tenant a reads its own: {:?}",
+        own.items
+    );
+    let other = retrieve(task(&env, "b", 80)).await;
+    assert!(
+        other.items.is_empty(),
+        "tenant b reads nothing of tenant a: {:?}",
+        other.items
+    );
+    // A task of no tenant (an embedder's own tree) reads everything, as before.
+    let mut untenanted = env.task(80);
+    untenanted.user_id = Some("a/u".into());
+    assert!(!retrieve(untenanted).await.items.is_empty());
+    rt.shutdown().await;
+}
