@@ -187,7 +187,8 @@ impl ProcedureFigures {
         let mean_turns = |runs: &[u64]| {
             runs.iter()
                 .map(|i| turns.get(i).copied().unwrap_or(0) as f64)
-                .sum::<f64>()
+                // A sum from 0.0 (an empty `sum` of floats is -0.0).
+                .fold(0.0, |a, b| a + b)
                 / runs.len().max(1) as f64
         };
         let first_try = |o: &RunOutcome| o.passed && o.attempts <= 1 && o.reflect_retries == 0;
@@ -356,11 +357,11 @@ async fn run_once(
         .collect();
     rt.shutdown().await;
     let sent = sent.lock().map(|s| s.clone()).unwrap_or_default();
-    let trail = Trail::read(&env, &log);
     let by_task: BTreeMap<u64, &ExperienceTuple> = log
         .iter()
         .filter_map(|e| Some((task_index(&e.task_id)?, e)))
         .collect();
+    let trail = Trail::read(&env, &by_task);
     let (procedures, via) = ProcedureFigures::read(&sops, &by_task, &outcomes, &trail.turns);
     let n = tasks.max(1) as f64;
     let last: Vec<u64> = (tasks.saturating_sub(100)..tasks).collect();
@@ -490,15 +491,11 @@ struct Trail {
 }
 
 impl Trail {
-    /// Reads the log of a bench run (one scope), in task order.
-    fn read(env: &AgentEnv, log: &[ExperienceTuple]) -> Trail {
-        let by_task: BTreeMap<u64, &ExperienceTuple> = log
-            .iter()
-            .filter_map(|e| Some((task_index(&e.task_id)?, e)))
-            .collect();
+    /// Reads the log of a bench run (one scope), by task index.
+    fn read(env: &AgentEnv, by_task: &BTreeMap<u64, &ExperienceTuple>) -> Trail {
         let mut trail = Trail::default();
         let mut seen: BTreeSet<String> = BTreeSet::new();
-        for (&index, exp) in &by_task {
+        for (&index, exp) in by_task {
             let mut causes = Vec::new();
             for step in &exp.steps {
                 if step.action == "model_turn" {
