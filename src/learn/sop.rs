@@ -520,6 +520,7 @@ impl SopBook {
                 if let Some(proposals) = self.proposals.get_mut(&cluster) {
                     proposals.remove(&procedure_key(&sop.procedure));
                 }
+                self.trial_rewards.remove(&key);
             } else if p < cfg.alpha && !incident {
                 sop.status = SopStatus::Stable;
                 sop.p_value = Some(p);
@@ -527,6 +528,8 @@ impl SopBook {
                 sop.baseline_trials = baseline_trials;
                 sop.updated_ms = now_ms;
                 promoted.push(i);
+                // Stable, it is judged by its live tally: its trials' rewards are done with.
+                self.trial_rewards.remove(&key);
             }
         }
         for i in promoted {
@@ -812,6 +815,28 @@ mod tests {
         }]
     }
 
+    /// Records run `i` of the model (`via: None`, having made `p`) or a trial of `via`, passed
+    /// when it earned more than 0.5.
+    fn procedure_run(
+        book: &mut SopBook,
+        f: &BTreeMap<String, String>,
+        via: Option<&Sop>,
+        i: u64,
+        reward: f64,
+        p: &[Procedure],
+    ) {
+        let (plan, id) = (plan("model"), format!("run-{}-{i}", via.is_some()));
+        book.record_run(&SopRun {
+            features: f,
+            plan: &plan,
+            passed: reward > 0.5,
+            reward,
+            run_id: &id,
+            via_sop: via.map(|s| (s.sop_id.as_str(), s.version)),
+            procedure: p,
+        });
+    }
+
     fn model_run(
         book: &mut SopBook,
         f: &BTreeMap<String, String>,
@@ -819,29 +844,11 @@ mod tests {
         reward: f64,
         p: &[Procedure],
     ) {
-        let (plan, id) = (plan("model"), format!("model-{i}"));
-        book.record_run(&SopRun {
-            features: f,
-            plan: &plan,
-            passed: reward > 0.5,
-            reward,
-            run_id: &id,
-            via_sop: None,
-            procedure: p,
-        });
+        procedure_run(book, f, None, i, reward, p);
     }
 
     fn trial_run(book: &mut SopBook, f: &BTreeMap<String, String>, sop: &Sop, i: u64, reward: f64) {
-        let (plan, id) = (plan("model"), format!("trial-{i}"));
-        book.record_run(&SopRun {
-            features: f,
-            plan: &plan,
-            passed: reward > 0.5,
-            reward,
-            run_id: &id,
-            via_sop: Some((&sop.sop_id, sop.version)),
-            procedure: &[],
-        });
+        procedure_run(book, f, Some(sop), i, reward, &[]);
     }
 
     #[test]

@@ -216,6 +216,23 @@ fn machine(variants: &[&str], policy: Option<&str>) -> RunMachine {
     RunMachine::new("run-t#1", task(), workflow(variants), rules(policy))
 }
 
+/// A model that looks the customer up by the input's email, then answers `answer`.
+fn looks_up_then_answers(
+    answer: &'static str,
+) -> impl FnMut(u32, u32, &ChatRequest) -> Result<ModelReply, ModelError> {
+    move |_, turn, _| match turn {
+        0 => reply(
+            "",
+            vec![call(
+                "c0",
+                "crm_lookup",
+                json!({"email": "c17@example.com"}),
+            )],
+        ),
+        _ => reply(answer, vec![]),
+    }
+}
+
 fn lookup_ok(_: &StageCall) -> Result<Value, ToolError> {
     Ok(json!({"id": "cus_17", "owes": "120.50"}))
 }
@@ -449,17 +466,7 @@ fn a_reflection_is_the_next_rounds_guidance_and_reflect_retry_sees_the_agents_ev
     let seen = drive_reviewed(
         machine(&["v1"], None),
         None,
-        |_, turn, _| match turn {
-            0 => reply(
-                "",
-                vec![call(
-                    "c0",
-                    "crm_lookup",
-                    json!({"email": "c17@example.com"}),
-                )],
-            ),
-            _ => reply("cus_17 owes 120.50", vec![]),
-        },
+        looks_up_then_answers("cus_17 owes 120.50"),
         lookup_ok,
         |report| {
             reports.push(report.clone());
@@ -629,17 +636,7 @@ fn a_passed_stage_records_the_procedure_its_calls_make() {
     let seen = drive(
         machine(&["v1"], None),
         None,
-        |_, turn, _| match turn {
-            0 => reply(
-                "",
-                vec![call(
-                    "c0",
-                    "crm_lookup",
-                    json!({"email": "c17@example.com"}),
-                )],
-            ),
-            _ => reply("Customer cus_17 owes 120.50", vec![]),
-        },
+        looks_up_then_answers("Customer cus_17 owes 120.50"),
         lookup_ok,
     );
     let recorded = crate::learn::planner::procedures_of(&seen.finished.experience);
