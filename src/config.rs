@@ -10,7 +10,7 @@
 //! `HINDSIGHT_CONFIG` (the path of the file) and `HINDSIGHT_CALL_JOURNAL` (the call journal of
 //! crash tests) are reserved and are not overrides.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -514,6 +514,68 @@ impl Config {
         }
     }
 
+    /// The data directory of agent `i` of `[[agent]]`: the first agent's is `data_dir` (it is the
+    /// daemon's default agent, which the routes that name no agent serve); each other agent's is
+    /// `data_dir/agents/NAME`, so that its runs, lessons, SOPs and policy are its own.
+    pub fn agent_data_dir(&self, i: usize) -> PathBuf {
+        match self.agents.get(i) {
+            Some(agent) if i > 0 => self.data_dir.join("agents").join(&agent.name),
+            _ => self.data_dir.clone(),
+        }
+    }
+
+    /// The agents each agent calls as a tool (`agent:NAME` in its variants' tools): each must be
+    /// another configured agent, named exactly, and no agent may reach itself through them.
+    fn check_agent_calls(&self) -> Result<(), (String, String)> {
+        let index: BTreeMap<&str, usize> = self
+            .agents
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (a.name.as_str(), i))
+            .collect();
+        let mut calls: Vec<Vec<usize>> = vec![Vec::new(); self.agents.len()];
+        for (i, agent) in self.agents.iter().enumerate() {
+            for (j, v) in agent.stage.variants.iter().enumerate() {
+                for pattern in &v.tools {
+                    let Some(callee) =
+                        pattern.strip_prefix(crate::run::workflow::AGENT_TOOL_PREFIX)
+                    else {
+                        continue;
+                    };
+                    let key = format!("agent[{i}].variants[{j}].tools");
+                    match index.get(callee) {
+                        Some(&k) if k == i => {
+                            return Err((key, format!("`{pattern}`: an agent cannot call itself")));
+                        }
+                        Some(&k) => calls[i].push(k),
+                        None => {
+                            return Err((
+                                key,
+                                format!(
+                                    "`{pattern}` names no configured agent (an agent is called by its exact name)"
+                                ),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(cycle) = crate::run::workflow::call_cycle(&calls) {
+            let names: Vec<&str> = cycle
+                .iter()
+                .map(|&k| self.agents[k].name.as_str())
+                .collect();
+            return Err((
+                format!("agent[{}].variants", cycle[0]),
+                format!(
+                    "the agents call each other in a cycle ({}): a run could never end",
+                    names.join(" -> ")
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks what types alone cannot: ranges, formats, uniqueness. Returns the key and reason.
     fn validate(&self) -> Result<(), (String, String)> {
         fn bad(key: impl Into<String>, reason: impl Into<String>) -> Result<(), (String, String)> {
@@ -570,6 +632,20 @@ impl Config {
                     format!("must be a name no other agent has: `{}`", agent.name),
                 );
             }
+            // The name is a directory under `data_dir/agents/` and part of a tool's name.
+            if !agent
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
+                return bad(
+                    format!("agent[{i}].name"),
+                    format!(
+                        "`{}`: only letters, digits, `_` and `-` may make an agent's name",
+                        agent.name
+                    ),
+                );
+            }
             if agent.stage.variants.is_empty() {
                 return bad(format!("agent[{i}].variants"), "an agent needs a variant");
             }
@@ -600,12 +676,7 @@ impl Config {
                 }
             }
         }
-        if self.agents.len() > 1 {
-            return bad(
-                "agent[1]",
-                "this build hosts one agent per daemon: run a daemon (with its own data_dir) for each",
-            );
-        }
+        self.check_agent_calls()?;
         if let Err(e) = self.api.listen.parse::<SocketAddr>() {
             return bad(
                 "api.listen",
@@ -1004,13 +1075,14 @@ mod tests {
     }
 
     #[test]
-    fn an_agent_names_configured_models_and_one_agent_is_hosted() {
-        let agent = |name: &str, model: &str| {
+    fn an_agent_names_configured_models_and_agents_call_each_other_without_cycles() {
+        let calling = |name: &str, model: &str, tools: &str| {
             format!(
                 "[[agent]]\nname = \"{name}\"\ninstructions = \"i\"\n\
-                 [[agent.variants]]\nname = \"v\"\nmodel = \"{model}\"\ntools = [\"fs/*\"]\n"
+                 [[agent.variants]]\nname = \"v\"\nmodel = \"{model}\"\ntools = [{tools}]\n"
             )
         };
+        let agent = |name: &str, model: &str| calling(name, model, "\"fs/*\"");
         let ok = Config::parse(
             &format!("{}[models.local]\n", agent("a", "local")),
             "f.toml",
@@ -1030,8 +1102,48 @@ mod tests {
             agent("a", "local"),
             agent("b", "local")
         );
-        let e = Config::parse(&two, "f.toml").unwrap_err().to_string();
-        assert!(e.contains("agent[1]"), "{e}");
+        let two = Config::parse(&two, "f.toml").unwrap();
+        assert_eq!(two.agent_data_dir(0), two.data_dir);
+        assert_eq!(two.agent_data_dir(1), two.data_dir.join("agents").join("b"));
+        // One agent calls another; a cycle, itself, an unknown agent or a bad name are refused.
+        let chain = format!(
+            "{}{}{}[models.local]\n",
+            calling("a", "local", "\"agent:b\", \"agent:c\""),
+            calling("b", "local", "\"agent:c\""),
+            calling("c", "local", "")
+        );
+        let chain = Config::parse(&chain, "f.toml").unwrap();
+        assert_eq!(chain.agents[0].callees(), vec!["b", "c"]);
+        for (text, key, words) in [
+            (
+                format!(
+                    "{}{}{}[models.local]\n",
+                    calling("a", "local", "\"agent:b\""),
+                    calling("b", "local", "\"agent:c\""),
+                    calling("c", "local", "\"agent:a\"")
+                ),
+                "agent[0].variants",
+                "a -> b -> c -> a",
+            ),
+            (
+                format!("{}[models.local]\n", calling("a", "local", "\"agent:a\"")),
+                "agent[0].variants[0].tools",
+                "cannot call itself",
+            ),
+            (
+                format!("{}[models.local]\n", calling("a", "local", "\"agent:z*\"")),
+                "agent[0].variants[0].tools",
+                "names no configured agent",
+            ),
+            (
+                format!("{}[models.local]\n", calling("a b", "local", "")),
+                "agent[0].name",
+                "only letters",
+            ),
+        ] {
+            let e = Config::parse(&text, "f.toml").unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains(words), "{e}");
+        }
         // A misspelt key of the block, or of a variant, is refused with its name.
         for (block, in_variant, key) in [
             ("max_turn = 3\n", "", "max_turn"),

@@ -5,6 +5,7 @@
 //! [`runtime::Runtime::orchestrate`]; or build its children with [`tree::build`] and start them
 //! under a supervisor of your own ([`supervisor::Supervisor`]).
 
+pub mod agent_tool;
 pub mod app;
 pub mod applied;
 pub mod call;

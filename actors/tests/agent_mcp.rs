@@ -116,6 +116,148 @@ level = "warn"
     assert!(terminate(daemon));
 }
 
+/// Two agents in one daemon, one calling the other (`agent:echoer`): each call of the tool is a
+/// child run of the callee in its own tree and store, linked to its parent by id, readable at
+/// `GET /runs/{id}`; both agents are listed, and each keeps its runs in its own store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_daemon_hosts_two_agents_and_one_calls_the_other_as_a_child_run() {
+    let modules = support::npm_servers();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("hindsight.toml");
+    let data = dir.path().join("data");
+    std::fs::write(
+        &config,
+        format!(
+            r#"data_dir = "{data}"
+
+[[agent]]
+name = "desk"
+description = "Answers a request, asking the echoer to echo its message"
+instructions = "You answer by calling your tools."
+
+[[agent.variants]]
+name = "default"
+model = "local"
+tools = ["agent:echoer", "everything/get-sum"]
+
+[[agent]]
+name = "echoer"
+description = "Echoes a message"
+instructions = "You echo the message with the echo tool."
+
+[[agent.variants]]
+name = "default"
+model = "local"
+tools = ["everything/echo"]
+
+[models.local]
+
+[store]
+durability = "none"
+
+[api]
+listen = "127.0.0.1:0"
+
+[[api.tenants]]
+name = "acme"
+key_sha256 = "{key}"
+
+[[tools.mcp]]
+name = "everything"
+command = "node"
+args = ["{server}", "stdio"]
+
+[log]
+level = "warn"
+"#,
+            data = data.display(),
+            key = hash_key(KEY),
+            server = modules
+                .join("@modelcontextprotocol/server-everything/dist/index.js")
+                .display(),
+        ),
+    )
+    .unwrap();
+    let daemon = start(&config, &dir.path().join("daemon.log"));
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let agents: Value = http
+        .get(format!("{}/agents", daemon.base))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(agents["agents"][0]["name"], "desk", "{agents}");
+    assert_eq!(
+        agents["agents"][0]["variants"][0]["tools"],
+        json!(["agent_echoer", "everything_get-sum"]),
+        "{agents}"
+    );
+    assert_eq!(agents["agents"][1]["name"], "echoer", "{agents}");
+    let response = http
+        .post(format!("{}/agents/desk/runs", daemon.base))
+        .bearer_auth(KEY)
+        .json(&json!({
+            "task_id": "multi-1",
+            "goal": "Have the message echoed and add the numbers",
+            "input": {"goal": "Echo the message", "input": {"message": "hello via echoer"}, "a": 2, "b": 3}
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let out: Value = response.json().await.unwrap();
+    assert_eq!(out["state"], "succeeded", "{out}");
+    let answer = out["output"]["desk"]["answer"].as_str().unwrap_or("");
+    assert!(answer.contains("hello via echoer"), "{out}");
+    assert!(answer.contains('5'), "{out}");
+    // The child run: in the echoer's tree, its id naming its parent run and the call.
+    let child_id = "run-acme/multi-1/desk/a0.t1.c0/echoer";
+    assert!(answer.contains(child_id), "{out}");
+    let child: Value = http
+        .get(format!(
+            "{}/runs/{}",
+            daemon.base,
+            child_id.replace('/', "%2F")
+        ))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(child["run"]["state"], "succeeded", "{child}");
+    assert_eq!(child["run"]["tenant"], "acme", "{child}");
+    assert_eq!(child["arms"][0]["stage"], "echoer", "{child}");
+    assert_eq!(
+        child["steps"][1]["tool_called"], "everything.echo",
+        "{child}"
+    );
+    // The echoer's runs are in its own store, and the desk's in the daemon's data_dir.
+    assert!(data.join("agents").join("echoer").exists());
+    let parent: Value = http
+        .get(format!("{}/runs/run-acme%2Fmulti-1", daemon.base))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(parent["run"]["state"], "succeeded", "{parent}");
+    assert_eq!(
+        parent["steps"][1]["tool_called"], "agent:echoer",
+        "{parent}"
+    );
+    assert!(terminate(daemon));
+}
+
 /// The configuration of an agent whose offline model calls `echo` and then
 /// `trigger-long-running-operation` of server-everything (both idempotent by their hints).
 fn long_config(dir: &std::path::Path, server: &std::path::Path) -> std::path::PathBuf {

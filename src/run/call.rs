@@ -60,6 +60,9 @@ pub struct StageCall {
     /// The task's input object, if it has one.
     #[serde(default)]
     pub input: Option<Value>,
+    /// The task's tenant.
+    #[serde(default)]
+    pub tenant: Option<String>,
 }
 
 /// What came of a stage's call, every retry included.
@@ -97,6 +100,7 @@ pub async fn execute(runner: &ToolRunner, call: StageCall) -> CallOutcome {
         features: call.features.clone(),
         turn: call.turn,
         input: call.input.clone(),
+        tenant: call.tenant.clone(),
     };
     let report = runner
         .call(
@@ -214,6 +218,7 @@ mod tests {
                 turn: 0,
                 call: 0,
                 input: None,
+                tenant: None,
             },
         )
         .await;

@@ -187,6 +187,85 @@ pub fn answer_check(agent: &AgentStage) -> OutputCheck {
     })
 }
 
+/// The prefix of the tool that calls another agent (`agent:NAME`): each call is a child run of
+/// that agent.
+pub const AGENT_TOOL_PREFIX: &str = "agent:";
+
+impl AgentConfig {
+    /// The agents this one calls as tools (`agent:NAME` in its variants' tools), each once.
+    pub fn callees(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self
+            .stage
+            .variants
+            .iter()
+            .flat_map(|v| &v.tools)
+            .filter_map(|p| p.strip_prefix(AGENT_TOOL_PREFIX))
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+}
+
+/// A cycle in a call graph (`calls[i]`: the nodes `i` calls), as the nodes along it from the
+/// first node met on it back to that node; `None` when there is none.
+pub fn call_cycle(calls: &[Vec<usize>]) -> Option<Vec<usize>> {
+    // Depth-first, colouring: 0 unseen, 1 on the current path, 2 done.
+    fn visit(n: usize, calls: &[Vec<usize>], colour: &mut [u8], path: &mut Vec<usize>) -> bool {
+        colour[n] = 1;
+        path.push(n);
+        for &m in calls.get(n).map(Vec::as_slice).unwrap_or_default() {
+            match colour.get(m).copied() {
+                Some(1) => {
+                    let start = path.iter().position(|&p| p == m).unwrap_or(0);
+                    path.drain(..start);
+                    path.push(m);
+                    return true;
+                }
+                Some(0) if visit(m, calls, colour, path) => return true,
+                _ => {}
+            }
+        }
+        path.pop();
+        colour[n] = 2;
+        false
+    }
+    let mut colour = vec![0u8; calls.len()];
+    for n in 0..calls.len() {
+        let mut path = Vec::new();
+        if colour[n] == 0 && visit(n, calls, &mut colour, &mut path) {
+            return Some(path);
+        }
+    }
+    None
+}
+
+/// The order to start agents that call each other (`calls[i]`: the agents `i` calls): every
+/// agent after those it calls. `None` when they call each other in a cycle.
+pub fn callees_first(calls: &[Vec<usize>]) -> Option<Vec<usize>> {
+    if call_cycle(calls).is_some() {
+        return None;
+    }
+    fn place(n: usize, calls: &[Vec<usize>], placed: &mut [bool], order: &mut Vec<usize>) {
+        if placed[n] {
+            return;
+        }
+        placed[n] = true;
+        for &m in calls.get(n).map(Vec::as_slice).unwrap_or_default() {
+            if m < placed.len() {
+                place(m, calls, placed, order);
+            }
+        }
+        order.push(n);
+    }
+    let mut placed = vec![false; calls.len()];
+    let mut order = Vec::with_capacity(calls.len());
+    for n in 0..calls.len() {
+        place(n, calls, &mut placed, &mut order);
+    }
+    Some(order)
+}
+
 /// Whether `name` matches the glob `pattern` (`*` any run of characters).
 pub fn glob_match(pattern: &str, name: &str) -> bool {
     fn go(p: &[u8], n: &[u8]) -> bool {

@@ -90,6 +90,10 @@ pub struct CallContext {
     pub turn: u32,
     /// The task's input object, if it has one.
     pub input: Option<Value>,
+    /// The tenant the task belongs to (a tool that starts runs of its own, such as
+    /// `agent:NAME`, starts them in the same tenant).
+    #[serde(default)]
+    pub tenant: Option<String>,
 }
 
 /// A successful call's result.

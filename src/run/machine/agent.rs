@@ -378,6 +378,7 @@ impl RunMachine {
             turn: self.st.turn,
             call: self.st.stage_calls,
             input: self.task.input.clone(),
+            tenant: self.task.tenant.clone(),
         };
         self.wait(
             Phase::Calling {

@@ -761,6 +761,7 @@ impl RunMachine {
             turn: 0,
             call: 0,
             input: self.task.input.clone(),
+            tenant: self.task.tenant.clone(),
         };
         self.wait(
             Phase::Calling {

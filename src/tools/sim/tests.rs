@@ -422,6 +422,7 @@ fn ctx(
         features: f.clone(),
         turn: 0,
         input: None,
+        tenant: None,
     }
 }
 

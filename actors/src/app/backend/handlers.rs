@@ -570,12 +570,6 @@ impl Backend for TreeBackend {
                 (Ok(_), None) => "ok".to_string(),
             },
         );
-        for s in &self.servers {
-            components.insert(
-                format!("mcp:{}", s.name()),
-                format!("{:?}", s.health()).to_lowercase(),
-            );
-        }
         let stopping = self.stopping.load(Ordering::SeqCst);
         let all_ok = components
             .iter()

@@ -2,6 +2,7 @@
 //! ([`TreeBackend`]), started from a [`Config`], with tenant isolation by namespacing (the rules
 //! are in `tenant.rs`).
 
+mod daemon;
 mod handlers;
 mod options;
 mod tenant;
@@ -14,7 +15,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use hindsight::config::Config;
 use hindsight::store::{Claim, Store, StoreError, StoreOptions, idempotency};
-use hindsight::tools::mcp::McpServer;
 use hindsight::{ArmChoice, ErrorClass, FailureCategory, Lesson, Sop, Step, Task};
 use ractor::ActorStatus;
 use sha2::{Digest, Sha256};
@@ -30,10 +30,12 @@ use crate::reflector::ReflectorMsg;
 use crate::run::{RunOutcome, TreeCtx};
 use crate::runtime::{Runtime, RuntimeError, Submitter};
 
-pub use options::{StartError, agent_workflow, apply_learning, runtime_options};
+pub use daemon::Daemon;
+pub use options::{
+    StartError, agent_workflow, apply_learning, mcp_tools, runtime_options, tree_options,
+};
 pub use tenant::{run_in_tenant, scope_in_tenant, sop_in_tenant, tenant_run_id, tenant_task_id};
 
-use options::config_error;
 use tenant::Visible;
 
 /// The HTTP API's backend over a running tree.
@@ -41,10 +43,11 @@ pub struct TreeBackend {
     ctx: Arc<TreeCtx>,
     submitter: Submitter,
     runtime: tokio::sync::Mutex<Option<Runtime>>,
-    servers: Vec<McpServer>,
     metrics: Metrics,
     stopping: AtomicBool,
-    next_id: AtomicU64,
+    /// Numbers the tasks of requests that name none (shared by the daemon's trees, so that no
+    /// two agents' generated task ids are the same).
+    next_id: Arc<AtomicU64>,
     started_ms: u64,
     /// Damaged records met while serving: how many, and the last one's error (for `/healthz`).
     damage: std::sync::Mutex<(u64, Option<String>)>,
@@ -100,16 +103,17 @@ fn slot_status<M: ractor::Message>(slot: &Slot<M>) -> String {
 }
 
 impl TreeBackend {
-    /// Opens the store under `config.data_dir` and starts the tree the configuration describes.
-    pub async fn start(config: &Config) -> Result<TreeBackend, StartError> {
-        for (i, t) in config.api.tenants.iter().enumerate() {
-            if let Some(problem) = hindsight::config::tenant_name_problem(&t.name) {
-                return Err(config_error(format!("api.tenants[{i}].name"), problem));
-            }
-        }
-        let (opts, servers) = runtime_options(config).await?;
+    /// Opens the store under `opts.data_dir` and starts the tree `opts` describes (one of the
+    /// daemon's: see [`Daemon::start`]), its requests counted in `metrics`, the tasks of requests
+    /// that name none numbered by `ids` (the counter and the daemon's start).
+    async fn start_tree(
+        config: &Config,
+        opts: crate::runtime::RuntimeOptions,
+        metrics: Metrics,
+        ids: (Arc<AtomicU64>, u64),
+    ) -> Result<TreeBackend, StartError> {
         let store = Store::open(
-            &config.data_dir,
+            &opts.data_dir,
             StoreOptions {
                 durability: opts.durability,
                 checkpoints_per_run: config.store.checkpoints_per_run.max(1),
@@ -120,15 +124,7 @@ impl TreeBackend {
             },
         )
         .map_err(RuntimeError::from)?;
-        let runtime = match Runtime::start_with_store(store, opts).await {
-            Ok(rt) => rt,
-            Err(e) => {
-                for s in &servers {
-                    s.shutdown().await;
-                }
-                return Err(e.into());
-            }
-        };
+        let runtime = Runtime::start_with_store(store, opts).await?;
         let ctx = runtime.ctx().clone();
         let stages: Vec<DocStage> = ctx
             .workflow
@@ -151,9 +147,6 @@ impl TreeBackend {
             Ok(doc) => doc,
             Err(e) => {
                 runtime.stop().await;
-                for s in &servers {
-                    s.shutdown().await;
-                }
                 return Err(StartError::Runtime(RuntimeError::Setup(e.to_string())));
             }
         };
@@ -161,29 +154,35 @@ impl TreeBackend {
             ctx,
             submitter: runtime.submitter(),
             runtime: tokio::sync::Mutex::new(Some(runtime)),
-            servers,
-            metrics: Metrics::new(),
+            metrics,
             stopping: AtomicBool::new(false),
-            next_id: AtomicU64::new(0),
-            started_ms: hindsight::now_ms(),
+            next_id: ids.0,
+            started_ms: ids.1,
             damage: std::sync::Mutex::new((0, None)),
             shared_learning: config.api.shared_learning,
             openapi,
         })
     }
 
-    /// Stops the tree (runs in flight stay checkpointed and resume at the next start) and the
-    /// MCP servers. Requests after this are answered 503.
-    pub async fn shutdown(&self) {
+    /// Stops the tree (runs in flight stay checkpointed and resume at the next start).
+    /// Requests after this are answered 503.
+    async fn shutdown(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         // The backend holds the store itself (its file closes when the backend is dropped), so
         // it does not wait for the tree to release it as `Runtime::shutdown` would.
         if let Some(rt) = self.runtime.lock().await.take() {
             rt.stop().await;
         }
-        for s in &self.servers {
-            s.shutdown().await;
-        }
+    }
+
+    /// Whether this tree's workflow uses `tool` (a correction naming it is for this tree).
+    fn offers_tool(&self, tool: &str) -> bool {
+        self.ctx.workflow.tool_names().iter().any(|t| t == tool)
+    }
+
+    /// What submits tasks to this tree (another agent's `agent:NAME` tool calls through it).
+    fn submitter(&self) -> Submitter {
+        self.submitter.clone()
     }
 
     /// The store.

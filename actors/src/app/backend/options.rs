@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use hindsight::config::{Config, DurabilityConfig};
 use hindsight::store::Durability;
-use hindsight::tools::ToolRegistry;
 use hindsight::tools::mcp::McpServer;
+use hindsight::tools::{Tool, ToolRegistry};
 
 use crate::runtime::{RuntimeError, RuntimeOptions, WorkflowSource};
 
@@ -46,10 +46,72 @@ pub fn apply_learning(config: &Config, opts: &mut RuntimeOptions) {
     opts.tree.rules.max_total_attempts = config.triage.max_total_attempts;
 }
 
-/// The options of the tree a configuration describes, and the MCP servers it started.
+/// The options of the tree a configuration describes (its first agent's, or its simulated
+/// workflow's without one), and the MCP servers it started.
 pub async fn runtime_options(
     config: &Config,
 ) -> Result<(RuntimeOptions, Vec<McpServer>), StartError> {
+    let (tools, servers) = mcp_tools(config).await?;
+    let agent = (!config.agents.is_empty()).then_some(0);
+    match tree_options(config, agent, tools) {
+        Ok(opts) => Ok((opts, servers)),
+        Err(e) => {
+            for s in &servers {
+                s.shutdown().await;
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Starts the configured MCP servers (`[[tools.mcp]]`): their tools, each under its server's
+/// prefix (the server's name unless the block names one, so that two servers' tools never
+/// collide), for every tree of the daemon to share; and the servers, to shut down at the end.
+pub async fn mcp_tools(
+    config: &Config,
+) -> Result<(Vec<Arc<dyn Tool>>, Vec<McpServer>), StartError> {
+    let mut registry = ToolRegistry::new();
+    let mut tools = Vec::new();
+    let mut servers: Vec<McpServer> = Vec::new();
+    for (i, server) in config.tools.mcp.iter().enumerate() {
+        let mut mcp = server.clone();
+        mcp.tool_prefix.get_or_insert_with(|| server.name.clone());
+        let started = match McpServer::connect(mcp).await {
+            Ok(s) => s,
+            Err(e) => {
+                for s in &servers {
+                    s.shutdown().await;
+                }
+                return Err(config_error(format!("tools.mcp[{i}]"), e.to_string()));
+            }
+        };
+        let mut clash = None;
+        for tool in started.tools() {
+            if let Err(e) = registry.register(tool.clone()) {
+                clash = Some(e);
+                break;
+            }
+            tools.push(tool);
+        }
+        servers.push(started);
+        if let Some(e) = clash {
+            for s in &servers {
+                s.shutdown().await;
+            }
+            return Err(config_error(format!("tools.mcp[{i}]"), e.to_string()));
+        }
+    }
+    Ok((tools, servers))
+}
+
+/// The options of one tree of the daemon: agent `agent` of `[[agent]]` (its loop over `tools`,
+/// its turns performed by the `[models.NAME]` endpoints, its data under
+/// [`Config::agent_data_dir`]), or without one the simulated workflow of `tools.sim_envs`.
+pub fn tree_options(
+    config: &Config,
+    agent: Option<usize>,
+    tools: Vec<Arc<dyn Tool>>,
+) -> Result<RuntimeOptions, StartError> {
     let env_path = config.tools.sim_envs.first();
     let env = match env_path {
         Some(p) if p != Path::new(crate::app::demo::DEFAULT_ENV) => {
@@ -98,26 +160,17 @@ pub async fn runtime_options(
         opts.chaos = Some(crate::chaos::ChaosHandle::new(plan));
     }
     let mut registry = ToolRegistry::new();
-    let mut servers = Vec::new();
-    for (i, server) in config.tools.mcp.iter().enumerate() {
-        // The daemon registers every server's tools under a prefix (the server's name unless
-        // the block names one), so that two servers' tools never collide.
-        let mut mcp = server.clone();
-        mcp.tool_prefix.get_or_insert_with(|| server.name.clone());
-        let started = McpServer::connect(mcp)
-            .await
-            .map_err(|e| config_error(format!("tools.mcp[{i}]"), e.to_string()))?;
-        for tool in started.tools() {
-            registry
-                .register(tool)
-                .map_err(|e| config_error(format!("tools.mcp[{i}]"), e.to_string()))?;
-        }
-        servers.push(started);
+    for tool in tools {
+        let name = tool.spec().name.clone();
+        registry
+            .register(tool)
+            .map_err(|e| config_error("tools", format!("tool `{name}`: {e}")))?;
     }
     opts.registry = registry;
-    if let Some(agent) = config.agents.first() {
-        // `[[agent]]`: the daemon's workflow is the agent's loop, over the configured tools,
+    if let Some((i, agent)) = agent.and_then(|i| config.agents.get(i).map(|a| (i, a))) {
+        // `[[agent]]`: the tree's workflow is the agent's loop, over the configured tools,
         // its turns performed by the `[models.NAME]` endpoints (offline without a base_url).
+        opts.data_dir = config.agent_data_dir(i);
         opts.workflow = agent_workflow(agent);
         for (name, model) in &config.models {
             let endpoint = model_of(model, &format!("models.{name}"))?.unwrap_or_else(|| {
@@ -127,7 +180,7 @@ pub async fn runtime_options(
             opts.models.insert(name.clone(), endpoint);
         }
     }
-    Ok((opts, servers))
+    Ok(opts)
 }
 
 /// The workflow of a configured agent: one agent stage, named as the agent, whose answer is

@@ -92,7 +92,7 @@ async fn the_daemon_applies_the_run_ttl_at_start() {
                 .unwrap();
         }
     }
-    let backend = TreeBackend::start(&config).await.unwrap();
+    let backend = Daemon::start(&config).await.unwrap();
     let store = backend.store();
     assert_eq!(store.get_run("run-old").unwrap(), None);
     assert!(store.get_run("run-recent").unwrap().is_some());

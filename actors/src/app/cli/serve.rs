@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use hindsight_actors::app::api::command::ServeArgs;
 use hindsight_actors::app::api::{self, shutdown_signal};
-use hindsight_actors::app::backend::TreeBackend;
+use hindsight_actors::app::backend::Daemon;
 use tokio::net::TcpListener;
 
 use super::{Failure, Global};
@@ -40,7 +40,7 @@ pub async fn run(global: &Global, args: ServeArgs) -> Result<(), Failure> {
         .local_addr()
         .map_err(|e| Failure::new(format!("api.listen: the bound address is unknown: {e}")))?;
     let backend = Arc::new(
-        TreeBackend::start(&config)
+        Daemon::start(&config)
             .await
             .map_err(|e| Failure::new(e.to_string()))?,
     );
