@@ -64,6 +64,9 @@ pub fn agent() -> AgentConfig {
             answer_schema: None,
             // A small local model may generate until its context is full without it.
             max_turn_tokens: Some(256),
+            max_tokens: None,
+            max_cost: None,
+            max_wall_ms: None,
         },
     }
 }

@@ -347,6 +347,22 @@ pub struct ModelConfig {
     /// How the schema of a structured answer is sent (`json_schema`, OpenAI's; `json_object`,
     /// llama-cpp-python's; `off`).
     pub schema_format: crate::model::openai::SchemaFormat,
+    /// What the endpoint charges per thousand prompt tokens (0: free). An agent turn's cost is
+    /// its tokens priced so: it counts against the agent's `max_cost` and the task's cost
+    /// ceiling, and lowers the run's reward, so the policy learns which variant is worth it.
+    pub price_per_1k_prompt_tokens: f64,
+    /// What the endpoint charges per thousand generated tokens (0: free).
+    pub price_per_1k_completion_tokens: f64,
+}
+
+impl ModelConfig {
+    /// The endpoint's price.
+    pub fn price(&self) -> crate::model::Price {
+        crate::model::Price {
+            prompt_per_1k: self.price_per_1k_prompt_tokens,
+            completion_per_1k: self.price_per_1k_completion_tokens,
+        }
+    }
 }
 
 impl Default for ModelConfig {
@@ -357,6 +373,8 @@ impl Default for ModelConfig {
             api_key_env: "OPENAI_API_KEY".to_string(),
             timeout_ms: 30_000,
             schema_format: crate::model::openai::SchemaFormat::default(),
+            price_per_1k_prompt_tokens: 0.0,
+            price_per_1k_completion_tokens: 0.0,
         }
     }
 }
@@ -660,6 +678,20 @@ impl Config {
             if agent.stage.max_turns == 0 {
                 return bad(format!("agent[{i}].max_turns"), "must be at least 1");
             }
+            if agent.stage.max_tokens == Some(0) {
+                return bad(format!("agent[{i}].max_tokens"), "must be at least 1");
+            }
+            if agent.stage.max_wall_ms == Some(0) {
+                return bad(format!("agent[{i}].max_wall_ms"), "must be at least 1");
+            }
+            if let Some(c) = agent.stage.max_cost
+                && !(c.is_finite() && c > 0.0)
+            {
+                return bad(
+                    format!("agent[{i}].max_cost"),
+                    format!("must be a positive number, not {c}"),
+                );
+            }
             let mut variant_names = BTreeSet::new();
             for (j, v) in agent.stage.variants.iter().enumerate() {
                 if !variant_names.insert(v.name.as_str()) {
@@ -677,6 +709,26 @@ impl Config {
             }
         }
         self.check_agent_calls()?;
+        for (key, m) in std::iter::once(("model".to_string(), &self.model)).chain(
+            self.models
+                .iter()
+                .map(|(name, m)| (format!("models.{name}"), m)),
+        ) {
+            for (field, price) in [
+                ("price_per_1k_prompt_tokens", m.price_per_1k_prompt_tokens),
+                (
+                    "price_per_1k_completion_tokens",
+                    m.price_per_1k_completion_tokens,
+                ),
+            ] {
+                if !(price.is_finite() && price >= 0.0) {
+                    return bad(
+                        format!("{key}.{field}"),
+                        format!("must be 0 or more, not {price}"),
+                    );
+                }
+            }
+        }
         if let Err(e) = self.api.listen.parse::<SocketAddr>() {
             return bad(
                 "api.listen",

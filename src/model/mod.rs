@@ -11,7 +11,7 @@ use std::pin::Pin;
 
 use serde::{Deserialize, Serialize};
 
-pub use models::Models;
+pub use models::{Models, Price};
 
 /// A boxed, sendable future, as returned by the model traits.
 pub type ModelFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, ModelError>> + Send + 'a>>;

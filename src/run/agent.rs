@@ -39,7 +39,7 @@ pub struct TurnOutcome {
 }
 
 /// Performs `turn` with the model it names; the latency is the clock's (0 on a virtual clock:
-/// a simulated model takes no time).
+/// a simulated model takes no time), the cost the reply's usage at the endpoint's price.
 pub async fn perform(models: &Models, turn: &ModelTurn, clock: &dyn Clock) -> TurnOutcome {
     let Some(model) = models.get(&turn.model) else {
         return TurnOutcome {
@@ -54,10 +54,16 @@ pub async fn perform(models: &Models, turn: &ModelTurn, clock: &dyn Clock) -> Tu
     };
     let start = clock.now_ms();
     let result = model.turn(&turn.request, &turn.context).await;
+    let cost = match &result {
+        Ok(reply) => reply
+            .usage
+            .map_or(0.0, |u| models.price(&turn.model).cost(&u)),
+        Err(_) => 0.0,
+    };
     TurnOutcome {
         result,
         latency_ms: clock.now_ms().saturating_sub(start) as f64,
-        cost: 0.0,
+        cost,
     }
 }
 

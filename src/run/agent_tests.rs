@@ -15,13 +15,18 @@ use crate::{ArmChoice, ErrorClass, FailureType, RunState, Task};
 /// One agent stage, `answer`, with one variant on model `m` offering `crm.lookup`
 /// (idempotent, an MCP-style dotted name) and `charge` (not idempotent).
 fn workflow(variants: &[&str]) -> Arc<Workflow> {
+    workflow_with(variants, |_| {})
+}
+
+/// [`workflow`] with its agent stage changed by `edit`.
+fn workflow_with(variants: &[&str], edit: impl FnOnce(&mut AgentStage)) -> Arc<Workflow> {
     let mut registry = ToolRegistry::new();
     for (name, idempotent) in [("crm.lookup", true), ("charge", false), ("other", true)] {
         let mut spec = ToolSpec::new(name, format!("the {name} tool"));
         spec.idempotent = idempotent;
         registry.register(Arc::new(Named(spec))).unwrap();
     }
-    let agent = AgentStage {
+    let mut agent = AgentStage {
         description: "answers billing questions".into(),
         instructions: "You are the billing agent.".into(),
         variants: variants
@@ -37,7 +42,11 @@ fn workflow(variants: &[&str]) -> Arc<Workflow> {
         max_turns: 6,
         answer_schema: None,
         max_turn_tokens: Some(256),
+        max_tokens: None,
+        max_cost: None,
+        max_wall_ms: None,
     };
+    edit(&mut agent);
     let check: workflow::OutputCheck = Arc::new(|_, _, _| Ok(()));
     let reward = RewardConfig {
         success: 1.0,
@@ -517,6 +526,104 @@ fn a_turn_budget_spent_fails_the_attempt() {
         reason.contains("spent its budget of 6 model turns"),
         "{reason}"
     );
+}
+
+#[test]
+fn a_run_that_spent_its_token_budget_is_aborted_without_another_attempt() {
+    // Each turn uses 110 tokens; the budget of 300 is spent after the third.
+    let flow = workflow_with(&["v1"], |a| a.max_tokens = Some(300));
+    let m = RunMachine::new("run-t#1", task(), flow, rules(None));
+    let mut turns = 0;
+    let seen = drive(
+        m,
+        None,
+        |_, _, _| {
+            turns += 1;
+            reply(
+                "",
+                vec![call("c", "crm_lookup", json!({"email": turns.to_string()}))],
+            )
+        },
+        lookup_ok,
+    );
+    let out = &seen.finished.outcome;
+    assert_eq!(out.state, RunState::Aborted);
+    assert_eq!(turns, 3);
+    assert_eq!(out.attempts, 1);
+    assert!(out.recoveries.is_empty());
+    let reason = out.reason.as_deref().unwrap_or_default();
+    assert!(
+        reason.contains("spent its budget of 300 tokens (330 used)"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn a_run_that_spent_its_time_budget_is_aborted() {
+    // Each call takes 1 ms; the budget of 2 ms is spent after the second.
+    let flow = workflow_with(&["v1"], |a| a.max_wall_ms = Some(2));
+    let m = RunMachine::new("run-t#1", task(), flow, rules(None));
+    let mut turns = 0;
+    let seen = drive(
+        m,
+        None,
+        |_, _, _| {
+            turns += 1;
+            reply(
+                "",
+                vec![call("c", "crm_lookup", json!({"email": turns.to_string()}))],
+            )
+        },
+        lookup_ok,
+    );
+    let out = &seen.finished.outcome;
+    assert_eq!(out.state, RunState::Aborted);
+    assert_eq!((turns, seen.calls.len()), (2, 2));
+    let reason = out.reason.as_deref().unwrap_or_default();
+    assert!(reason.contains("budget of 2 ms"), "{reason}");
+}
+
+#[tokio::test]
+async fn a_turns_cost_is_its_tokens_at_the_endpoints_price() {
+    struct Counted;
+    impl crate::model::LanguageModel for Counted {
+        fn name(&self) -> &str {
+            "counted"
+        }
+        fn complete<'a>(&'a self, _: &'a ChatRequest) -> crate::model::ModelFuture<'a, String> {
+            Box::pin(std::future::ready(Ok(String::new())))
+        }
+        fn turn<'a>(
+            &'a self,
+            _: &'a ChatRequest,
+            _: &'a crate::model::TurnContext,
+        ) -> crate::model::ModelFuture<'a, ModelReply> {
+            Box::pin(std::future::ready(reply("done", vec![])))
+        }
+    }
+    let mut models = crate::model::Models::new();
+    models.insert("m", Arc::new(Counted));
+    let turn = ModelTurn {
+        model: "m".into(),
+        request: ChatRequest::default(),
+        context: crate::model::TurnContext::default(),
+    };
+    let clock = crate::tools::VirtualClock::new();
+    // Free unless priced.
+    assert_eq!(
+        super::agent::perform(&models, &turn, &clock).await.cost,
+        0.0
+    );
+    models.set_price(
+        "m",
+        crate::model::Price {
+            prompt_per_1k: 2.0,
+            completion_per_1k: 10.0,
+        },
+    );
+    // 100 prompt tokens at 2 per 1k and 10 generated at 10 per 1k.
+    let cost = super::agent::perform(&models, &turn, &clock).await.cost;
+    assert!((cost - 0.3).abs() < 1e-12, "{cost}");
 }
 
 /// Runs `m` until it asks for something `stop` matches; returns that command.

@@ -91,6 +91,35 @@ pub struct AgentStage {
     /// rambles or a turn's cost; `None` leaves the server's own limit.
     #[serde(default)]
     pub max_turn_tokens: Option<u32>,
+    /// Tokens (prompt and generated) every model turn of a run of the stage may use together,
+    /// over all its attempts; `None`: no limit. Checked before each turn: a run that has spent
+    /// it ends `aborted`, naming it.
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+    /// Cost (model turns' tokens at the endpoint's price, and tool calls) a run of the stage may
+    /// spend, checked likewise. With it, the reward's cost term is the share of it spent.
+    #[serde(default)]
+    pub max_cost: Option<f64>,
+    /// Time (ms) a run's model turns and tool calls may take together, checked likewise. With
+    /// it, the reward's latency term is the share of it taken.
+    #[serde(default)]
+    pub max_wall_ms: Option<u64>,
+}
+
+impl AgentStage {
+    /// Which budget a run that has spent `tokens`, `cost` and `wall_ms` has used up, in words.
+    pub fn budget_spent(&self, tokens: u64, cost: f64, wall_ms: f64) -> Option<String> {
+        if let Some(max) = self.max_tokens.filter(|&m| tokens >= m) {
+            return Some(format!("its budget of {max} tokens ({tokens} used)"));
+        }
+        if let Some(max) = self.max_cost.filter(|&m| cost >= m) {
+            return Some(format!("its budget of cost {max} ({cost:.4} used)"));
+        }
+        if let Some(max) = self.max_wall_ms.filter(|&m| wall_ms >= m as f64) {
+            return Some(format!("its budget of {max} ms ({wall_ms:.0} ms used)"));
+        }
+        None
+    }
 }
 
 fn default_max_turns() -> u32 {
@@ -424,6 +453,9 @@ impl Workflow {
             max_turns: longest * (spec.model.retries + 1) + 2,
             answer_schema: None,
             max_turn_tokens: None,
+            max_tokens: None,
+            max_cost: None,
+            max_wall_ms: None,
         };
         let checker = env.clone();
         let check: OutputCheck = Arc::new(move |task, _, output| {

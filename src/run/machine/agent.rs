@@ -25,6 +25,10 @@ use super::super::report::RunEvent;
 use super::super::workflow::{AgentStage, task_index};
 use super::{Command, Phase, RunMachine};
 
+/// The error type of an attempt that found its run's budget spent: no recovery can help, and
+/// the run ends `aborted`.
+pub(super) const BUDGET_SPENT: &str = "BudgetSpent";
+
 impl RunMachine {
     /// Goes on with agent stage `i` run by `arm`: the conversation opens, the calls the model
     /// asked for are made one after another, then the model is asked again.
@@ -50,6 +54,27 @@ impl RunMachine {
             return;
         }
         if self.follow_procedure(i, &arm, agent) {
+            return;
+        }
+        if let Some(spent) = self.budget_spent(&arm.stage, agent) {
+            let message = format!("stage {} spent {spent}", arm.stage);
+            self.event(RunEvent::Error {
+                stage: arm.stage.clone(),
+                tool: arm.tool.clone(),
+                class: ErrorClass::DeterministicFailure,
+                message: message.clone(),
+            });
+            self.checkpoint();
+            self.attempt_failed(AttemptFailure {
+                trajectory: self.st.attempt_trajectory(),
+                stage: i,
+                message,
+                error_type: Some(BUDGET_SPENT.to_string()),
+                class: Some(ErrorClass::DeterministicFailure),
+                category: FailureCategory::Strategy,
+                retry_after_ms: None,
+                classified: None,
+            });
             return;
         }
         if self.st.turn >= agent.max_turns {
@@ -81,6 +106,22 @@ impl RunMachine {
             ),
         };
         self.wait(Phase::Turning { stage: i }, Command::Turn(Box::new(turn)));
+    }
+
+    /// Which of `agent`'s budgets the run has spent: the tokens of the stage's model turns, and
+    /// the run's cost and time, over every attempt so far.
+    fn budget_spent(&self, stage: &str, agent: &AgentStage) -> Option<String> {
+        let tokens: u64 = self
+            .st
+            .steps
+            .iter()
+            .filter(|s| {
+                s.action == "model_turn"
+                    && s.metadata.get("stage").and_then(Value::as_str) == Some(stage)
+            })
+            .filter_map(|s| s.metadata.get("tokens").and_then(Value::as_u64))
+            .sum();
+        agent.budget_spent(tokens, self.st.cost, self.st.latency_ms)
     }
 
     /// The model's turn at stage `i`: its tool calls are queued, or its answer ends the stage.

@@ -178,6 +178,7 @@ pub fn tree_options(
                     as Arc<dyn hindsight::model::LanguageModel>
             });
             opts.models.insert(name.clone(), endpoint);
+            opts.models.set_price(name.clone(), model.price());
         }
     }
     Ok(opts)
@@ -185,7 +186,9 @@ pub fn tree_options(
 
 /// The workflow of a configured agent: one agent stage, named as the agent, whose answer is
 /// checked against its `answer_schema` when it has one; the reward is 1 for a pass, less up to
-/// 0.1 each for nearing a minute or a cost of 1.
+/// 0.1 each for nearing its time budget (`max_wall_ms`, else a minute) and its cost budget
+/// (`max_cost`, else 1). A model turn's cost is its tokens at its endpoint's price, so the
+/// policy learns which variant is worth its tokens.
 pub fn agent_workflow(agent: &hindsight::run::workflow::AgentConfig) -> WorkflowSource {
     WorkflowSource::Custom {
         name: agent.name.clone(),
@@ -198,8 +201,12 @@ pub fn agent_workflow(agent: &hindsight::run::workflow::AgentConfig) -> Workflow
             success: 1.0,
             latency: 0.1,
             cost: 0.1,
-            max_cost: 1.0,
-            sla_ms: 60_000.0,
+            max_cost: agent.stage.max_cost.filter(|c| *c > 0.0).unwrap_or(1.0),
+            sla_ms: agent
+                .stage
+                .max_wall_ms
+                .filter(|ms| *ms > 0)
+                .map_or(60_000.0, |ms| ms as f64),
         },
     }
 }

@@ -175,3 +175,32 @@ fn an_arm_the_stage_lacks_is_refused_naming_the_field_and_the_choices() {
         "tool `vision` has no strategy `fast` at stage `extract`"
     );
 }
+
+#[tokio::test]
+async fn an_agents_budgets_and_its_models_price_reach_its_tree() {
+    let opts = options_of(
+        "[[agent]]\nname = \"a\"\ninstructions = \"i\"\nmax_tokens = 500\nmax_cost = 0.5\nmax_wall_ms = 30000\n\
+         [[agent.variants]]\nname = \"v\"\nmodel = \"local\"\ntools = []\n\
+         [models.local]\nprice_per_1k_prompt_tokens = 0.5\nprice_per_1k_completion_tokens = 1.5\n",
+    )
+    .await;
+    let price = opts.models.price("local");
+    assert_eq!((price.prompt_per_1k, price.completion_per_1k), (0.5, 1.5));
+    let crate::runtime::WorkflowSource::Custom { stages, reward, .. } = &opts.workflow else {
+        panic!("an agent's tree runs its own workflow");
+    };
+    let agent = stages[0].agent.as_ref().unwrap();
+    assert_eq!(
+        (agent.max_tokens, agent.max_cost, agent.max_wall_ms),
+        (Some(500), Some(0.5), Some(30_000))
+    );
+    // The budgets scale the reward's cost and latency terms.
+    assert_eq!((reward.max_cost, reward.sla_ms), (0.5, 30_000.0));
+    let e = Config::parse(
+        "[models.local]\nprice_per_1k_prompt_tokens = -1.0\n",
+        "f.toml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("models.local.price_per_1k_prompt_tokens"), "{e}");
+}
