@@ -57,7 +57,7 @@ async fn dispatch(global: cli::Global, command: Command) -> Result<(), cli::Fail
             0 => Ok(()),
             code => std::process::exit(code),
         },
-        Command::Agents(args) => cli::agents::run(args),
+        Command::Agents(args) => cli::agents::run(&global, args).await,
         Command::Policy(args) => cli::policy::run(&global, args).await,
         Command::Classify(args) => cli::classify::main(&args)
             .map(|_| ())

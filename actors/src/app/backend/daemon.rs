@@ -95,6 +95,21 @@ impl Daemon {
         self.agent_tree(name).map(TreeBackend::store)
     }
 
+    /// Runs `task` on agent `name` as given (no tenant namespace: the CLI's and an embedder's
+    /// way in), and waits for its outcome.
+    pub async fn run_task(
+        &self,
+        name: &str,
+        task: hindsight::Task,
+    ) -> Result<crate::run::RunOutcome, crate::runtime::RuntimeError> {
+        match self.agent_tree(name) {
+            Some(tree) => tree.submitter().orchestrate(task).await,
+            None => Err(crate::runtime::RuntimeError::Invalid(format!(
+                "no agent `{name}` is hosted"
+            ))),
+        }
+    }
+
     fn default_tree(&self) -> &TreeBackend {
         // `start` makes at least one tree: the simulated workflow's when no agent is configured.
         &self.trees[0].tree
