@@ -36,6 +36,8 @@ struct Hosted {
 /// The daemon's backend: its trees, the first the default.
 pub struct Daemon {
     trees: Vec<Hosted>,
+    /// The trees' indices in the order they started (each agent after those it calls).
+    started: Vec<usize>,
     servers: Vec<McpServer>,
 }
 
@@ -51,7 +53,8 @@ impl Daemon {
         }
         let (tools, servers) = mcp_tools(config).await?;
         let mut started: Vec<Option<TreeBackend>> = Vec::new();
-        match start_trees(config, &tools, &mut started).await {
+        let mut order = Vec::new();
+        match start_trees(config, &tools, &mut started, &mut order).await {
             Ok(()) => {
                 let mut trees = Vec::with_capacity(started.len());
                 for (i, tree) in started.into_iter().enumerate() {
@@ -59,11 +62,17 @@ impl Daemon {
                     let agent = config.agents.get(i).map(|a| a.name.clone());
                     trees.push(Hosted { agent, tree });
                 }
-                Ok(Daemon { trees, servers })
+                Ok(Daemon {
+                    trees,
+                    started: order,
+                    servers,
+                })
             }
             Err(e) => {
-                for tree in started.iter().flatten() {
-                    tree.shutdown().await;
+                for &i in order.iter().rev() {
+                    if let Some(tree) = &started[i] {
+                        tree.shutdown().await;
+                    }
                 }
                 for s in &servers {
                     s.shutdown().await;
@@ -77,8 +86,10 @@ impl Daemon {
     /// callers first so that none is left waiting on a child run, then the MCP servers.
     /// Requests after this are answered 503.
     pub async fn shutdown(&self) {
-        for hosted in self.trees.iter().rev() {
-            hosted.tree.shutdown().await;
+        for &i in self.started.iter().rev() {
+            if let Some(hosted) = self.trees.get(i) {
+                hosted.tree.shutdown().await;
+            }
         }
         for s in &self.servers {
             s.shutdown().await;
@@ -123,11 +134,13 @@ impl Daemon {
     }
 }
 
-/// Starts the trees into `started` (indexed as `[[agent]]`), callees first.
+/// Starts the trees into `started` (indexed as `[[agent]]`), callees first, noting in `order`
+/// each index as its tree starts.
 async fn start_trees(
     config: &Config,
     tools: &[Arc<dyn Tool>],
     started: &mut Vec<Option<TreeBackend>>,
+    order: &mut Vec<usize>,
 ) -> Result<(), StartError> {
     let metrics = Metrics::new();
     let ids = (Arc::new(AtomicU64::new(0)), hindsight::now_ms());
@@ -136,6 +149,7 @@ async fn start_trees(
         started.push(Some(
             TreeBackend::start_tree(config, opts, metrics, ids).await?,
         ));
+        order.push(0);
         return Ok(());
     }
     let index: BTreeMap<&str, usize> = config
@@ -156,10 +170,10 @@ async fn start_trees(
         .collect();
     // The configuration refuses a cycle when it is read; an embedder's `Config` may not have
     // been read from a file.
-    let order = hindsight::run::workflow::callees_first(&calls)
+    let callees_first = hindsight::run::workflow::callees_first(&calls)
         .ok_or_else(|| config_error("agent", "the agents call each other in a cycle"))?;
     started.resize_with(config.agents.len(), || None);
-    for i in order {
+    for i in callees_first {
         let mut own = tools.to_vec();
         for &k in &calls[i] {
             let callee = &config.agents[k];
@@ -178,6 +192,7 @@ async fn start_trees(
         let opts = tree_options(config, Some(i), own)?;
         started[i] =
             Some(TreeBackend::start_tree(config, opts, metrics.clone(), ids.clone()).await?);
+        order.push(i);
     }
     Ok(())
 }
