@@ -232,10 +232,11 @@ impl Actor for MemoryActor {
                     ops.push(state.snapshot_op()?);
                     state.since_snapshot = 0;
                 }
-                // Written by the group-commit writer; the actor does not wait for it.
-                let store = state.store.clone();
+                // Written by the group-commit writer, in the order queued; the actor does not
+                // wait for it.
+                let written = state.store.queue_batch(ops);
                 tokio::spawn(async move {
-                    if let Err(e) = store.write_batch(ops).await {
+                    if let Err(e) = written.await {
                         tracing::warn!(error = %e, "a diary note or the memory snapshot was not written");
                     }
                 });
@@ -384,9 +385,10 @@ impl MemoryState {
     fn persist_later(&mut self) -> Result<(), hindsight::store::StoreError> {
         let op = self.snapshot_op()?;
         self.since_snapshot = 0;
-        let store = self.store.clone();
+        // Queued now, so that snapshots are committed in the order they were taken.
+        let written = self.store.queue_batch(vec![op]);
         tokio::spawn(async move {
-            if let Err(e) = store.write_batch(vec![op]).await {
+            if let Err(e) = written.await {
                 tracing::warn!(error = %e, "the memory snapshot was not written");
             }
         });

@@ -396,12 +396,11 @@ impl Actor for PolicyActor {
             PolicyMsg::Observe { seq, experience } => {
                 state.observe(seq, &experience);
                 state.maybe_distill();
-                if (state.since_snapshot >= state.snapshot_every
+                if state.since_snapshot >= state.snapshot_every
                     || state.planner.has_sop_events()
-                    || state.distiller_dirty)
-                    && let Err(e) = state.persist().await
+                    || state.distiller_dirty
                 {
-                    tracing::warn!(error = %e, "the policy snapshot was not written; the log still holds everything");
+                    state.persist_later();
                 }
             }
             PolicyMsg::FirstAttempt {
@@ -519,7 +518,49 @@ impl PolicyState {
         });
     }
 
+    /// Writes the snapshot and waits for it (at shutdown and when asked to flush).
     async fn persist(&mut self) -> Result<(), hindsight::store::StoreError> {
+        let (ops, told) = self.snapshot_writes()?;
+        self.store.write_batch(ops).await?;
+        for msg in told {
+            self.memory.tell(msg);
+        }
+        Ok(())
+    }
+
+    /// Hands the snapshot to the store's writer without waiting for it: the choices asked for
+    /// meanwhile are not held up by a commit. Memory hears of the SOPs once they are on disk.
+    fn persist_later(&mut self) {
+        let (ops, told) = match self.snapshot_writes() {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(error = %e, "the policy snapshot was not written; the log still holds everything");
+                return;
+            }
+        };
+        // Queued now, so that snapshots are committed in the order they were taken.
+        let written = self.store.queue_batch(ops);
+        let memory = self.memory.clone();
+        tokio::spawn(async move {
+            match written.await {
+                Ok(_) => {
+                    for msg in told {
+                        memory.tell(msg);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the policy snapshot was not written; the log still holds everything");
+                }
+            }
+        });
+    }
+
+    /// The writes of a snapshot as the planner stands, and what memory is to be told once they
+    /// are on disk.
+    fn snapshot_writes(
+        &mut self,
+    ) -> Result<(Vec<hindsight::store::WriteOp>, Vec<MemoryMsg>), hindsight::store::StoreError>
+    {
         // SOP changes go to their own table (and a diary note) in the same transaction as the
         // snapshot, so the API and reports see exactly what the planner uses.
         let mut ops = Vec::new();
@@ -586,27 +627,26 @@ impl PolicyState {
             FIRST_ATTEMPTS_KEY,
             self.planner.first_attempts(),
         )?);
-        self.store.write_batch(ops).await?;
         self.since_snapshot = 0;
         self.distiller_dirty = false;
-        // On disk: memory indexes the promoted SOPs and forgets the rolled-back ones. Without
-        // waiting for it: a memory down now reads the SOP table when it starts again.
+        // Once on disk, memory indexes the promoted SOPs and forgets the rolled-back ones,
+        // without waiting for it: a memory down then reads the SOP table when it starts again.
         // A candidate is not indexed; a version rolled back leaves the index to the version of
         // its SOP still stable, if one is.
-        for event in events {
-            let msg = match event {
-                SopEvent::Promoted(s) => MemoryMsg::IndexSop(Box::new(s)),
-                SopEvent::RolledBack(s) => {
+        let told = events
+            .into_iter()
+            .filter_map(|event| match event {
+                SopEvent::Promoted(s) => Some(MemoryMsg::IndexSop(Box::new(s))),
+                SopEvent::RolledBack(s) => Some(
                     match self.planner.sops.stable().find(|x| x.sop_id == s.sop_id) {
                         Some(stable) => MemoryMsg::IndexSop(Box::new(stable.clone())),
                         None => MemoryMsg::ForgetSop(s.sop_id),
-                    }
-                }
-                SopEvent::Proposed(_) => continue,
-            };
-            self.memory.tell(msg);
-        }
-        Ok(())
+                    },
+                ),
+                SopEvent::Proposed(_) => None,
+            })
+            .collect();
+        Ok((ops, told))
     }
 
     fn suggest(&self, features: &BTreeMap<String, String>) -> Vec<RankedStage> {

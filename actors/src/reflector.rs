@@ -4,7 +4,7 @@
 //! `<strategy_context>` injected before a run, verified human corrections). Its state is
 //! event-sourced like the policy's: a snapshot plus the experience log since its watermark.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use hindsight::learn::Mechanism;
@@ -155,6 +155,11 @@ pub struct ReflectorState {
     verifier: Option<Arc<dyn Verifier>>,
     chaos: Option<ChaosHook>,
     ablate: BTreeSet<Mechanism>,
+    /// The strategies (the adaptive lessons of every scope) as last written and handed to
+    /// memory, and the memory actor they were handed to: a consolidation writes and sends only
+    /// those that changed since, unless memory has started again since (then all of them).
+    sent: BTreeMap<String, Lesson>,
+    sent_to: Option<ractor::ActorId>,
 }
 
 impl Actor for ReflectorActor {
@@ -200,6 +205,8 @@ impl Actor for ReflectorActor {
             verifier: args.verifier,
             chaos: args.chaos,
             ablate: args.ablate,
+            sent: BTreeMap::new(),
+            sent_to: None,
         };
         let mut replayed = 0u64;
         for (seq, exp) in state.store.experience_since(state.applied.watermark)? {
@@ -462,19 +469,31 @@ impl ReflectorState {
             .chain(&report.updated)
             .filter_map(|id| self.reflector.lesson(id).cloned())
             .collect();
-        let strategies: Vec<Lesson> = self
+        let strategies: BTreeMap<String, Lesson> = self
             .adaptive
             .scopes()
-            .flat_map(|scope| self.adaptive.lessons(scope).iter().cloned())
+            .flat_map(|scope| self.adaptive.lessons(scope).iter())
+            .map(|l| (l.lesson_id.clone(), l.clone()))
             .collect();
         // In force: the reflection's lessons not superseded, and every scope's strategies.
         let active: BTreeSet<String> = self
             .reflector
             .active_lessons()
-            .chain(&strategies)
             .map(|l| l.lesson_id.clone())
+            .chain(strategies.keys().cloned())
             .collect();
-        fresh.extend(strategies);
+        // Only the strategies that changed since the last consolidation, unless memory has
+        // started again since (it may have lost what it was sent after its last snapshot).
+        let memory_now = self.memory.current().map(|a| a.get_id());
+        let all = memory_now.is_none() || memory_now != self.sent_to;
+        fresh.extend(
+            strategies
+                .values()
+                .filter(|l| all || self.sent.get(&l.lesson_id) != Some(*l))
+                .cloned(),
+        );
+        self.sent = strategies;
+        self.sent_to = memory_now;
         let mut ops = Vec::new();
         for l in &fresh {
             ops.push(WriteOp::put(LESSONS, &l.lesson_id, &LessonRecord::from(l))?);

@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::MemoryError;
-use crate::model::cosine;
 use crate::model::embed::DEFAULT_DIMENSION;
 
 /// What an indexed item is.
@@ -49,11 +48,67 @@ pub struct VectorItem {
     pub time_ms: u64,
 }
 
-/// Brute-force cosine index.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Brute-force cosine index. Each item's norm is kept with it, and a search multiplies only
+/// the query's non-zero coordinates (the offline embedder's vectors are sparse: a text's
+/// character n-grams hash to few of the coordinates), so that a search costs about as many
+/// multiplications per item as the query has non-zero coordinates rather than three times the
+/// dimension. Stored as `{dimension, items}`: the norms are computed again when it is read.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(from = "StoredIndex")]
 pub struct VectorIndex {
     dimension: usize,
+    items: BTreeMap<String, Indexed>,
+}
+
+/// An item and its Euclidean norm.
+#[derive(Debug, Clone, PartialEq)]
+struct Indexed {
+    item: VectorItem,
+    norm: f32,
+}
+
+impl Indexed {
+    fn new(item: VectorItem) -> Indexed {
+        let norm = item.vector.iter().map(|x| x * x).sum::<f32>().sqrt();
+        Indexed { item, norm }
+    }
+}
+
+/// The index as it is stored.
+#[derive(Deserialize)]
+struct StoredIndex {
+    dimension: usize,
     items: BTreeMap<String, VectorItem>,
+}
+
+impl From<StoredIndex> for VectorIndex {
+    fn from(s: StoredIndex) -> VectorIndex {
+        VectorIndex {
+            dimension: s.dimension,
+            items: s
+                .items
+                .into_iter()
+                .map(|(k, item)| (k, Indexed::new(item)))
+                .collect(),
+        }
+    }
+}
+
+/// Written as [`StoredIndex`] is read (the same bytes as the plain struct of the two fields).
+impl Serialize for VectorIndex {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        struct Items<'a>(&'a BTreeMap<String, Indexed>);
+        impl Serialize for Items<'_> {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_map(self.0.iter().map(|(k, v)| (k, &v.item)))
+            }
+        }
+        let mut st = serializer.serialize_struct("VectorIndex", 2)?;
+        st.serialize_field("dimension", &self.dimension)?;
+        st.serialize_field("items", &Items(&self.items))?;
+        st.end()
+    }
 }
 
 impl Default for VectorIndex {
@@ -99,46 +154,172 @@ impl VectorIndex {
                 got: item.vector.len(),
             });
         }
-        self.items.insert(key(item.kind, &item.id), item);
+        self.items
+            .insert(key(item.kind, &item.id), Indexed::new(item));
         Ok(())
     }
 
     /// Removes an item; returns it if it was there.
     pub fn remove(&mut self, kind: ItemKind, id: &str) -> Option<VectorItem> {
-        self.items.remove(&key(kind, id))
+        self.items.remove(&key(kind, id)).map(|i| i.item)
     }
 
     /// Removes the items of `kind` whose id `keep` refuses; returns how many went.
     pub fn retain_kind(&mut self, kind: ItemKind, keep: impl Fn(&str) -> bool) -> usize {
         let before = self.items.len();
-        self.items.retain(|_, it| it.kind != kind || keep(&it.id));
+        self.items
+            .retain(|_, it| it.item.kind != kind || keep(&it.item.id));
         before - self.items.len()
     }
 
     /// An item by kind and id.
     pub fn get(&self, kind: ItemKind, id: &str) -> Option<&VectorItem> {
-        self.items.get(&key(kind, id))
+        self.items.get(&key(kind, id)).map(|i| &i.item)
     }
 
     /// The `k` items most similar to `query` among `kinds` (all kinds when empty), best
-    /// first; ties by key.
+    /// first; ties by key. The similarity is the cosine (0 for a zero vector, or a query of
+    /// another dimension).
     pub fn search(&self, query: &[f32], k: usize, kinds: &[ItemKind]) -> Vec<(&VectorItem, f32)> {
+        let nonzero: Vec<(usize, f32)> = if query.len() == self.dimension {
+            query
+                .iter()
+                .enumerate()
+                .filter(|(_, x)| **x != 0.0)
+                .map(|(i, x)| (i, *x))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let query_norm = nonzero.iter().map(|(_, x)| x * x).sum::<f32>().sqrt();
         let mut scored: Vec<(&String, &VectorItem, f32)> = self
             .items
             .iter()
-            .filter(|(_, it)| kinds.is_empty() || kinds.contains(&it.kind))
-            .map(|(k, it)| (k, it, cosine(query, &it.vector)))
+            .filter(|(_, it)| kinds.is_empty() || kinds.contains(&it.item.kind))
+            .map(|(key, it)| {
+                let score = if query_norm == 0.0 || it.norm == 0.0 {
+                    0.0
+                } else {
+                    let dot: f32 = nonzero
+                        .iter()
+                        .map(|&(i, x)| x * it.item.vector.get(i).copied().unwrap_or(0.0))
+                        .sum();
+                    dot / (query_norm * it.norm)
+                };
+                (key, &it.item, score)
+            })
             .collect();
-        scored.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(b.0)));
-        scored
-            .into_iter()
-            .take(k)
-            .map(|(_, it, s)| (it, s))
-            .collect()
+        let order = |a: &(&String, &VectorItem, f32), b: &(&String, &VectorItem, f32)| {
+            b.2.total_cmp(&a.2).then(a.0.cmp(b.0))
+        };
+        if k < scored.len() {
+            scored.select_nth_unstable_by(k, order);
+            scored.truncate(k);
+        }
+        scored.sort_by(order);
+        scored.into_iter().map(|(_, it, s)| (it, s)).collect()
     }
 
     /// The most similar item of a kind.
     pub fn nearest(&self, query: &[f32], kind: ItemKind) -> Option<(&VectorItem, f32)> {
         self.search(query, 1, &[kind]).into_iter().next()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::cosine;
+
+    fn item(kind: ItemKind, id: &str, text: &str) -> VectorItem {
+        VectorItem {
+            kind,
+            id: id.to_string(),
+            text: text.to_string(),
+            vector: crate::model::embed::embed_one(text),
+            cluster: None,
+            time_ms: 0,
+        }
+    }
+
+    /// The plain index the stored bytes were written from before norms were kept.
+    #[derive(Serialize)]
+    struct Plain<'a> {
+        dimension: usize,
+        items: BTreeMap<String, &'a VectorItem>,
+    }
+
+    #[test]
+    fn a_search_ranks_as_the_dense_cosine_does_and_the_stored_bytes_are_unchanged() {
+        let mut index = VectorIndex::default();
+        let texts = [
+            "search failed: the date range is required",
+            "refund issued after the lookup by email",
+            "the search tool needs a date range",
+            "ticket closed without an answer",
+            "the lookup needs the customer's email",
+            "ticket closed without an answer",
+        ];
+        for (i, t) in texts.iter().enumerate() {
+            let kind = if i % 2 == 0 {
+                ItemKind::Lesson
+            } else {
+                ItemKind::Postmortem
+            };
+            index.upsert(item(kind, &format!("x{i}"), t)).unwrap();
+        }
+        let query = crate::model::embed::embed_one("the search needs a date range");
+        for k in [0, 1, 3, 6, 10] {
+            let got: Vec<(String, f32)> = index
+                .search(&query, k, &[])
+                .into_iter()
+                .map(|(it, s)| (it.id.clone(), s))
+                .collect();
+            let mut want: Vec<(String, String, f32)> = index
+                .items
+                .iter()
+                .map(|(key, it)| {
+                    (
+                        key.clone(),
+                        it.item.id.clone(),
+                        cosine(&query, &it.item.vector),
+                    )
+                })
+                .collect();
+            want.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)));
+            want.truncate(k);
+            assert_eq!(got.len(), want.len());
+            for ((id, s), (_, wid, ws)) in got.iter().zip(&want) {
+                assert_eq!(id, wid);
+                assert!((s - ws).abs() < 1e-5, "{s} against {ws}");
+            }
+        }
+        // Only the kinds asked for; a zero query or one of another dimension scores 0.
+        assert!(
+            index
+                .search(&query, 10, &[ItemKind::Lesson])
+                .iter()
+                .all(|(it, _)| it.kind == ItemKind::Lesson)
+        );
+        assert!(
+            index
+                .search(&[0.0; DEFAULT_DIMENSION], 3, &[])
+                .iter()
+                .all(|(_, s)| *s == 0.0)
+        );
+        assert!(index.search(&[1.0], 3, &[]).iter().all(|(_, s)| *s == 0.0));
+        // Stored as the plain two fields, and read back with its norms.
+        let plain = Plain {
+            dimension: index.dimension,
+            items: index
+                .items
+                .iter()
+                .map(|(k, v)| (k.clone(), &v.item))
+                .collect(),
+        };
+        let bytes = postcard::to_allocvec(&index).unwrap();
+        assert_eq!(bytes, postcard::to_allocvec(&plain).unwrap());
+        let back: VectorIndex = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!(back, index);
     }
 }

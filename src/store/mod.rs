@@ -459,14 +459,17 @@ impl Store {
     // ---------------------------------------------------------------- writes
 
     async fn submit(&self, ops: Vec<Op>) -> Result<Vec<Option<u64>>, StoreError> {
+        self.queue(ops)?.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Hands `ops` to the writer now; the receiver answers once they are committed.
+    fn queue(&self, ops: Vec<Op>) -> Result<oneshot::Receiver<writer::Ack>, StoreError> {
         let (ack, done) = oneshot::channel();
-        {
-            let guard = self.inner.tx.lock().map_err(|_| StoreError::Closed)?;
-            let tx = guard.as_ref().ok_or(StoreError::Closed)?;
-            tx.send(Request { ops, ack })
-                .map_err(|_| StoreError::Closed)?;
-        }
-        done.await.map_err(|_| StoreError::Closed)?
+        let guard = self.inner.tx.lock().map_err(|_| StoreError::Closed)?;
+        let tx = guard.as_ref().ok_or(StoreError::Closed)?;
+        tx.send(Request { ops, ack })
+            .map_err(|_| StoreError::Closed)?;
+        Ok(done)
     }
 
     async fn submit_one(&self, op: Op) -> Result<Option<u64>, StoreError> {
@@ -571,6 +574,18 @@ impl Store {
     /// sequence number assigned to an append (`None` for other ops).
     pub async fn write_batch(&self, ops: Vec<WriteOp>) -> Result<Vec<Option<u64>>, StoreError> {
         self.submit(ops.into_iter().map(|o| o.0).collect()).await
+    }
+
+    /// Queues `ops` as one transaction now, without waiting: batches queued one after another
+    /// are committed in that order (an actor can hand over its snapshots and go on serving).
+    /// The future answers once they are committed.
+    pub fn queue_batch(
+        &self,
+        ops: Vec<WriteOp>,
+    ) -> impl std::future::Future<Output = Result<Vec<Option<u64>>, StoreError>> + Send + 'static
+    {
+        let queued = self.queue(ops.into_iter().map(|o| o.0).collect());
+        async move { queued?.await.map_err(|_| StoreError::Closed)? }
     }
 }
 
