@@ -30,14 +30,11 @@ pub const POLICY: KvTable = KvTable::new("policy");
 /// Every SOP version, keyed `sop_id@version` (what the API and reports read).
 pub const SOPS: KvTable = KvTable::new("sops");
 
-/// How many SOP versions are stable, from the store.
-pub fn sops_promoted(store: &Store) -> Result<u64, hindsight::store::StoreError> {
-    Ok(store
-        .scan::<Sop>(SOPS)?
-        .into_iter()
-        .filter_map(|(_, s)| s.ok())
+/// How many of these SOP versions were promoted (every one that is not a candidate).
+pub fn sops_promoted(sops: &[Sop]) -> u64 {
+    sops.iter()
         .filter(|s| s.status != SopStatus::Candidate)
-        .count() as u64)
+        .count() as u64
 }
 
 /// Why the stored policy cannot be had.

@@ -366,7 +366,17 @@ async fn learn_on_tree(env: &SimEnv, plan: &LearningPlan<'_>) -> Result<Learned,
     .await?;
     let stats = policy_stats(&rt).await?;
     let ranker = workload::distillation(&rt).await?;
-    let sops_promoted = crate::policy::sops_promoted(rt.store())?;
+    // The policy's own SOPs: its snapshot reaches the store a moment after it is taken.
+    let sops = rt
+        .ctx()
+        .dir
+        .policy
+        .call_with_timeout(
+            |reply| crate::policy::PolicyMsg::Sops { reply },
+            Duration::from_secs(30),
+        )
+        .await?;
+    let sops_promoted = crate::policy::sops_promoted(&sops);
     let restarts = rt.restarts();
     rt.shutdown().await;
     Ok(Learned {
@@ -471,12 +481,7 @@ async fn learn_on_core(env: &SimEnv, plan: &LearningPlan<'_>) -> Result<Learned,
             ranked_choices: planner.ranked_choices(),
             last: d.last.clone(),
         },
-        sops_promoted: planner
-            .sops
-            .sops
-            .iter()
-            .filter(|s| s.status != hindsight::SopStatus::Candidate)
-            .count() as u64,
+        sops_promoted: crate::policy::sops_promoted(&planner.sops.sops),
         restarts: 0,
     })
 }
