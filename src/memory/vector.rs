@@ -48,11 +48,10 @@ pub struct VectorItem {
     pub time_ms: u64,
 }
 
-/// Brute-force cosine index. Each item's norm is kept with it, and a search multiplies only
-/// the query's non-zero coordinates (the offline embedder's vectors are sparse: a text's
-/// character n-grams hash to few of the coordinates), so that a search costs about as many
-/// multiplications per item as the query has non-zero coordinates rather than three times the
-/// dimension. Stored as `{dimension, items}`: the norms are computed again when it is read.
+/// Brute-force cosine index. Each item's norm is kept with it, so that a search computes one
+/// dot product per item (in eight lanes, which the compiler turns into vector instructions)
+/// rather than the dot product and both norms. Stored as `{dimension, items}`: the norms are
+/// computed again when it is read.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(from = "StoredIndex")]
 pub struct VectorIndex {
@@ -69,9 +68,27 @@ struct Indexed {
 
 impl Indexed {
     fn new(item: VectorItem) -> Indexed {
-        let norm = item.vector.iter().map(|x| x * x).sum::<f32>().sqrt();
+        let norm = dot(&item.vector, &item.vector).sqrt();
         Indexed { item, norm }
     }
+}
+
+/// The dot product of two vectors of one length, summed in eight independent lanes.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ac
+        .remainder()
+        .iter()
+        .zip(bc.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ac.zip(bc) {
+        for i in 0..8 {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
 }
 
 /// The index as it is stored.
@@ -181,17 +198,11 @@ impl VectorIndex {
     /// first; ties by key. The similarity is the cosine (0 for a zero vector, or a query of
     /// another dimension).
     pub fn search(&self, query: &[f32], k: usize, kinds: &[ItemKind]) -> Vec<(&VectorItem, f32)> {
-        let nonzero: Vec<(usize, f32)> = if query.len() == self.dimension {
-            query
-                .iter()
-                .enumerate()
-                .filter(|(_, x)| **x != 0.0)
-                .map(|(i, x)| (i, *x))
-                .collect()
+        let query_norm = if query.len() == self.dimension {
+            dot(query, query).sqrt()
         } else {
-            Vec::new()
+            0.0
         };
-        let query_norm = nonzero.iter().map(|(_, x)| x * x).sum::<f32>().sqrt();
         let mut scored: Vec<(&String, &VectorItem, f32)> = self
             .items
             .iter()
@@ -200,11 +211,7 @@ impl VectorIndex {
                 let score = if query_norm == 0.0 || it.norm == 0.0 {
                     0.0
                 } else {
-                    let dot: f32 = nonzero
-                        .iter()
-                        .map(|&(i, x)| x * it.item.vector.get(i).copied().unwrap_or(0.0))
-                        .sum();
-                    dot / (query_norm * it.norm)
+                    dot(query, &it.item.vector) / (query_norm * it.norm)
                 };
                 (key, &it.item, score)
             })
