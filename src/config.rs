@@ -10,7 +10,7 @@
 //! `HINDSIGHT_CONFIG` (the path of the file) and `HINDSIGHT_CALL_JOURNAL` (the call journal of
 //! crash tests) are reserved and are not overrides.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -542,16 +542,23 @@ impl Config {
         }
     }
 
+    /// For each agent of `[[agent]]`, the indices of the configured agents it calls as a tool
+    /// (`agent:NAME` in its variants' tools), each once.
+    pub fn agent_calls(&self) -> Vec<Vec<usize>> {
+        self.agents
+            .iter()
+            .map(|a| {
+                a.callees()
+                    .into_iter()
+                    .filter_map(|c| self.agents.iter().position(|b| b.name == c))
+                    .collect()
+            })
+            .collect()
+    }
+
     /// The agents each agent calls as a tool (`agent:NAME` in its variants' tools): each must be
     /// another configured agent, named exactly, and no agent may reach itself through them.
     fn check_agent_calls(&self) -> Result<(), (String, String)> {
-        let index: BTreeMap<&str, usize> = self
-            .agents
-            .iter()
-            .enumerate()
-            .map(|(i, a)| (a.name.as_str(), i))
-            .collect();
-        let mut calls: Vec<Vec<usize>> = vec![Vec::new(); self.agents.len()];
         for (i, agent) in self.agents.iter().enumerate() {
             for (j, v) in agent.stage.variants.iter().enumerate() {
                 for pattern in &v.tools {
@@ -561,23 +568,21 @@ impl Config {
                         continue;
                     };
                     let key = format!("agent[{i}].variants[{j}].tools");
-                    match index.get(callee) {
-                        Some(&k) if k == i => {
-                            return Err((key, format!("`{pattern}`: an agent cannot call itself")));
-                        }
-                        Some(&k) => calls[i].push(k),
-                        None => {
-                            return Err((
-                                key,
-                                format!(
-                                    "`{pattern}` names no configured agent (an agent is called by its exact name)"
-                                ),
-                            ));
-                        }
+                    if callee == agent.name {
+                        return Err((key, format!("`{pattern}`: an agent cannot call itself")));
+                    }
+                    if !self.agents.iter().any(|a| a.name == callee) {
+                        return Err((
+                            key,
+                            format!(
+                                "`{pattern}` names no configured agent (an agent is called by its exact name)"
+                            ),
+                        ));
                     }
                 }
             }
         }
+        let calls = self.agent_calls();
         if let Some(cycle) = crate::run::workflow::call_cycle(&calls) {
             let names: Vec<&str> = cycle
                 .iter()

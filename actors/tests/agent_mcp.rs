@@ -17,32 +17,26 @@ use serde_json::{Value, json};
 
 const KEY: &str = "agent-test-secret";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_configured_agent_calls_real_mcp_tools_through_the_daemon() {
-    let modules = support::npm_servers();
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("hindsight.toml");
+/// A daemon configuration in `dir` (data under `dir/data`): `agents` (the `[[agent]]` blocks),
+/// the offline model `local`, tenant `acme` with [`KEY`], server-everything as MCP server
+/// `everything`, durability `none` when `durable` is false.
+fn daemon_config(dir: &std::path::Path, agents: &str, durable: bool) -> std::path::PathBuf {
+    let server =
+        support::npm_servers().join("@modelcontextprotocol/server-everything/dist/index.js");
+    let config = dir.join("hindsight.toml");
+    let store = if durable {
+        ""
+    } else {
+        "[store]\ndurability = \"none\"\n"
+    };
     std::fs::write(
         &config,
         format!(
             r#"data_dir = "{data}"
-
-[[agent]]
-name = "everything"
-description = "Echoes a message and adds two numbers"
-instructions = "You answer by calling the tools of the everything server."
-max_turns = 6
-
-[[agent.variants]]
-name = "default"
-model = "local"
-tools = ["everything/echo", "everything/get-sum"]
-
+{agents}
 [models.local]
 
-[store]
-durability = "none"
-
+{store}
 [api]
 listen = "127.0.0.1:0"
 
@@ -58,14 +52,34 @@ args = ["{server}", "stdio"]
 [log]
 level = "warn"
 "#,
-            data = dir.path().join("data").display(),
+            data = dir.join("data").display(),
             key = hash_key(KEY),
-            server = modules
-                .join("@modelcontextprotocol/server-everything/dist/index.js")
-                .display(),
+            server = server.display(),
         ),
     )
     .unwrap();
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configured_agent_calls_real_mcp_tools_through_the_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = daemon_config(
+        dir.path(),
+        r#"
+[[agent]]
+name = "everything"
+description = "Echoes a message and adds two numbers"
+instructions = "You answer by calling the tools of the everything server."
+max_turns = 6
+
+[[agent.variants]]
+name = "default"
+model = "local"
+tools = ["everything/echo", "everything/get-sum"]
+"#,
+        false,
+    );
     let daemon = start(&config, &dir.path().join("daemon.log"));
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
@@ -121,15 +135,11 @@ level = "warn"
 /// `GET /runs/{id}`; both agents are listed, and each keeps its runs in its own store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_daemon_hosts_two_agents_and_one_calls_the_other_as_a_child_run() {
-    let modules = support::npm_servers();
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("hindsight.toml");
     let data = dir.path().join("data");
-    std::fs::write(
-        &config,
-        format!(
-            r#"data_dir = "{data}"
-
+    let config = daemon_config(
+        dir.path(),
+        r#"
 [[agent]]
 name = "desk"
 description = "Answers a request, asking the echoer to echo its message"
@@ -149,35 +159,9 @@ instructions = "You echo the message with the echo tool."
 name = "default"
 model = "local"
 tools = ["everything/echo"]
-
-[models.local]
-
-[store]
-durability = "none"
-
-[api]
-listen = "127.0.0.1:0"
-
-[[api.tenants]]
-name = "acme"
-key_sha256 = "{key}"
-
-[[tools.mcp]]
-name = "everything"
-command = "node"
-args = ["{server}", "stdio"]
-
-[log]
-level = "warn"
 "#,
-            data = data.display(),
-            key = hash_key(KEY),
-            server = modules
-                .join("@modelcontextprotocol/server-everything/dist/index.js")
-                .display(),
-        ),
-    )
-    .unwrap();
+        false,
+    );
     let daemon = start(&config, &dir.path().join("daemon.log"));
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
@@ -260,13 +244,10 @@ level = "warn"
 
 /// The configuration of an agent whose offline model calls `echo` and then
 /// `trigger-long-running-operation` of server-everything (both idempotent by their hints).
-fn long_config(dir: &std::path::Path, server: &std::path::Path) -> std::path::PathBuf {
-    let config = dir.join("hindsight.toml");
-    std::fs::write(
-        &config,
-        format!(
-            r#"data_dir = "{data}"
-
+fn long_config(dir: &std::path::Path) -> std::path::PathBuf {
+    daemon_config(
+        dir,
+        r#"
 [[agent]]
 name = "slow"
 description = "Echoes, then runs a long operation"
@@ -276,31 +257,9 @@ instructions = "Call the tools."
 name = "default"
 model = "local"
 tools = ["everything/echo", "everything/trigger-long-running-operation"]
-
-[models.local]
-
-[api]
-listen = "127.0.0.1:0"
-
-[[api.tenants]]
-name = "acme"
-key_sha256 = "{key}"
-
-[[tools.mcp]]
-name = "everything"
-command = "node"
-args = ["{server}", "stdio"]
-
-[log]
-level = "warn"
 "#,
-            data = dir.join("data").display(),
-            key = hash_key(KEY),
-            server = server.display(),
-        ),
+        true,
     )
-    .unwrap();
-    config
 }
 
 fn journal_calls(journal: &std::path::Path) -> Vec<String> {
@@ -313,10 +272,8 @@ fn journal_calls(journal: &std::path::Path) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_in_the_middle_of_an_agents_loop_repeats_no_completed_call() {
-    let server =
-        support::npm_servers().join("@modelcontextprotocol/server-everything/dist/index.js");
     let dir = tempfile::tempdir().unwrap();
-    let config = long_config(dir.path(), &server);
+    let config = long_config(dir.path());
     let (log, journal) = (dir.path().join("daemon.log"), dir.path().join("calls.log"));
     let env = [(hindsight_actors::journal::ENV, journal.as_path())];
     let mut daemon = start_with_env(&config, &log, &env);

@@ -1,6 +1,8 @@
 //! The run machine's agent stages without actors: a scripted model and scripted tools answer
 //! its commands, and the tests read what the model was sent and how the run ended.
 
+use std::cell::Cell;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -239,6 +241,23 @@ fn looks_up_then_answers(
             )],
         ),
         _ => reply(answer, vec![]),
+    }
+}
+
+/// A model that looks a new customer up every turn and never answers; `turns` counts its turns.
+fn looks_up_forever(
+    turns: Rc<Cell<u32>>,
+) -> impl FnMut(u32, u32, &ChatRequest) -> Result<ModelReply, ModelError> {
+    move |_, _, _| {
+        turns.set(turns.get() + 1);
+        reply(
+            "",
+            vec![call(
+                "c",
+                "crm_lookup",
+                json!({"email": turns.get().to_string()}),
+            )],
+        )
     }
 }
 
@@ -506,17 +525,10 @@ fn a_reflection_is_the_next_rounds_guidance_and_reflect_retry_sees_the_agents_ev
 
 #[test]
 fn a_turn_budget_spent_fails_the_attempt() {
-    let mut n = 0;
     let seen = drive(
         machine(&["v1"], None),
         None,
-        |_, _, _| {
-            n += 1;
-            reply(
-                "",
-                vec![call("c", "crm_lookup", json!({"email": n.to_string()}))],
-            )
-        },
+        looks_up_forever(Rc::default()),
         lookup_ok,
     );
     let out = &seen.finished.outcome;
@@ -533,22 +545,11 @@ fn a_run_that_spent_its_token_budget_is_aborted_without_another_attempt() {
     // Each turn uses 110 tokens; the budget of 300 is spent after the third.
     let flow = workflow_with(&["v1"], |a| a.max_tokens = Some(300));
     let m = RunMachine::new("run-t#1", task(), flow, rules(None));
-    let mut turns = 0;
-    let seen = drive(
-        m,
-        None,
-        |_, _, _| {
-            turns += 1;
-            reply(
-                "",
-                vec![call("c", "crm_lookup", json!({"email": turns.to_string()}))],
-            )
-        },
-        lookup_ok,
-    );
+    let turns = Rc::new(Cell::new(0));
+    let seen = drive(m, None, looks_up_forever(turns.clone()), lookup_ok);
     let out = &seen.finished.outcome;
     assert_eq!(out.state, RunState::Aborted);
-    assert_eq!(turns, 3);
+    assert_eq!(turns.get(), 3);
     assert_eq!(out.attempts, 1);
     assert!(out.recoveries.is_empty());
     let reason = out.reason.as_deref().unwrap_or_default();
@@ -563,22 +564,11 @@ fn a_run_that_spent_its_time_budget_is_aborted() {
     // Each call takes 1 ms; the budget of 2 ms is spent after the second.
     let flow = workflow_with(&["v1"], |a| a.max_wall_ms = Some(2));
     let m = RunMachine::new("run-t#1", task(), flow, rules(None));
-    let mut turns = 0;
-    let seen = drive(
-        m,
-        None,
-        |_, _, _| {
-            turns += 1;
-            reply(
-                "",
-                vec![call("c", "crm_lookup", json!({"email": turns.to_string()}))],
-            )
-        },
-        lookup_ok,
-    );
+    let turns = Rc::new(Cell::new(0));
+    let seen = drive(m, None, looks_up_forever(turns.clone()), lookup_ok);
     let out = &seen.finished.outcome;
     assert_eq!(out.state, RunState::Aborted);
-    assert_eq!((turns, seen.calls.len()), (2, 2));
+    assert_eq!((turns.get(), seen.calls.len()), (2, 2));
     let reason = out.reason.as_deref().unwrap_or_default();
     assert!(reason.contains("budget of 2 ms"), "{reason}");
 }

@@ -5,7 +5,6 @@
 //! submits its child runs to that agent's tree. The first agent (or, with none, the simulated
 //! workflow) is the default: the routes that name no agent serve it.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
@@ -152,22 +151,7 @@ async fn start_trees(
         order.push(0);
         return Ok(());
     }
-    let index: BTreeMap<&str, usize> = config
-        .agents
-        .iter()
-        .enumerate()
-        .map(|(i, a)| (a.name.as_str(), i))
-        .collect();
-    let calls: Vec<Vec<usize>> = config
-        .agents
-        .iter()
-        .map(|a| {
-            a.callees()
-                .iter()
-                .filter_map(|c| index.get(c).copied())
-                .collect()
-        })
-        .collect();
+    let calls = config.agent_calls();
     // The configuration refuses a cycle when it is read; an embedder's `Config` may not have
     // been read from a file.
     let callees_first = hindsight::run::workflow::callees_first(&calls)
