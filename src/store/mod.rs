@@ -382,7 +382,14 @@ impl Store {
                 let db = redb::Builder::new()
                     .set_cache_size(options.cache_bytes)
                     .create(&path)
-                    .map_err(|e| open_err(e.to_string()))?;
+                    .map_err(|e| match e {
+                        redb::DatabaseError::DatabaseAlreadyOpen => open_err(
+                            "another process has it open (a running daemon or command on the same \
+                             data directory): stop it first"
+                                .to_string(),
+                        ),
+                        other => open_err(other.to_string()),
+                    })?;
                 // Create the fixed tables so that reads never meet a missing one.
                 let txn = db.begin_write().map_err(|e| open_err(e.to_string()))?;
                 {

@@ -930,3 +930,18 @@ async fn flipped_bytes_of_a_compacted_file_by_where_they_land() {
         println!("integrity check {flip:?}: {} distinct pages", p.len());
     }
 }
+
+#[tokio::test]
+async fn a_store_another_holder_has_open_is_refused_in_plain_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = open_with(dir.path(), opts());
+    let e = Store::open(dir.path(), opts())
+        .map(drop)
+        .expect_err("a second open of the same file must be refused")
+        .to_string();
+    assert!(
+        e.contains("hindsight.redb") && e.contains("another process has it open"),
+        "{e}"
+    );
+    drop(first);
+}

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use hindsight::store::{FILE_NAME, Store, StoreError, StoreOptions};
+use hindsight::store::{FILE_NAME, Store, StoreOptions};
 
 use super::Failure;
 
@@ -19,17 +19,10 @@ pub fn open_existing(data: &Path, options: StoreOptions) -> Result<Store, Failur
     open(data, options)
 }
 
-/// Opens (creating if needed) the database of a data directory.
+/// Opens (creating if needed) the database of a data directory (one another process holds is
+/// refused in words by the store itself).
 pub fn open(data: &Path, options: StoreOptions) -> Result<Store, Failure> {
-    Store::open(data, options).map_err(|e| match e {
-        StoreError::Open { path, reason } if reason.to_lowercase().contains("already open") => {
-            Failure::new(format!(
-                "cannot open the database {}: another process (a running hindsight?) has it open",
-                path.display()
-            ))
-        }
-        other => other.into(),
-    })
+    Store::open(data, options).map_err(Failure::from)
 }
 
 /// `ms` since the Unix epoch as an RFC 3339 UTC time, `2026-11-22T01:50:00.123Z`.
