@@ -583,7 +583,7 @@ impl Config {
             }
         }
         let calls = self.agent_calls();
-        if let Some(cycle) = crate::run::workflow::call_cycle(&calls) {
+        if let Err(cycle) = crate::run::workflow::callees_first(&calls) {
             let names: Vec<&str> = cycle
                 .iter()
                 .map(|&k| self.agents[k].name.as_str())

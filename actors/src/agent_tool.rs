@@ -115,7 +115,7 @@ impl Tool for AgentTool {
                 .as_ref()
                 .and_then(|o| o.get(&self.agent))
                 .cloned()
-                .or(outcome.output.clone())
+                .or_else(|| outcome.output.clone())
                 .unwrap_or(Value::Null);
             Ok(ToolOutput {
                 value: json!({

@@ -517,39 +517,41 @@ impl PolicyState {
 
     /// Writes the snapshot and waits for it (at shutdown and when asked to flush).
     async fn persist(&mut self) -> Result<(), hindsight::store::StoreError> {
-        let (ops, told) = self.snapshot_writes()?;
-        self.store.write_batch(ops).await?;
-        for msg in told {
-            self.memory.tell(msg);
-        }
-        Ok(())
+        self.queue_snapshot()?.await
     }
 
     /// Hands the snapshot to the store's writer without waiting for it: the choices asked for
-    /// meanwhile are not held up by a commit. Memory hears of the SOPs once they are on disk.
+    /// meanwhile are not held up by a commit.
     fn persist_later(&mut self) {
-        let (ops, told) = match self.snapshot_writes() {
-            Ok(w) => w,
-            Err(e) => {
-                tracing::warn!(error = %e, "the policy snapshot was not written; the log still holds everything");
-                return;
-            }
+        let warn = |e: hindsight::store::StoreError| {
+            tracing::warn!(error = %e, "the policy snapshot was not written; the log still holds everything");
         };
-        // Queued now, so that snapshots are committed in the order they were taken.
+        match self.queue_snapshot() {
+            Ok(written) => {
+                tokio::spawn(async move { written.await.unwrap_or_else(warn) });
+            }
+            Err(e) => warn(e),
+        }
+    }
+
+    /// Queues the snapshot now (so that snapshots are committed in the order they were taken);
+    /// the future answers once it is on disk, and memory has then been told of the SOPs.
+    fn queue_snapshot(
+        &mut self,
+    ) -> Result<
+        impl std::future::Future<Output = Result<(), hindsight::store::StoreError>> + Send + 'static,
+        hindsight::store::StoreError,
+    > {
+        let (ops, told) = self.snapshot_writes()?;
         let written = self.store.queue_batch(ops);
         let memory = self.memory.clone();
-        tokio::spawn(async move {
-            match written.await {
-                Ok(_) => {
-                    for msg in told {
-                        memory.tell(msg);
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "the policy snapshot was not written; the log still holds everything");
-                }
+        Ok(async move {
+            written.await?;
+            for msg in told {
+                memory.tell(msg);
             }
-        });
+            Ok(())
+        })
     }
 
     /// The writes of a snapshot as the planner stands, and what memory is to be told once they

@@ -236,11 +236,18 @@ impl AgentConfig {
     }
 }
 
-/// A cycle in a call graph (`calls[i]`: the nodes `i` calls), as the nodes along it from the
-/// first node met on it back to that node; `None` when there is none.
-pub fn call_cycle(calls: &[Vec<usize>]) -> Option<Vec<usize>> {
-    // Depth-first, colouring: 0 unseen, 1 on the current path, 2 done.
-    fn visit(n: usize, calls: &[Vec<usize>], colour: &mut [u8], path: &mut Vec<usize>) -> bool {
+/// The order to start agents that call each other (`calls[i]`: the agents `i` calls): every
+/// agent after those it calls; or, when they call each other in a cycle, the agents along it
+/// from the first met on it back to that one.
+pub fn callees_first(calls: &[Vec<usize>]) -> Result<Vec<usize>, Vec<usize>> {
+    // Depth-first, colouring: 0 unseen, 1 on the current path, 2 placed (in post-order).
+    fn visit(
+        n: usize,
+        calls: &[Vec<usize>],
+        colour: &mut [u8],
+        path: &mut Vec<usize>,
+        order: &mut Vec<usize>,
+    ) -> bool {
         colour[n] = 1;
         path.push(n);
         for &m in calls.get(n).map(Vec::as_slice).unwrap_or_default() {
@@ -251,48 +258,24 @@ pub fn call_cycle(calls: &[Vec<usize>]) -> Option<Vec<usize>> {
                     path.push(m);
                     return true;
                 }
-                Some(0) if visit(m, calls, colour, path) => return true,
+                Some(0) if visit(m, calls, colour, path, order) => return true,
                 _ => {}
             }
         }
         path.pop();
         colour[n] = 2;
+        order.push(n);
         false
     }
     let mut colour = vec![0u8; calls.len()];
-    for n in 0..calls.len() {
-        let mut path = Vec::new();
-        if colour[n] == 0 && visit(n, calls, &mut colour, &mut path) {
-            return Some(path);
-        }
-    }
-    None
-}
-
-/// The order to start agents that call each other (`calls[i]`: the agents `i` calls): every
-/// agent after those it calls. `None` when they call each other in a cycle.
-pub fn callees_first(calls: &[Vec<usize>]) -> Option<Vec<usize>> {
-    if call_cycle(calls).is_some() {
-        return None;
-    }
-    fn place(n: usize, calls: &[Vec<usize>], placed: &mut [bool], order: &mut Vec<usize>) {
-        if placed[n] {
-            return;
-        }
-        placed[n] = true;
-        for &m in calls.get(n).map(Vec::as_slice).unwrap_or_default() {
-            if m < placed.len() {
-                place(m, calls, placed, order);
-            }
-        }
-        order.push(n);
-    }
-    let mut placed = vec![false; calls.len()];
     let mut order = Vec::with_capacity(calls.len());
     for n in 0..calls.len() {
-        place(n, calls, &mut placed, &mut order);
+        let mut path = Vec::new();
+        if colour[n] == 0 && visit(n, calls, &mut colour, &mut path, &mut order) {
+            return Err(path);
+        }
     }
-    Some(order)
+    Ok(order)
 }
 
 /// Whether `name` matches the glob `pattern` (`*` any run of characters).

@@ -25,10 +25,6 @@ use super::super::report::RunEvent;
 use super::super::workflow::{AgentStage, task_index};
 use super::{Command, Phase, RunMachine};
 
-/// The error type of an attempt that found its run's budget spent: no recovery can help, and
-/// the run ends `aborted`.
-pub(super) const BUDGET_SPENT: &str = "BudgetSpent";
-
 impl RunMachine {
     /// Goes on with agent stage `i` run by `arm`: the conversation opens, the calls the model
     /// asked for are made one after another, then the model is asked again.
@@ -57,6 +53,8 @@ impl RunMachine {
             return;
         }
         if let Some(spent) = self.budget_spent(&arm.stage, agent) {
+            // Every later attempt would find the run's budget spent too: the run ends here,
+            // not through the failure policy.
             let message = format!("stage {} spent {spent}", arm.stage);
             self.event(RunEvent::Error {
                 stage: arm.stage.clone(),
@@ -64,17 +62,8 @@ impl RunMachine {
                 class: ErrorClass::DeterministicFailure,
                 message: message.clone(),
             });
-            self.checkpoint();
-            self.attempt_failed(AttemptFailure {
-                trajectory: self.st.attempt_trajectory(),
-                stage: i,
-                message,
-                error_type: Some(BUDGET_SPENT.to_string()),
-                class: Some(ErrorClass::DeterministicFailure),
-                category: FailureCategory::Strategy,
-                retry_after_ms: None,
-                classified: None,
-            });
+            self.learn_first_attempt();
+            self.round_end(RunState::Aborted, Some(message));
             return;
         }
         if self.st.turn >= agent.max_turns {

@@ -983,11 +983,6 @@ impl RunMachine {
             self.round_end(RunState::Failed, Some("no plan could be made".to_string()));
             return;
         };
-        // A budget of the run is spent: every later attempt would find it spent too.
-        if failure.error_type.as_deref() == Some(agent::BUDGET_SPENT) {
-            self.round_end(RunState::Aborted, Some(failure.message));
-            return;
-        }
         let mut rng = fastrand::Rng::with_seed(
             stable_hash(&self.run_id)
                 ^ u64::from(self.st.attempt).wrapping_mul(0x9e37_79b9_7f4a_7c15),

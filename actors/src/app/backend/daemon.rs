@@ -20,7 +20,7 @@ use crate::app::api::types::{
     PolicySuggestResponse, PolicyUpdateRequest, PolicyUpdateResponse, RunView, TaskRequest,
     TenantSop, ValidateRequest, ValidateResponse,
 };
-use crate::app::api::{Backend, BackendError, BackendResult, Principal};
+use crate::app::api::{Backend, BackendResult, Principal};
 use crate::app::metrics::Metrics;
 
 use super::options::{config_error, mcp_tools, tree_options};
@@ -155,7 +155,7 @@ async fn start_trees(
     // The configuration refuses a cycle when it is read; an embedder's `Config` may not have
     // been read from a file.
     let callees_first = hindsight::run::workflow::callees_first(&calls)
-        .ok_or_else(|| config_error("agent", "the agents call each other in a cycle"))?;
+        .map_err(|_| config_error("agent", "the agents call each other in a cycle"))?;
     started.resize_with(config.agents.len(), || None);
     for i in callees_first {
         let mut own = tools.to_vec();
@@ -257,13 +257,11 @@ impl Backend for Daemon {
         name: &str,
         request: TaskRequest,
     ) -> BackendResult<OrchestrateResponse> {
-        match self.agent_tree(name) {
-            Some(tree) => tree.agent_run(tenant, name, request).await,
-            None => Err(BackendError::NotFound {
-                what: "agent".into(),
-                id: name.to_string(),
-            }),
-        }
+        // An agent no tree hosts is refused by the default tree, as any tree refuses one.
+        self.agent_tree(name)
+            .unwrap_or_else(|| self.default_tree())
+            .agent_run(tenant, name, request)
+            .await
     }
 
     async fn sops(&self, tenant: &str) -> BackendResult<Vec<TenantSop>> {

@@ -70,7 +70,7 @@ pub async fn runtime_options(
 pub async fn mcp_tools(
     config: &Config,
 ) -> Result<(Vec<Arc<dyn Tool>>, Vec<McpServer>), StartError> {
-    let mut registry = ToolRegistry::new();
+    let mut names = std::collections::BTreeSet::new();
     let mut tools = Vec::new();
     let mut servers: Vec<McpServer> = Vec::new();
     for (i, server) in config.tools.mcp.iter().enumerate() {
@@ -87,8 +87,9 @@ pub async fn mcp_tools(
         };
         let mut clash = None;
         for tool in started.tools() {
-            if let Err(e) = registry.register(tool.clone()) {
-                clash = Some(e);
+            // Each tree registers (and checks) them; here only a name given twice is refused.
+            if !names.insert(tool.spec().name.clone()) {
+                clash = Some(format!("tool `{}` is already registered", tool.spec().name));
                 break;
             }
             tools.push(tool);
@@ -98,7 +99,7 @@ pub async fn mcp_tools(
             for s in &servers {
                 s.shutdown().await;
             }
-            return Err(config_error(format!("tools.mcp[{i}]"), e.to_string()));
+            return Err(config_error(format!("tools.mcp[{i}]"), e));
         }
     }
     Ok((tools, servers))
@@ -112,21 +113,13 @@ pub fn tree_options(
     agent: Option<usize>,
     tools: Vec<Arc<dyn Tool>>,
 ) -> Result<RuntimeOptions, StartError> {
-    let env_path = config.tools.sim_envs.first();
-    let env = match env_path {
-        Some(p) if p != Path::new(crate::app::demo::DEFAULT_ENV) => {
-            crate::app::demo::load_env(Some(p.as_path()))
-        }
-        _ => crate::app::demo::load_env(None),
-    }
-    .map_err(|e| config_error("tools.sim_envs[0]", e.to_string()))?;
-    for (i, extra) in config.tools.sim_envs.iter().enumerate().skip(1) {
-        tracing::warn!(
-            file = %extra.display(),
-            "tools.sim_envs[{i}]: only the first environment is the daemon's workflow; this one is not loaded"
-        );
-    }
-    let mut opts = RuntimeOptions::new(&config.data_dir, WorkflowSource::Sim(env));
+    let agent = agent.and_then(|i| config.agents.get(i).map(|a| (i, a)));
+    // `[[agent]]`: the tree's workflow is the agent's loop over `tools`, its data its own;
+    // without one, the first simulated environment's.
+    let mut opts = match agent {
+        Some((i, a)) => RuntimeOptions::new(config.agent_data_dir(i), agent_workflow(a)),
+        None => RuntimeOptions::new(&config.data_dir, WorkflowSource::Sim(sim_env(config)?)),
+    };
     opts.durability = match config.store.durability {
         DurabilityConfig::Immediate => Durability::Immediate,
         DurabilityConfig::None => Durability::None,
@@ -167,11 +160,9 @@ pub fn tree_options(
             .map_err(|e| config_error("tools", format!("tool `{name}`: {e}")))?;
     }
     opts.registry = registry;
-    if let Some((i, agent)) = agent.and_then(|i| config.agents.get(i).map(|a| (i, a))) {
-        // `[[agent]]`: the tree's workflow is the agent's loop, over the configured tools,
-        // its turns performed by the `[models.NAME]` endpoints (offline without a base_url).
-        opts.data_dir = config.agent_data_dir(i);
-        opts.workflow = agent_workflow(agent);
+    if agent.is_some() {
+        // The agent's turns are performed by the `[models.NAME]` endpoints (offline without a
+        // base_url), at their prices.
         for (name, model) in &config.models {
             let endpoint = model_of(model, &format!("models.{name}"))?.unwrap_or_else(|| {
                 Arc::new(hindsight::model::rule::RuleModel::new())
@@ -182,6 +173,25 @@ pub fn tree_options(
         }
     }
     Ok(opts)
+}
+
+/// The first simulated environment of `tools.sim_envs` (the default one without any); the
+/// others are not loaded, with a warning.
+fn sim_env(config: &Config) -> Result<hindsight::tools::sim::SimEnv, StartError> {
+    let env = match config.tools.sim_envs.first() {
+        Some(p) if p != Path::new(crate::app::demo::DEFAULT_ENV) => {
+            crate::app::demo::load_env(Some(p.as_path()))
+        }
+        _ => crate::app::demo::load_env(None),
+    }
+    .map_err(|e| config_error("tools.sim_envs[0]", e.to_string()))?;
+    for (i, extra) in config.tools.sim_envs.iter().enumerate().skip(1) {
+        tracing::warn!(
+            file = %extra.display(),
+            "tools.sim_envs[{i}]: only the first environment is the daemon's workflow; this one is not loaded"
+        );
+    }
+    Ok(env)
 }
 
 /// The workflow of a configured agent: one agent stage, named as the agent, whose answer is

@@ -126,21 +126,7 @@ async fn run_task(
     daemon.shutdown().await;
     let outcome = outcome.map_err(|e| Failure::new(e.to_string()))?;
     if json {
-        let text = serde_json::to_string_pretty(&serde_json::json!({
-            "run_id": outcome.run_id,
-            "task_id": outcome.task_id,
-            "state": outcome.state,
-            "attempts": outcome.attempts,
-            "plan_id": outcome.plan_id,
-            "sop_id": outcome.sop_id,
-            "output": outcome.output,
-            "reason": outcome.reason,
-            "reward": outcome.reward,
-            "latency_ms": outcome.latency_ms,
-            "cost": outcome.cost,
-        }))
-        .map_err(|e| Failure::new(format!("cannot write the outcome as JSON: {e}")))?;
-        outln!("{text}")?;
+        super::print_json(&outcome)?;
         return Ok(());
     }
     outln!(
