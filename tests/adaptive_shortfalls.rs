@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use hindsight::learn::adaptive::*;
 use hindsight::model::{ChatRequest, LanguageModel, ModelFuture};
-use hindsight::{Lesson, Task};
+use hindsight::{ErrorClass, FailureCategory, Lesson, Step, Task};
 
 const SCOPE: &str = "user:alice";
 
@@ -707,4 +707,137 @@ fn a_correction_giving_an_argument_another_value_than_the_failures_ask_for_is_re
             "{text}"
         );
     }
+}
+
+/// A failure of `tool` under `features`, the same cause each time.
+fn failure_under(run: usize, tool: &str, features: &[(&str, &str)]) -> FailureObservation {
+    FailureObservation {
+        features: feats(features),
+        ..strategy_failure(run, tool)
+    }
+}
+
+#[test]
+fn a_cause_learned_again_under_other_features_is_one_lesson_with_the_conditions_both_shared() {
+    let mut a = adaptive();
+    for i in 0..5 {
+        let f = failure_under(i, "pdfminer", &[("bank", "acme"), ("filetype", "pdf")]);
+        a.record_failure(SCOPE, &f, 1);
+    }
+    a.synthesise_offline(SCOPE, "w", 2).unwrap();
+    assert_eq!(
+        a.lessons(SCOPE)[0].preconditions,
+        feats(&[("bank", "acme"), ("filetype", "pdf")])
+    );
+    // The same failure at another bank: the bank was chance, the file type is the condition.
+    for i in 5..10 {
+        let f = failure_under(i, "pdfminer", &[("bank", "zenith"), ("filetype", "pdf")]);
+        a.record_failure(SCOPE, &f, 3);
+    }
+    let r = a.synthesise_offline(SCOPE, "w", 4).unwrap();
+    assert_eq!(r.reinforced.len(), 1, "{r:?}");
+    assert!(r.added.is_empty(), "{r:?}");
+    let lessons = a.lessons(SCOPE);
+    assert_eq!(lessons.len(), 1);
+    assert_eq!(lessons[0].preconditions, feats(&[("filetype", "pdf")]));
+    assert_eq!(lessons[0].evidence.len(), 10);
+    assert!(
+        !lessons[0].action.contains("acme") && !lessons[0].action.contains("times"),
+        "the text holds neither the conditions nor the count: {}",
+        lessons[0].action
+    );
+}
+
+#[test]
+fn a_failure_that_asks_for_another_argument_is_learned_and_a_plain_timeout_is_not() {
+    let timeout = |message: &str| FailureObservation {
+        error_type: Some("Timeout".into()),
+        message: message.into(),
+        ..strategy_failure(1, "list_files")
+    };
+    let mut a = adaptive();
+    let asks = [
+        "listing timed out after 30 s: recursive listing is disabled on legacy hosts, pass recursive=false",
+        "health check of auth timed out after 1000 ms; auth warms up slowly, pass timeout_ms of at least 5000",
+    ];
+    for m in asks {
+        match a.record_failure(SCOPE, &timeout(m), 1) {
+            FailureOutcome::Stored { classification, .. } => {
+                assert_eq!(classification.category, FailureCategory::Strategy, "{m}");
+                assert_eq!(classification.error_class, ErrorClass::Timeout, "{m}");
+            }
+            other => panic!("{m}: {other:?}"),
+        }
+    }
+    // A failure the classifier cannot place, that says how to change the call.
+    let unplaced = FailureObservation {
+        message:
+            "reset created but not delivered: set notify=true so the customer receives the link"
+                .into(),
+        error_type: None,
+        ..strategy_failure(2, "reset_login")
+    };
+    assert!(matches!(
+        a.record_failure(SCOPE, &unplaced, 1),
+        FailureOutcome::Stored { classification, .. }
+            if classification.category == FailureCategory::Strategy
+    ));
+    let plain = [
+        "request timed out after 30000 ms",
+        "the operation timed out",
+        "429 Too Many Requests: try again in 20 s",
+        "HTTP 503 Service Unavailable, retry later",
+        "connection reset by peer; check your network",
+    ];
+    for m in plain {
+        assert!(
+            matches!(
+                a.record_failure(SCOPE, &timeout(m), 1),
+                FailureOutcome::Dropped { .. }
+            ),
+            "{m}"
+        );
+    }
+}
+
+#[test]
+fn a_lesson_a_run_bears_out_is_not_decayed_away() {
+    let mut a = adaptive();
+    fill(&mut a, 5, "pdfminer", 1);
+    a.synthesise_offline(SCOPE, "w", 2).unwrap();
+    let id = a.lessons(SCOPE)[0].lesson_id.clone();
+    // Two cycles about other tools decay it.
+    for cycle in 0..2 {
+        fill(&mut a, 5, &format!("tool{cycle}"), 3);
+        a.synthesise_offline(SCOPE, "w", 3).unwrap();
+    }
+    let confidence = |a: &AdaptiveStrategies| {
+        a.lessons(SCOPE)
+            .iter()
+            .find(|l| l.lesson_id == id)
+            .map(|l| l.confidence)
+            .unwrap()
+    };
+    assert!((confidence(&a) - 0.6).abs() < 1e-9);
+    let step = |tool: &str, error: Option<&str>| Step {
+        tool_called: Some(tool.into()),
+        error: error.map(str::to_string),
+        ..Step::default()
+    };
+    let here = feats(&[("bank", "acme"), ("filetype", "pdf")]);
+    // Its tool failed in the run: nothing borne out.
+    let failed = [
+        step("pdfminer", None),
+        step("pdfminer", Some("invalid date")),
+    ];
+    assert!(a.confirm(SCOPE, &here, &failed, 5).is_empty());
+    // Its conditions do not hold: nothing borne out.
+    let elsewhere = feats(&[("bank", "zenith"), ("filetype", "pdf")]);
+    let passed = [step("pdfminer", None), step("camelot", Some("boom"))];
+    assert!(a.confirm(SCOPE, &elsewhere, &passed, 5).is_empty());
+    assert!((confidence(&a) - 0.6).abs() < 1e-9);
+    // Its tool called with success where it applies: back to a fresh lesson's confidence.
+    assert_eq!(a.confirm(SCOPE, &here, &passed, 6), vec![id.clone()]);
+    assert!((confidence(&a) - 0.8).abs() < 1e-9);
+    assert!(a.confirm(SCOPE, &here, &passed, 7).is_empty(), "unchanged");
 }

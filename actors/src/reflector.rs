@@ -381,10 +381,16 @@ impl ReflectorState {
         };
         let now = exp.time_ms;
         let mut due = false;
-        for step in exp.steps.iter().filter(|s| s.error.is_some()) {
+        // A lesson is about a tool: a failed step that called none (an answer the validator
+        // refused, a model error) has the run's triage and ReflectRetry for it instead.
+        let tool_failures = exp.steps.iter().filter_map(|s| {
+            let tool = s.tool_called.as_deref().filter(|t| !t.is_empty())?;
+            s.error.is_some().then_some((s, tool))
+        });
+        for (step, tool) in tool_failures {
             let obs = FailureObservation {
                 run_id: exp.run_id.clone(),
-                tool: step.tool_called.clone().unwrap_or_default(),
+                tool: tool.to_string(),
                 error_type: step.error_class.map(|c| c.to_string()),
                 message: step.error.clone().unwrap_or_default(),
                 arguments: step.tool_input.clone(),
@@ -396,8 +402,11 @@ impl ReflectorState {
                 due |= synthesis_due;
             }
         }
+        let confirmed = self
+            .adaptive
+            .confirm(&scope, &exp.context_features, &exp.steps, now);
         if !due || self.ablate.contains(&Mechanism::Lessons) {
-            return false;
+            return !confirmed.is_empty();
         }
         if let (Some(model), Some(myself)) = (self.synthesiser.clone(), myself) {
             match self.adaptive.begin_synthesis(&scope, "reflector", now_ms()) {
@@ -416,13 +425,15 @@ impl ReflectorState {
                 }
                 Err(e) => tracing::debug!(error = %e, "no synthesis"),
             }
-            return false;
+            return !confirmed.is_empty();
         }
         match self.adaptive.synthesise_offline(&scope, "reflector", now) {
-            Ok(report) => !report.added.is_empty() || !report.removed.is_empty(),
+            Ok(report) => {
+                !confirmed.is_empty() || !report.added.is_empty() || !report.removed.is_empty()
+            }
             Err(e) => {
                 tracing::debug!(error = %e, "no synthesis");
-                false
+                !confirmed.is_empty()
             }
         }
     }

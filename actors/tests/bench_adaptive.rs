@@ -89,3 +89,72 @@ async fn promoted_procedures_replace_the_model_at_no_loss_of_success() {
     assert_eq!(off.procedures.proposed, 0);
     assert_eq!(off.sop_coverage_last_100, 0.0);
 }
+
+/// The lessons the tree learns on the ops runbook: each about a tool (an answer the validator
+/// refused is no tool's failure), one per cause, each with the condition its failures share
+/// and no chance one, and the timeouts whose message asks for another argument learned like
+/// any other refusal (infrastructure timeouts still teach nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tree_learns_one_lesson_per_cause_under_its_true_condition() {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use hindsight::Task;
+    use hindsight::run::workflow::SIM_MODEL;
+    use hindsight::store::Durability;
+    use hindsight_actors::app::adaptive::BENCH_USER;
+    use hindsight_actors::reflector::ReflectorMsg;
+    use hindsight_actors::runtime::{Runtime, RuntimeOptions};
+
+    let env = AgentEnv::load(std::path::Path::new("../config/envs/ops_runbook.toml"))
+        .unwrap()
+        .with_seed(1);
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = RuntimeOptions::new(dir.path(), env.clone());
+    opts.durability = Durability::None;
+    opts.seed = 1;
+    opts.models.insert(SIM_MODEL, Arc::new(env.model()));
+    let rt = Runtime::start(opts).await.unwrap();
+    for index in 0..300 {
+        let task = Task {
+            user_id: Some(BENCH_USER.into()),
+            ..env.task(index)
+        };
+        rt.orchestrate(task).await.unwrap();
+    }
+    let lessons = rt
+        .ctx()
+        .dir
+        .reflector
+        .call(|reply| ReflectorMsg::Lessons {
+            scope_prefix: Some(format!("user:{BENCH_USER}")),
+            reply,
+        })
+        .await
+        .unwrap();
+    rt.shutdown().await;
+    let learned: BTreeMap<String, BTreeMap<String, String>> = lessons
+        .iter()
+        .filter(|l| l.source == "synthesis" && l.superseded_by.is_none())
+        .map(|l| (l.tool.clone().unwrap_or_default(), l.preconditions.clone()))
+        .collect();
+    let count = lessons
+        .iter()
+        .filter(|l| l.source == "synthesis" && l.superseded_by.is_none())
+        .count();
+    println!("{learned:?}");
+    assert_eq!(count, learned.len(), "one lesson per tool: {lessons:#?}");
+    assert!(!learned.contains_key(""), "{learned:?}");
+    let condition = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    assert_eq!(
+        learned.get("list_files"),
+        Some(&condition(&[("host_class", "legacy")])),
+        "a timeout asking for recursive=false, on legacy hosts only: {learned:?}"
+    );
+    assert_eq!(learned.get("compress_file"), Some(&condition(&[])));
+}

@@ -2,7 +2,7 @@
 //! a synthesis on the failures gathered, completing it (vetting, merging, reinforcing, decaying,
 //! capping the lessons; consuming only the failures used) or aborting it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -13,6 +13,7 @@ use super::{
 use crate::model::cosine;
 use crate::model::embed::embed_one;
 use crate::record::Lesson;
+use crate::taxonomy::Step;
 
 /// A lease on a scope's synthesis: only its owner may complete a synthesis there.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -147,7 +148,8 @@ impl AdaptiveStrategies {
     }
 
     /// Completes a synthesis: refused unless the job still holds the lease. Vets the drafts,
-    /// adds new lessons (or reinforces near-duplicates), decays every lesson not reinforced in
+    /// adds new lessons (or reinforces a near-duplicate about the same tool, keeping only the
+    /// preconditions both share), decays every lesson not reinforced in
     /// this cycle, removes those below the floor, expired ones and the excess over
     /// `max_strategies`, consumes exactly the batch's failures and releases the lease.
     pub fn complete_synthesis(
@@ -195,15 +197,20 @@ impl AdaptiveStrategies {
                 .scopes
                 .entry(job.input.scope.clone())
                 .or_default();
+            // The same lesson about the same tool, whatever conditions its failures shared:
+            // one cause is one lesson, its conditions those every failure of it shared.
             let existing = s.lessons.iter_mut().find(|l| {
                 l.superseded_by.is_none()
                     && l.tool.as_deref() == Some(draft.tool.as_str())
-                    && l.preconditions == preconditions
                     && (l.action == text
                         || cosine(&embed_one(&l.action), &vector) > cfg.duplicate_cosine)
             });
             match existing {
                 Some(l) => {
+                    // A feature that held in one batch's failures and not in another's was
+                    // chance, not a condition of the failure.
+                    l.preconditions
+                        .retain(|k, v| preconditions.get(k) == Some(&*v));
                     l.confidence = (l.confidence + cfg.decay_per_cycle)
                         .max(cfg.synthesised_confidence)
                         .min(1.0);
@@ -290,6 +297,51 @@ impl AdaptiveStrategies {
         s.cycles += 1;
         s.lease = None;
         Ok(report)
+    }
+
+    /// Lessons a finished run bore out: every active lesson of `scope` whose preconditions all
+    /// hold in `features` and whose tool the run called with success and never with a failure
+    /// gets back the confidence of a fresh lesson if it had decayed below it. Evidence of a
+    /// lesson working reinforces it as its failures did; without this a lesson that stopped
+    /// its failures would decay for want of them and be dropped, and the failures would come
+    /// back. Returns the ids of the lessons whose confidence changed.
+    pub fn confirm(
+        &mut self,
+        scope: &str,
+        features: &BTreeMap<String, String>,
+        steps: &[Step],
+        now_ms: u64,
+    ) -> Vec<String> {
+        let called = |failed: bool| -> BTreeSet<&str> {
+            steps
+                .iter()
+                .filter(|s| s.error.is_some() == failed)
+                .filter_map(|s| s.tool_called.as_deref())
+                .collect()
+        };
+        let (succeeded, failed) = (called(false), called(true));
+        let fresh = self.state.config.synthesised_confidence;
+        let Some(s) = self.state.scopes.get_mut(scope) else {
+            return Vec::new();
+        };
+        let mut changed = Vec::new();
+        for l in s.lessons.iter_mut().filter(|l| l.superseded_by.is_none()) {
+            let Some(tool) = l.tool.as_deref() else {
+                continue;
+            };
+            let applies = l
+                .preconditions
+                .iter()
+                .all(|(k, v)| features.get(k) == Some(v));
+            if applies && succeeded.contains(tool) && !failed.contains(tool) {
+                l.reinforced_ms = l.reinforced_ms.max(now_ms);
+                if l.confidence < fresh {
+                    l.confidence = fresh;
+                    changed.push(l.lesson_id.clone());
+                }
+            }
+        }
+        changed
     }
 
     /// Runs a whole synthesis with the offline synthesiser (begin, derive, complete).

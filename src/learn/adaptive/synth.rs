@@ -141,6 +141,33 @@ pub fn instruction_in(message: &str) -> Option<&str> {
         .or_else(|| clauses().find(states_a_need))
 }
 
+/// Whether an error message tells the caller how to change its call: an instruction (see
+/// [`instruction_in`]) that names an argument, as `name=value` or as an identifier
+/// (`pass recursive=false`, `pass timeout_ms of at least 5000`). A timeout or a refusal that
+/// says so is the call's doing, not the infrastructure's: the same call fails the same way
+/// however often it is retried.
+pub fn asks_to_change_the_call(message: &str) -> bool {
+    instruction_in(message).is_some_and(|clause| {
+        clause.split_whitespace().any(|word| {
+            let word = word.trim_matches(|c: char| !c.is_alphanumeric() && c != '_');
+            let identifier = |w: &str| {
+                let w = w.trim_matches('_');
+                w.contains('_')
+                    && w.chars().all(|c| c.is_alphanumeric() || c == '_')
+                    && w.chars().any(char::is_alphabetic)
+            };
+            match word.split_once('=') {
+                Some((name, value)) => {
+                    !value.is_empty()
+                        && name.chars().all(|c| c.is_alphanumeric() || c == '_')
+                        && name.chars().any(char::is_alphabetic)
+                }
+                None => identifier(word),
+            }
+        })
+    })
+}
+
 /// Words by which a message states a requirement (`deletion needs confirm=true`), the fix when
 /// no clause is an instruction.
 const REQUIREMENTS: [&str; 7] = [
@@ -205,11 +232,10 @@ impl OfflineSynthesiser {
                 .first()
                 .map(|f| f.message.trim().to_string())
                 .unwrap_or_default();
-            let mut text = format!("{tool} failed {} times with {class}", fails.len());
-            if !pre.is_empty() {
-                let when: Vec<String> = pre.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                text.push_str(&format!(" when {}", when.join(", ")));
-            }
+            // The conditions are the lesson's preconditions (rendered beside it), and how often
+            // it failed is its evidence: neither is written into the text, which then stays
+            // the same when later failures widen the conditions or add to the count.
+            let mut text = format!("{tool} fails with {class}");
             if !message.is_empty() {
                 text.push_str(&format!(" (\"{message}\")"));
             }
