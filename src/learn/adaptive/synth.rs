@@ -568,7 +568,9 @@ mod tests {
             .find(|d| d.lesson.contains("pass since"))
             .expect("a lesson on since");
         assert!(
-            since.lesson.starts_with("list_invoices failed 2 times"),
+            since
+                .lesson
+                .starts_with("list_invoices fails with DeterministicFailure"),
             "{}",
             since.lesson
         );
