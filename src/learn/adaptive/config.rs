@@ -46,7 +46,9 @@ pub struct AdaptiveConfig {
     pub synthesised_confidence: f64,
     /// Confidence of a verified correction.
     pub correction_confidence: f64,
-    /// Lessons injected before a run.
+    /// Lessons injected before a run, at most: raise it when an agent's plans call more tools
+    /// that each have their own rules; lower it when the model's context is small and the
+    /// lessons crowd out the task.
     pub top_k: usize,
     /// Shortest lesson or correction accepted.
     pub lesson_min_chars: usize,
@@ -75,7 +77,7 @@ impl Default for AdaptiveConfig {
             decay_per_cycle: 0.1,
             synthesised_confidence: 0.8,
             correction_confidence: 1.0,
-            top_k: 3,
+            top_k: 6,
             lesson_min_chars: 12,
             lesson_max_chars: DEFAULT_LESSON_MAX_CHARS,
             corrections_per_window: 10,
