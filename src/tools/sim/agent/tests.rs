@@ -224,6 +224,9 @@ fn shipped_files_parse() {
     let claims = shipped("claims_intake.toml");
     assert_eq!(claims.spec().features.len(), 3);
     assert!(claims.spec().corrections.iter().all(|c| c.poisoned));
+    let warehouse = shipped("warehouse_loader.toml");
+    assert_eq!(warehouse.spec().plans[0].calls.len(), 7);
+    assert_eq!(warehouse.spec().corrections.len(), 2);
     let shared =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/envs/AGENT-FORMAT.md");
     assert!(std::fs::read_to_string(shared).is_ok_and(|t| t.contains("## Semantics")));
