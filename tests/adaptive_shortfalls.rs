@@ -788,6 +788,8 @@ fn a_failure_that_asks_for_another_argument_is_learned_and_a_plain_timeout_is_no
         "429 Too Many Requests: try again in 20 s",
         "HTTP 503 Service Unavailable, retry later",
         "connection reset by peer; check your network",
+        "503 Service Unavailable: try again later (request_id=7f3a_c2)",
+        "429 Too Many Requests: retry_after=30",
     ];
     for m in plain {
         assert!(
