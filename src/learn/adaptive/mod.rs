@@ -227,10 +227,8 @@ impl AdaptiveStrategies {
     }
 
     /// Classifies a failure with [`classify_error`] and stores it unless it is an
-    /// infrastructure failure, which is dropped and never learned from. A failure the
-    /// classifier puts down to the infrastructure or cannot place, whose message tells the
-    /// caller to change an argument ([`synth::asks_to_change_the_call`]), is the call's doing
-    /// and is kept as a strategy failure. Keeps at most
+    /// infrastructure failure, which is dropped and never learned from (a message that asks
+    /// for another argument is the call's doing, a strategy failure: see [`classify_error`]). Keeps at most
     /// `failure_retention` pending failures (oldest dropped).
     pub fn record_failure(
         &mut self,
@@ -238,13 +236,7 @@ impl AdaptiveStrategies {
         obs: &FailureObservation,
         now_ms: u64,
     ) -> FailureOutcome {
-        let mut classification = classify_error(obs.error_type.as_deref(), &obs.message);
-        if classification.category != FailureCategory::Strategy
-            && synth::asks_to_change_the_call(&obs.message)
-        {
-            classification.category = FailureCategory::Strategy;
-            classification.rule = format!("{} (asks to change the call)", classification.rule);
-        }
+        let classification = classify_error(obs.error_type.as_deref(), &obs.message);
         if classification.category == FailureCategory::Infrastructure {
             self.state
                 .scopes

@@ -12,6 +12,7 @@ use crate::guard::injection::scan_injection;
 use crate::guard::pii::contains_locator;
 use crate::model::{ChatMessage, ChatRequest, LanguageModel, ModelError, ModelFuture};
 use crate::taxonomy::ErrorClass;
+use crate::triage::error::instruction::{clauses, opens_with, states_a_need};
 
 /// What a synthesiser is given.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -113,32 +114,6 @@ const IMPERATIVES: [&str; 24] = [
     "check", "retry",
 ];
 
-/// The clauses of an error message: split at `;`, newlines, and `:`, `.` and `,` followed by a
-/// space, trimmed.
-fn clauses(message: &str) -> impl Iterator<Item = &str> {
-    message
-        .split([';', '\n'])
-        .flat_map(|part| part.split(": "))
-        .flat_map(|part| part.split(". "))
-        .flat_map(|part| part.split(", "))
-        .map(|c| c.trim().trim_end_matches('.'))
-}
-
-/// Whether a clause opens with one of `verbs`.
-fn opens_with(clause: &str, verbs: &[&str]) -> bool {
-    clause
-        .split_whitespace()
-        .next()
-        .is_some_and(|w| verbs.contains(&w.to_lowercase().as_str()))
-}
-
-/// Whether a clause states a requirement (`deletion needs confirm=true`).
-fn states_a_need(clause: &str) -> bool {
-    clause
-        .split_whitespace()
-        .any(|w| REQUIREMENTS.contains(&w.to_lowercase().as_str()))
-}
-
 /// The instruction an error message gives, if any: its first clause (split at `;`, `:`, `.`
 /// and `,` followed by a space) that opens with an imperative, e.g. `pass since (YYYY-MM-DD) to
 /// bound the query` out of `pro accounts keep 10 years of invoices; pass since (YYYY-MM-DD)
@@ -149,48 +124,6 @@ pub fn instruction_in(message: &str) -> Option<&str> {
         .find(|c| opens_with(c, &IMPERATIVES))
         .or_else(|| clauses(message).find(|c| states_a_need(c)))
 }
-
-/// Imperatives that ask for other arguments, not for time (`try`, `retry`, `wait` are not
-/// among them).
-const CHANGE_VERBS: [&str; 15] = [
-    "pass", "set", "use", "add", "remove", "include", "specify", "provide", "give", "send", "omit",
-    "drop", "leave", "narrow", "bound",
-];
-
-/// Whether an error message tells the caller how to change its call: a clause that asks for
-/// other arguments (opens with `pass`, `set`, `use`, `remove`, ... or states a requirement)
-/// and names one, as `name=value` or as an identifier (`pass recursive=false`, `pass
-/// timeout_ms of at least 5000`, `deletion needs confirm=true`). A timeout or a refusal that
-/// says so is the call's doing, not the infrastructure's: the same call fails the same way
-/// however often it is retried. `try again later (request_id=abc)` asks for time, not for
-/// another argument.
-pub fn asks_to_change_the_call(message: &str) -> bool {
-    let names_an_argument = |clause: &str| {
-        clause.split_whitespace().any(|word| {
-            let word = word.trim_matches(|c: char| !c.is_alphanumeric() && c != '_');
-            let name_like = |w: &str| {
-                w.chars().all(|c| c.is_alphanumeric() || c == '_')
-                    && w.chars().any(char::is_alphabetic)
-            };
-            match word.split_once('=') {
-                Some((name, value)) => !value.is_empty() && name_like(name),
-                None => {
-                    let w = word.trim_matches('_');
-                    w.contains('_') && name_like(w)
-                }
-            }
-        })
-    };
-    clauses(message)
-        .filter(|c| opens_with(c, &CHANGE_VERBS) || states_a_need(c))
-        .any(names_an_argument)
-}
-
-/// Words by which a message states a requirement (`deletion needs confirm=true`), the fix when
-/// no clause is an instruction.
-const REQUIREMENTS: [&str; 7] = [
-    "needs", "need", "requires", "require", "must", "only", "expects",
-];
 
 /// A message with its runs of digits folded, so that failures differing in a count or an id
 /// group together.

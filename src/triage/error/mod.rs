@@ -13,6 +13,7 @@
 //! argument error wrapped in a server error), unknown when ambiguous. Figures:
 //! `docs/benchmarks.md`.
 
+pub mod instruction;
 mod rules;
 
 use std::cell::RefCell;
@@ -661,10 +662,20 @@ fn unwrap_server_error(text: &str, outer: ErrorClassification) -> ErrorClassific
 /// found, unsupported input, conflicts), then the type name, else unknown. A 5xx or another
 /// generic server error that names the exception it wraps takes that exception's verdict when it
 /// is the agent's fault (`500: ValueError: invalid literal for int()` is a bad argument).
+///
+/// Whatever the rules say, a message that asks for another argument
+/// ([`instruction::asks_to_change_the_call`]: `listing timed out: pass recursive=false`) is the
+/// call's doing: strategy, the rule's name followed by `+asks_for_another_argument`. Retrying
+/// the same call would fail the same way.
 pub fn classify_error(error_type: Option<&str>, message: &str) -> ErrorClassification {
-    with_normalised(0, message, |text| {
+    let mut v = with_normalised(0, message, |text| {
         classify_normalised(error_type, text, true)
-    })
+    });
+    if v.category != FailureCategory::Strategy && instruction::asks_to_change_the_call(message) {
+        v.category = FailureCategory::Strategy;
+        v.rule.push_str("+asks_for_another_argument");
+    }
+    v
 }
 
 /// [`classify_error`] on a normalised message; `unwrap` looks inside server errors (one level).
