@@ -603,3 +603,30 @@ async fn the_spec_rate_limit_spaces_calls() {
     assert_eq!(waits, [0, 0, 1000, 0, 1000]);
     assert_eq!(start.elapsed(), Duration::from_millis(2000));
 }
+
+/// A timeout a tool reports in words is retried, unless its message asks for another argument:
+/// the same call would time out again.
+#[tokio::test(start_paused = true)]
+async fn a_timeout_that_asks_for_another_argument_is_not_retried() {
+    let asks = ToolError::classified(
+        Some("TimeoutError"),
+        "copy timed out after 300 s: apac clickstream days are large, pass timeout_s=3600",
+    );
+    assert_eq!(asks.class, ErrorClass::Timeout);
+    let tool = Arc::new(Scripted::new("t", vec![Err(asks), Ok(ok(Value::Null))]));
+    let runner = runner_with(tool.clone(), policy(5, 10, 10));
+    let r = runner
+        .call("t", json!({"n": 1}), &ctx(), &CallOptions::default())
+        .await;
+    assert_eq!(r.stop, StopReason::StrategyFailure);
+    assert_eq!(tool.calls(), 1);
+
+    let plain = ToolError::classified(Some("TimeoutError"), "request timed out after 30000 ms");
+    let tool = Arc::new(Scripted::new("u", vec![Err(plain), Ok(ok(Value::Null))]));
+    let runner = runner_with(tool.clone(), policy(5, 10, 10));
+    let r = runner
+        .call("u", json!({"n": 1}), &ctx(), &CallOptions::default())
+        .await;
+    assert_eq!(r.stop, StopReason::Succeeded);
+    assert_eq!(tool.calls(), 2);
+}
