@@ -55,6 +55,12 @@ pub fn asks_to_change_the_call(message: &str) -> bool {
     while !message.is_char_boundary(end) {
         end -= 1;
     }
+    let message = &message[..end];
+    // An argument is named as `name=value` or as an identifier with an underscore: a message
+    // without either byte names none (most messages; one pass over the bytes).
+    if !message.bytes().any(|b| b == b'=' || b == b'_') {
+        return false;
+    }
     let names_an_argument = |clause: &str| {
         clause.split_whitespace().any(|word| {
             let word = word.trim_matches(|c: char| !c.is_alphanumeric() && c != '_');
@@ -71,7 +77,7 @@ pub fn asks_to_change_the_call(message: &str) -> bool {
             }
         })
     };
-    clauses(&message[..end])
+    clauses(message)
         .filter(|c| opens_with(c, &CHANGE_VERBS) || states_a_need(c))
         .any(names_an_argument)
 }
