@@ -123,6 +123,17 @@ fn policy(max_attempts: u32, base_ms: u64, max_ms: u64) -> ResiliencePolicy {
     }
 }
 
+/// How a call of a tool that first fails with `error`, then succeeds, stops under five
+/// attempts, and how many times the tool was called.
+async fn after_one_failure(error: ToolError) -> (StopReason, u32) {
+    let tool = Arc::new(Scripted::new("t", vec![Err(error), Ok(ok(Value::Null))]));
+    let runner = runner_with(tool.clone(), policy(5, 10, 10));
+    let r = runner
+        .call("t", json!({"n": 1}), &ctx(), &CallOptions::default())
+        .await;
+    (r.stop, tool.calls())
+}
+
 fn ctx() -> CallContext {
     CallContext {
         run_id: "run-1".into(),
@@ -410,13 +421,10 @@ async fn idempotent_replay_returns_the_recorded_result_without_calling() {
 #[tokio::test(start_paused = true)]
 async fn strategy_failures_and_non_idempotent_tools_are_not_retried() {
     let strat = ToolError::new(ErrorClass::SchemaMismatch, FailureCategory::Strategy, "bad");
-    let tool = Arc::new(Scripted::new("t", vec![Err(strat), Ok(ok(Value::Null))]));
-    let runner = runner_with(tool.clone(), policy(5, 10, 10));
-    let r = runner
-        .call("t", json!({"n": 1}), &ctx(), &CallOptions::default())
-        .await;
-    assert_eq!(r.stop, StopReason::StrategyFailure);
-    assert_eq!(tool.calls(), 1);
+    assert_eq!(
+        after_one_failure(strat).await,
+        (StopReason::StrategyFailure, 1)
+    );
 
     let mut t = Scripted::new(
         "w",
@@ -613,20 +621,10 @@ async fn a_timeout_that_asks_for_another_argument_is_not_retried() {
         "copy timed out after 300 s: apac clickstream days are large, pass timeout_s=3600",
     );
     assert_eq!(asks.class, ErrorClass::Timeout);
-    let tool = Arc::new(Scripted::new("t", vec![Err(asks), Ok(ok(Value::Null))]));
-    let runner = runner_with(tool.clone(), policy(5, 10, 10));
-    let r = runner
-        .call("t", json!({"n": 1}), &ctx(), &CallOptions::default())
-        .await;
-    assert_eq!(r.stop, StopReason::StrategyFailure);
-    assert_eq!(tool.calls(), 1);
-
+    assert_eq!(
+        after_one_failure(asks).await,
+        (StopReason::StrategyFailure, 1)
+    );
     let plain = ToolError::classified(Some("TimeoutError"), "request timed out after 30000 ms");
-    let tool = Arc::new(Scripted::new("u", vec![Err(plain), Ok(ok(Value::Null))]));
-    let runner = runner_with(tool.clone(), policy(5, 10, 10));
-    let r = runner
-        .call("u", json!({"n": 1}), &ctx(), &CallOptions::default())
-        .await;
-    assert_eq!(r.stop, StopReason::Succeeded);
-    assert_eq!(tool.calls(), 2);
+    assert_eq!(after_one_failure(plain).await, (StopReason::Succeeded, 2));
 }
