@@ -402,11 +402,12 @@ impl ReflectorState {
                 due |= synthesis_due;
             }
         }
-        let confirmed = self
+        let confirmed = !self
             .adaptive
-            .confirm(&scope, &exp.context_features, &exp.steps, now);
+            .confirm(&scope, &exp.context_features, &exp.steps, now)
+            .is_empty();
         if !due || self.ablate.contains(&Mechanism::Lessons) {
-            return !confirmed.is_empty();
+            return confirmed;
         }
         if let (Some(model), Some(myself)) = (self.synthesiser.clone(), myself) {
             match self.adaptive.begin_synthesis(&scope, "reflector", now_ms()) {
@@ -425,15 +426,13 @@ impl ReflectorState {
                 }
                 Err(e) => tracing::debug!(error = %e, "no synthesis"),
             }
-            return !confirmed.is_empty();
+            return confirmed;
         }
         match self.adaptive.synthesise_offline(&scope, "reflector", now) {
-            Ok(report) => {
-                !confirmed.is_empty() || !report.added.is_empty() || !report.removed.is_empty()
-            }
+            Ok(report) => confirmed || !report.added.is_empty() || !report.removed.is_empty(),
             Err(e) => {
                 tracing::debug!(error = %e, "no synthesis");
-                !confirmed.is_empty()
+                confirmed
             }
         }
     }

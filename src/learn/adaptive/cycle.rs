@@ -301,10 +301,12 @@ impl AdaptiveStrategies {
 
     /// Lessons a finished run bore out: every active lesson of `scope` whose preconditions all
     /// hold in `features` and whose tool the run called with success and never with a failure
-    /// gets back the confidence of a fresh lesson if it had decayed below it. Evidence of a
-    /// lesson working reinforces it as its failures did; without this a lesson that stopped
-    /// its failures would decay for want of them and be dropped, and the failures would come
-    /// back. Returns the ids of the lessons whose confidence changed.
+    /// is reinforced (a fresh lesson's confidence, `reinforced_ms` now) if it had decayed below
+    /// that confidence. Evidence of a lesson working reinforces it as its failures did; without
+    /// this a lesson that stopped its failures would decay for want of them and be dropped, and
+    /// the failures would come back. A lesson at full confidence is left as it is, so that the
+    /// lessons written and sent to memory are only those that changed. Returns the ids of the
+    /// lessons reinforced.
     pub fn confirm(
         &mut self,
         scope: &str,
@@ -333,12 +335,11 @@ impl AdaptiveStrategies {
                 .preconditions
                 .iter()
                 .all(|(k, v)| features.get(k) == Some(v));
-            if applies && succeeded.contains(tool) && !failed.contains(tool) {
+            if applies && l.confidence < fresh && succeeded.contains(tool) && !failed.contains(tool)
+            {
+                l.confidence = fresh;
                 l.reinforced_ms = l.reinforced_ms.max(now_ms);
-                if l.confidence < fresh {
-                    l.confidence = fresh;
-                    changed.push(l.lesson_id.clone());
-                }
+                changed.push(l.lesson_id.clone());
             }
         }
         changed

@@ -228,8 +228,8 @@ impl AdaptiveStrategies {
 
     /// Classifies a failure with [`classify_error`] and stores it unless it is an
     /// infrastructure failure, which is dropped and never learned from (a message that asks
-    /// for another argument is the call's doing, a strategy failure: see [`classify_error`]). Keeps at most
-    /// `failure_retention` pending failures (oldest dropped).
+    /// for another argument is the call's doing, a strategy failure: see [`classify_error`]).
+    /// Keeps at most `failure_retention` pending failures (oldest dropped).
     pub fn record_failure(
         &mut self,
         scope: &str,

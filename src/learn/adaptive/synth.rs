@@ -62,9 +62,10 @@ pub trait Synthesiser: Send + Sync {
 }
 
 /// The offline synthesiser: groups failures by tool, error class and message (numbers aside)
-/// and states, for each group, the tool, when it fails (the features the failures share), the
-/// cause in the tool's own words and the fix: the instruction the message gives (`pass
-/// since`, `leave it out`), or advice for the error class when it gives none.
+/// and states, for each group, the tool, the cause in the tool's own words and the fix: the
+/// instruction the message gives (`pass since`, `leave it out`), or advice for the error class
+/// when it gives none. When it fails (the features the failures share) is the draft's
+/// preconditions, not its text.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct OfflineSynthesiser;
 
