@@ -333,12 +333,22 @@ fn memory_snapshot_round_trips() {
         time_ms: 0,
     })
     .unwrap();
+    // The snapshot carries the graph; the items are persisted apart, as they change.
+    let items: Vec<VectorItem> = m
+        .take_index_changes()
+        .into_iter()
+        .filter_map(|(_, item)| item)
+        .collect();
+    assert_eq!(items.len(), m.index().len());
     let json = serde_json::to_string(&m.snapshot()).unwrap();
-    let back = Memory::restore(serde_json::from_str(&json).unwrap()).unwrap();
+    let back = Memory::restore(serde_json::from_str(&json).unwrap(), items.clone()).unwrap();
     assert_eq!(back, m);
     let bytes = postcard::to_allocvec(&m.snapshot()).unwrap();
-    let back = Memory::restore(postcard::from_bytes(&bytes).unwrap()).unwrap();
+    let back = Memory::restore(postcard::from_bytes(&bytes).unwrap(), items).unwrap();
     assert_eq!(back, m);
+    // Without its items, it is another memory.
+    let bare = Memory::restore(m.snapshot(), Vec::new()).unwrap();
+    assert_ne!(bare, m);
     // Wrong dimension is a typed error.
     let mut m2 = Memory::default();
     assert!(matches!(

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use hindsight::memory::{IndexCandidate, ItemKind, Memory, MemorySnapshot, VectorItem};
-use hindsight::store::{KvTable, NewDiaryEntry, Store};
+use hindsight::store::{KvTable, NewDiaryEntry, Store, WriteOp};
 use hindsight::{ExperienceTuple, Lesson, Sop, Task, now_ms};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
@@ -20,6 +20,9 @@ use crate::tenancy::{run_in_tenant, scope_in_tenant, sop_in_tenant};
 
 /// The table of the memory snapshot.
 pub const MEMORY: KvTable = KvTable::new("memory");
+/// The table of the vector index's items (lessons, SOPs, postmortems), by `kind:id`, each
+/// written as it changes, in the batch of the snapshot it belongs to.
+pub const MEMORY_ITEMS: KvTable = KvTable::new("memory_items");
 const SNAPSHOT_KEY: &str = "state";
 
 /// Where a retrieved item comes from.
@@ -165,10 +168,7 @@ impl Actor for MemoryActor {
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         let stored: Option<Persisted> = read_snapshot(&args.store, MEMORY, SNAPSHOT_KEY);
-        let (memory, applied) = match stored.map(|p| (Memory::restore(p.memory), p.applied)) {
-            Some((Ok(m), a)) => (m, a),
-            _ => (Memory::default(), Applied::default()),
-        };
+        let (memory, applied, stale) = restore(&args.store, stored)?;
         let mut state = MemoryState {
             store: args.store,
             memory,
@@ -189,6 +189,21 @@ impl Actor for MemoryActor {
                     state.applied.mark(seq);
                 }
             }
+        }
+        if !stale.is_empty() {
+            // Items of a snapshot that could not be used: the index is rebuilt from the log, so
+            // they go (queued before any later snapshot, so committed first).
+            let written = state.store.queue_batch(
+                stale
+                    .iter()
+                    .map(|k| WriteOp::delete(MEMORY_ITEMS, k))
+                    .collect(),
+            );
+            tokio::spawn(async move {
+                if let Err(e) = written.await {
+                    tracing::warn!(error = %e, "the items of an unusable memory snapshot were not removed");
+                }
+            });
         }
         state.sync_sops();
         args.slot.publish(myself);
@@ -227,9 +242,9 @@ impl Actor for MemoryActor {
                 }
                 let note = diary_note(seq, &experience);
                 let salient = state.ingest(seq, &experience);
-                let mut ops = vec![hindsight::store::WriteOp::diary(&note)?];
+                let mut ops = vec![WriteOp::diary(&note)?];
                 if salient || state.since_snapshot >= 500 {
-                    ops.push(state.snapshot_op()?);
+                    ops.extend(state.snapshot_ops()?);
                     state.since_snapshot = 0;
                 }
                 // Written by the group-commit writer, in the order queued; the actor does not
@@ -371,22 +386,34 @@ impl MemoryState {
         }
     }
 
-    fn snapshot_op(&self) -> Result<hindsight::store::WriteOp, hindsight::store::StoreError> {
-        hindsight::store::WriteOp::put(
+    /// The writes of a snapshot: the index items changed since the last one, and the rest of
+    /// the state (one batch, so that what is on disk is always one snapshot's).
+    fn snapshot_ops(&mut self) -> Result<Vec<WriteOp>, hindsight::store::StoreError> {
+        let mut ops: Vec<WriteOp> = self
+            .memory
+            .take_index_changes()
+            .into_iter()
+            .map(|(key, item)| match item {
+                Some(item) => WriteOp::put(MEMORY_ITEMS, &key, &item),
+                None => Ok(WriteOp::delete(MEMORY_ITEMS, &key)),
+            })
+            .collect::<Result<_, _>>()?;
+        ops.push(WriteOp::put(
             MEMORY,
             SNAPSHOT_KEY,
             &Persisted {
                 memory: self.memory.snapshot(),
                 applied: self.applied.clone(),
             },
-        )
+        )?);
+        Ok(ops)
     }
 
     fn persist_later(&mut self) -> Result<(), hindsight::store::StoreError> {
-        let op = self.snapshot_op()?;
+        let ops = self.snapshot_ops()?;
         self.since_snapshot = 0;
         // Queued now, so that snapshots are committed in the order they were taken.
-        let written = self.store.queue_batch(vec![op]);
+        let written = self.store.queue_batch(ops);
         tokio::spawn(async move {
             if let Err(e) = written.await {
                 tracing::warn!(error = %e, "the memory snapshot was not written");
@@ -453,6 +480,35 @@ impl MemoryState {
             "diary" => true,
             "strategy" | "failure_mode" => self.shared_learning,
             _ => false,
+        }
+    }
+}
+
+/// Memory as its snapshot and items left it, with the experiences applied; an empty memory
+/// (rebuilt from the log) when there is no usable snapshot, with the keys of the items left
+/// from it, which no longer belong to anything. An item that cannot be read is left out (and
+/// logged): the log cannot bring back a lesson or an SOP, their owners send them again.
+fn restore(
+    store: &Store,
+    stored: Option<Persisted>,
+) -> Result<(Memory, Applied, Vec<String>), hindsight::store::StoreError> {
+    let rows = store.scan::<VectorItem>(MEMORY_ITEMS)?;
+    let keys: Vec<String> = rows.iter().map(|(k, _)| k.clone()).collect();
+    let Some(stored) = stored else {
+        return Ok((Memory::default(), Applied::default(), keys));
+    };
+    let items = rows.into_iter().filter_map(|(key, item)| match item {
+        Ok(item) => Some(item),
+        Err(e) => {
+            tracing::error!(key, error = %e, "an item of memory's index cannot be read; skipped");
+            None
+        }
+    });
+    match Memory::restore(stored.memory, items) {
+        Ok(memory) => Ok((memory, stored.applied, Vec::new())),
+        Err(e) => {
+            tracing::error!(error = %e, "memory's snapshot cannot be used; rebuilding it from the experience log");
+            Ok((Memory::default(), Applied::default(), keys))
         }
     }
 }

@@ -1031,8 +1031,37 @@ async fn memory_forgets_the_lessons_no_longer_in_force() {
             assert!(active.contains(id), "{id} is retrieved but not in force");
         }
     }
+    let before = cited_in_memory(
+        &rt,
+        "the tool failed on this input",
+        Default::default(),
+        "lesson",
+    )
+    .await;
+    let in_force: std::collections::BTreeSet<String> = all_lessons(&rt)
+        .await
+        .into_iter()
+        .filter(|l| l.superseded_by.is_none())
+        .map(|l| l.lesson_id)
+        .collect();
     rt.shutdown().await;
     assert!(!dropped.is_empty(), "no lesson was dropped: nothing tested");
+    // The index's items are persisted one by one as they change: on disk, the lessons memory
+    // retrieved, each of them in force, none of those it forgot.
+    let store = hindsight::store::Store::open(dir.path(), Default::default()).unwrap();
+    let stored: std::collections::BTreeSet<String> = store
+        .scan::<hindsight::memory::VectorItem>(hindsight_actors::memory::MEMORY_ITEMS)
+        .unwrap()
+        .into_iter()
+        .filter_map(|(key, _)| key.strip_prefix("lesson:").map(str::to_string))
+        .collect();
+    for id in &before {
+        assert!(stored.contains(id), "{id} was retrieved but is not stored");
+    }
+    for id in &stored {
+        assert!(in_force.contains(id), "{id} is stored but not in force");
+        assert!(!dropped.contains(id), "{id} was forgotten but is stored");
+    }
 }
 
 /// Ingress, for every way a task comes in (here an embedding program): a task carrying a prompt

@@ -17,13 +17,13 @@ pub use graph::{ArmStats, Edge, FailStats, GraphDelta, KnowledgeGraph, cluster_k
 pub use quantile::P2Quantile;
 pub use retrieve::{Bundle, BundleItem, Citation, CitationKind, RetrievalQuery};
 pub use salience::{SalienceConfig, SalienceDecision, SalienceReason};
-pub use vector::{ItemKind, VectorIndex, VectorItem};
+pub use vector::{IndexChange, ItemKind, VectorIndex, VectorItem};
 
 use crate::model::embed::embed_with_dimension;
 use crate::record::{DiaryEntry, ExperienceTuple};
 
-/// Version of [`MemorySnapshot`].
-pub const SNAPSHOT_VERSION: u32 = 1;
+/// Version of [`MemorySnapshot`] (2: the vector items are persisted one by one, apart from it).
+pub const SNAPSHOT_VERSION: u32 = 2;
 
 /// Errors of the memory.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -43,15 +43,17 @@ pub enum MemoryError {
     SnapshotVersion(u32),
 }
 
-/// The persisted state of [`Memory`].
+/// The persisted state of [`Memory`] but its vector items, which are persisted one by one as
+/// they change ([`Memory::take_index_changes`]): a snapshot stays the size of the graph however
+/// many lessons, SOPs and postmortems are indexed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MemorySnapshot {
     /// Format version.
     pub version: u32,
     /// The graph.
     pub graph: KnowledgeGraph,
-    /// The vector index.
-    pub index: VectorIndex,
+    /// The vector index's dimension.
+    pub dimension: usize,
     /// Salience thresholds (JSON text when stored, so that a setting added in a later build
     /// does not make the snapshot unreadable).
     #[serde(with = "crate::store::envelope::as_json")]
@@ -74,7 +76,9 @@ pub struct IndexCandidate {
 /// Graph and vector index together (a pure struct the Memory actor owns).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Memory {
-    state: MemorySnapshot,
+    graph: KnowledgeGraph,
+    index: VectorIndex,
+    salience: SalienceConfig,
 }
 
 impl Default for Memory {
@@ -90,41 +94,56 @@ impl Memory {
     /// An empty memory whose index holds vectors of `dimension`.
     pub fn new(dimension: usize, salience: SalienceConfig) -> Memory {
         Memory {
-            state: MemorySnapshot {
-                version: SNAPSHOT_VERSION,
-                graph: KnowledgeGraph::new(),
-                index: VectorIndex::new(dimension),
-                salience,
-            },
+            graph: KnowledgeGraph::new(),
+            index: VectorIndex::new(dimension),
+            salience,
         }
     }
 
-    /// The persisted state.
+    /// The persisted state but the vector items (see [`Memory::take_index_changes`]).
     pub fn snapshot(&self) -> MemorySnapshot {
-        self.state.clone()
+        MemorySnapshot {
+            version: SNAPSHOT_VERSION,
+            graph: self.graph.clone(),
+            dimension: self.index.dimension(),
+            salience: self.salience.clone(),
+        }
     }
 
-    /// Rebuilds from a snapshot.
-    pub fn restore(snapshot: MemorySnapshot) -> Result<Memory, MemoryError> {
+    /// Rebuilds from a snapshot and the vector items persisted with it.
+    pub fn restore(
+        snapshot: MemorySnapshot,
+        items: impl IntoIterator<Item = VectorItem>,
+    ) -> Result<Memory, MemoryError> {
         if snapshot.version != SNAPSHOT_VERSION {
             return Err(MemoryError::SnapshotVersion(snapshot.version));
         }
-        Ok(Memory { state: snapshot })
+        Ok(Memory {
+            graph: snapshot.graph,
+            index: VectorIndex::with_items(snapshot.dimension, items)?,
+            salience: snapshot.salience,
+        })
+    }
+
+    /// The vector items indexed, replaced or removed since the last call, each key once
+    /// (`None` when removed): what to write with the next snapshot.
+    pub fn take_index_changes(&mut self) -> Vec<IndexChange> {
+        self.index.take_changes()
     }
 
     /// The graph.
     pub fn graph(&self) -> &KnowledgeGraph {
-        &self.state.graph
+        &self.graph
     }
 
     /// The vector index.
     pub fn index(&self) -> &VectorIndex {
-        &self.state.index
+        &self.index
     }
 
     /// Embeds a text with the offline embedder at the index's dimension.
     pub fn embed(&self, text: &str) -> Vec<f32> {
-        embed_with_dimension(text, self.state.index.dimension())
+        embed_with_dimension(text, self.index.dimension())
     }
 
     /// The text a task is embedded from: its goal and its features.
@@ -142,19 +161,19 @@ impl Memory {
         exp: &ExperienceTuple,
         candidate: Option<IndexCandidate>,
     ) -> Result<SalienceDecision, MemoryError> {
-        let delta = self.state.graph.apply(exp);
+        let delta = self.graph.apply(exp);
         let cluster = cluster_key(&exp.context_features);
         let decision = salience::assess(
-            &self.state.graph,
+            &self.graph,
             &delta,
-            &self.state.index,
+            &self.index,
             candidate.as_ref().map(|c| (c.kind, c.vector.as_slice())),
-            &self.state.salience,
+            &self.salience,
         );
         if decision.write_vectors
             && let Some(c) = candidate
         {
-            self.state.index.upsert(VectorItem {
+            self.index.upsert(VectorItem {
                 kind: c.kind,
                 id: c.id,
                 text: c.text,
@@ -168,40 +187,39 @@ impl Memory {
 
     /// Indexes an item unconditionally (a promoted SOP, a new lesson from the reflector).
     pub fn index_item(&mut self, item: VectorItem) -> Result<(), MemoryError> {
-        self.state.index.upsert(item)
+        self.index.upsert(item)
     }
 
     /// Removes an indexed item (a superseded lesson, a retired SOP).
     pub fn forget(&mut self, kind: ItemKind, id: &str) -> Option<VectorItem> {
-        self.state.index.remove(kind, id)
+        self.index.remove(kind, id)
     }
 
     /// Links an SOP to a cluster in the graph; returns the salience decision for it.
     pub fn link_sop(&mut self, sop_id: &str, cluster: &str) -> SalienceDecision {
-        let delta = self.state.graph.link_sop(sop_id, cluster);
-        salience::assess_graph(&self.state.graph, &delta, &self.state.salience)
+        let delta = self.graph.link_sop(sop_id, cluster);
+        salience::assess_graph(&self.graph, &delta, &self.salience)
     }
 
     /// Keeps only the lessons named in `active` in the index (the reflector's and adaptive
     /// strategies' lessons in force: a decayed, expired or superseded lesson is no longer
     /// retrieved); returns how many were forgotten.
     pub fn retain_lessons(&mut self, active: &BTreeSet<String>) -> usize {
-        self.state
-            .index
+        self.index
             .retain_kind(ItemKind::Lesson, |id| active.contains(id))
     }
 
     /// Forgets a rolled-back SOP: its vector and its APPLIES_TO edges. True when memory held
     /// either.
     pub fn forget_sop(&mut self, sop_id: &str) -> bool {
-        let vector = self.state.index.remove(ItemKind::Sop, sop_id).is_some();
-        let edges = self.state.graph.unlink_sop(sop_id);
+        let vector = self.index.remove(ItemKind::Sop, sop_id).is_some();
+        let edges = self.graph.unlink_sop(sop_id);
         vector || edges
     }
 
     /// Records that the decision's edges were persisted.
     pub fn mark_written(&mut self, decision: &SalienceDecision) {
-        self.state.graph.mark_written(&decision.edges);
+        self.graph.mark_written(&decision.edges);
     }
 
     /// The retrieval bundle for a task with the offline embedder: top-k lessons/SOPs/
@@ -222,12 +240,12 @@ impl Memory {
             tools,
             diary,
             k,
-            duplicate_cosine: self.state.salience.novelty_cosine,
+            duplicate_cosine: self.salience.novelty_cosine,
         })
     }
 
     /// The retrieval bundle for a query whose vector the caller computed.
     pub fn retrieve(&self, query: RetrievalQuery<'_>) -> Bundle {
-        retrieve::retrieve(&self.state.graph, &self.state.index, query)
+        retrieve::retrieve(&self.graph, &self.index, query)
     }
 }

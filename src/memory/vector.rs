@@ -1,7 +1,7 @@
 //! The vector index of lessons, SOPs and postmortems: brute-force cosine top-k over vectors of
 //! one fixed dimension (the offline embedder's by default).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -51,13 +51,25 @@ pub struct VectorItem {
 /// Brute-force cosine index. Each item's norm is kept with it, so that a search computes one
 /// dot product per item (in eight lanes, which the compiler turns into vector instructions)
 /// rather than the dot product and both norms. Stored as `{dimension, items}`: the norms are
-/// computed again when it is read.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// computed again when it is read. It notes the keys it changes, so that its owner can persist
+/// items one by one ([`VectorIndex::take_changes`]) rather than the whole index.
+#[derive(Debug, Clone, Deserialize)]
 #[serde(from = "StoredIndex")]
 pub struct VectorIndex {
     dimension: usize,
     items: BTreeMap<String, Indexed>,
+    changed: BTreeSet<String>,
 }
+
+/// Two indexes are equal when they hold the same items (what is still to persist aside).
+impl PartialEq for VectorIndex {
+    fn eq(&self, other: &VectorIndex) -> bool {
+        self.dimension == other.dimension && self.items == other.items
+    }
+}
+
+/// A change to persist: the item now under a key, or `None` when it was removed.
+pub type IndexChange = (String, Option<VectorItem>);
 
 /// An item and its Euclidean norm.
 #[derive(Debug, Clone, PartialEq)]
@@ -107,6 +119,7 @@ impl From<StoredIndex> for VectorIndex {
                 .into_iter()
                 .map(|(k, item)| (k, Indexed::new(item)))
                 .collect(),
+            changed: BTreeSet::new(),
         }
     }
 }
@@ -144,7 +157,34 @@ impl VectorIndex {
         VectorIndex {
             dimension,
             items: BTreeMap::new(),
+            changed: BTreeSet::new(),
         }
+    }
+
+    /// An index of vectors of `dimension` holding `items` as persisted (nothing to persist);
+    /// an item of another dimension is a typed error.
+    pub fn with_items(
+        dimension: usize,
+        items: impl IntoIterator<Item = VectorItem>,
+    ) -> Result<VectorIndex, MemoryError> {
+        let mut index = VectorIndex::new(dimension);
+        for item in items {
+            index.upsert(item)?;
+        }
+        index.changed.clear();
+        Ok(index)
+    }
+
+    /// The items changed since the last call (each key once, its item as it is now), and
+    /// forgets them: what the owner writes to persist the index.
+    pub fn take_changes(&mut self) -> Vec<IndexChange> {
+        std::mem::take(&mut self.changed)
+            .into_iter()
+            .map(|k| {
+                let item = self.items.get(&k).map(|i| i.item.clone());
+                (k, item)
+            })
+            .collect()
     }
 
     /// The dimension.
@@ -171,21 +211,33 @@ impl VectorIndex {
                 got: item.vector.len(),
             });
         }
-        self.items
-            .insert(key(item.kind, &item.id), Indexed::new(item));
+        let k = key(item.kind, &item.id);
+        self.changed.insert(k.clone());
+        self.items.insert(k, Indexed::new(item));
         Ok(())
     }
 
     /// Removes an item; returns it if it was there.
     pub fn remove(&mut self, kind: ItemKind, id: &str) -> Option<VectorItem> {
-        self.items.remove(&key(kind, id)).map(|i| i.item)
+        let k = key(kind, id);
+        let removed = self.items.remove(&k).map(|i| i.item);
+        if removed.is_some() {
+            self.changed.insert(k);
+        }
+        removed
     }
 
     /// Removes the items of `kind` whose id `keep` refuses; returns how many went.
     pub fn retain_kind(&mut self, kind: ItemKind, keep: impl Fn(&str) -> bool) -> usize {
         let before = self.items.len();
-        self.items
-            .retain(|_, it| it.item.kind != kind || keep(&it.item.id));
+        let changed = &mut self.changed;
+        self.items.retain(|k, it| {
+            let stays = it.item.kind != kind || keep(&it.item.id);
+            if !stays {
+                changed.insert(k.clone());
+            }
+            stays
+        });
         before - self.items.len()
     }
 
@@ -328,5 +380,51 @@ mod tests {
         assert_eq!(bytes, postcard::to_allocvec(&plain).unwrap());
         let back: VectorIndex = postcard::from_bytes(&bytes).unwrap();
         assert_eq!(back, index);
+    }
+
+    #[test]
+    fn the_index_hands_over_each_changed_key_once_with_its_item_as_it_is_now() {
+        let mut index = VectorIndex::default();
+        index.upsert(item(ItemKind::Lesson, "a", "first")).unwrap();
+        index.upsert(item(ItemKind::Lesson, "b", "second")).unwrap();
+        index
+            .upsert(item(ItemKind::Sop, "s", "a procedure"))
+            .unwrap();
+        index
+            .upsert(item(ItemKind::Lesson, "b", "second, reworded"))
+            .unwrap();
+        assert!(index.remove(ItemKind::Lesson, "a").is_some());
+        assert!(index.remove(ItemKind::Lesson, "never").is_none());
+        let changes = index.take_changes();
+        let summary: Vec<(&str, Option<&str>)> = changes
+            .iter()
+            .map(|(k, it)| (k.as_str(), it.as_ref().map(|i| i.text.as_str())))
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                ("lesson:a", None),
+                ("lesson:b", Some("second, reworded")),
+                ("sop:s", Some("a procedure")),
+            ]
+        );
+        assert!(index.take_changes().is_empty(), "handed over once");
+        // Retaining notes what it removes; an index read back has nothing to persist.
+        assert_eq!(index.retain_kind(ItemKind::Lesson, |_| false), 1);
+        assert_eq!(index.take_changes(), vec![("lesson:b".to_string(), None)]);
+        let back =
+            VectorIndex::with_items(index.dimension(), [item(ItemKind::Sop, "s", "a procedure")])
+                .unwrap();
+        assert_eq!(back, index);
+        assert!(
+            VectorIndex::with_items(index.dimension(), [])
+                .unwrap()
+                .take_changes()
+                .is_empty()
+        );
+        assert!(matches!(
+            VectorIndex::with_items(3, [item(ItemKind::Sop, "s", "x")]),
+            Err(MemoryError::Dimension { .. })
+        ));
     }
 }
