@@ -62,11 +62,12 @@ async fn corrections_switched_off_are_refused_by_the_reflector() {
 
 /// Procedures from the agent's trajectories: where one was promoted, a run through it needs no
 /// model turn at all (the sim's answers agree on a template), passes as often as the model's
-/// own runs there, and switching SOPs off proposes none.
+/// own runs there, and switching SOPs off proposes none. (1,000 tasks: a promotion needs its
+/// trials and its baseline's; in 600 tasks three or four seeds of six promote one.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn promoted_procedures_replace_the_model_at_no_loss_of_success() {
     let plan = AdaptivePlan {
-        tasks: 600,
+        tasks: 1000,
         seed: 1,
         ablate: Some(Mechanism::Sops),
     };
