@@ -614,6 +614,39 @@ fn snapshot_round_trips_through_json_and_postcard() {
     ));
 }
 
+/// The scopes persisted apart: each changed scope is handed over once, a scope nothing changed
+/// in is not, and the small snapshot with the scopes put back restores the whole state.
+#[test]
+fn changed_scopes_are_handed_over_once_and_restore_with_the_small_snapshot() {
+    let mut a = adaptive();
+    fill(&mut a, 7, "pdfminer", 1);
+    let mut other = strategy_failure(99, "camelot");
+    other.features.insert("bank".into(), "acme".into());
+    a.record_failure("user:bob", &other, 1);
+    let mut rows: BTreeMap<String, hindsight::learn::adaptive::ScopeState> =
+        a.take_scope_changes().into_iter().collect();
+    assert_eq!(
+        rows.keys().cloned().collect::<Vec<_>>(),
+        vec!["user:alice".to_string(), "user:bob".to_string()]
+    );
+    assert!(a.take_scope_changes().is_empty(), "handed over once");
+    // A synthesis changes alice's scope only; a run that bears out nothing changes nothing.
+    a.synthesise_offline(SCOPE, "w", 2).unwrap();
+    assert!(a.confirm("user:bob", &feats(&[]), &[], 3).is_empty());
+    let changes = a.take_scope_changes();
+    assert_eq!(
+        changes.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+        vec![SCOPE]
+    );
+    rows.extend(changes);
+    let small = a.snapshot_without_scopes();
+    assert!(small.scopes.is_empty());
+    let mut back = small.clone();
+    back.scopes = rows;
+    assert_eq!(AdaptiveStrategies::restore(back).unwrap(), a);
+    assert_ne!(AdaptiveStrategies::restore(small).unwrap(), a);
+}
+
 #[test]
 fn a_correction_about_nothing_the_failures_show_is_refused() {
     let mut a = adaptive();

@@ -11,7 +11,7 @@ use hindsight::learn::Mechanism;
 use hindsight::learn::adaptive::{
     AdaptiveConfig, AdaptiveSnapshot, AdaptiveStrategies, Correction, CorrectionError,
     FailureObservation, LessonDraft, OfflineVerifier, PreparedCorrection, RelevanceQuery,
-    SynthesisJob, Synthesiser, Verdict, Verifier,
+    ScopeState, SynthesisJob, Synthesiser, Verdict, Verifier,
 };
 use hindsight::learn::reflector::{Reflector, ReflectorConfig, ReflectorSnapshot};
 use hindsight::store::{KvTable, Store, WriteOp};
@@ -29,6 +29,9 @@ use hindsight::run::workflow::Workflow;
 pub const REFLECTOR: KvTable = KvTable::new("reflector");
 /// Every lesson (reflected, synthesised or corrected), by id, for the API and reports.
 pub const LESSONS: KvTable = KvTable::new("lessons");
+/// The table of the adaptive strategies' scopes (a user's or tenant's failures, lessons and
+/// lease), by scope, each written as it changes, in the batch of the snapshot it belongs to.
+pub const SCOPES: KvTable = KvTable::new("reflector_scopes");
 const SNAPSHOT_KEY: &str = "state";
 
 /// Why a human correction was not accepted.
@@ -155,11 +158,14 @@ pub struct ReflectorState {
     verifier: Option<Arc<dyn Verifier>>,
     chaos: Option<ChaosHook>,
     ablate: BTreeSet<Mechanism>,
-    /// The strategies (the adaptive lessons of every scope) as last written and handed to
-    /// memory, and the memory actor they were handed to: a consolidation writes and sends only
-    /// those that changed since, unless memory has started again since (then all of them).
-    sent: BTreeMap<String, Lesson>,
+    /// The strategies (the adaptive lessons of each scope) as last handed to memory, and the
+    /// memory actor they were handed to: a consolidation sends only those of the scopes
+    /// written since (`unsent`) that changed, unless memory has started again since (then all
+    /// of them).
+    sent: BTreeMap<String, Vec<Lesson>>,
     sent_to: Option<ractor::ActorId>,
+    /// Scopes written since the last consolidation.
+    unsent: BTreeSet<String>,
 }
 
 impl Actor for ReflectorActor {
@@ -173,6 +179,31 @@ impl Actor for ReflectorActor {
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         let stored: Option<Persisted> = read_snapshot(&args.store, REFLECTOR, SNAPSHOT_KEY);
+        let rows = args.store.scan::<ScopeState>(SCOPES)?;
+        let keys: Vec<String> = rows.iter().map(|(k, _)| k.clone()).collect();
+        // A snapshot of an earlier build holds its scopes inline: they are written as rows now.
+        let mut inline_rows = Vec::new();
+        let stored = stored.map(|mut p| {
+            for (scope, state) in &p.adaptive.scopes {
+                match WriteOp::put(SCOPES, scope, state) {
+                    Ok(op) => inline_rows.push(op),
+                    Err(e) => tracing::error!(scope, error = %e, "a scope cannot be written apart"),
+                }
+            }
+            p.adaptive.scopes.extend(rows
+                .into_iter()
+                .filter_map(|(scope, state)| match state {
+                    Ok(state) => Some((scope, state)),
+                    Err(e) => {
+                        tracing::error!(scope, error = %e, "a scope of the adaptive strategies cannot be read; its lessons are lost");
+                        None
+                    }
+                }));
+            p
+        });
+        if !inline_rows.is_empty() {
+            args.store.write_batch(inline_rows).await?;
+        }
         let restored = stored.and_then(|p| {
             Some((
                 Reflector::restore(p.reflector).ok()?,
@@ -186,11 +217,25 @@ impl Actor for ReflectorActor {
                 adaptive.set_config(args.adaptive.clone())?;
                 (reflector, adaptive, applied)
             }
-            None => (
-                Reflector::new(ReflectorConfig::default()),
-                AdaptiveStrategies::new(args.adaptive.clone())?,
-                Applied::default(),
-            ),
+            None => {
+                // Rebuilt from the log: the scopes of a snapshot that cannot be used go (queued
+                // before any later snapshot, so committed first).
+                if !keys.is_empty() {
+                    let written = args
+                        .store
+                        .queue_batch(keys.iter().map(|k| WriteOp::delete(SCOPES, k)).collect());
+                    tokio::spawn(async move {
+                        if let Err(e) = written.await {
+                            tracing::warn!(error = %e, "the scopes of an unusable reflector snapshot were not removed");
+                        }
+                    });
+                }
+                (
+                    Reflector::new(ReflectorConfig::default()),
+                    AdaptiveStrategies::new(args.adaptive.clone())?,
+                    Applied::default(),
+                )
+            }
         };
         let tools = args.workflow.tool_names();
         let mut state = ReflectorState {
@@ -207,6 +252,7 @@ impl Actor for ReflectorActor {
             ablate: args.ablate,
             sent: BTreeMap::new(),
             sent_to: None,
+            unsent: BTreeSet::new(),
         };
         let mut replayed = 0u64;
         for (seq, exp) in state.store.experience_since(state.applied.watermark)? {
@@ -479,39 +525,59 @@ impl ReflectorState {
             .chain(&report.updated)
             .filter_map(|id| self.reflector.lesson(id).cloned())
             .collect();
-        let strategies: BTreeMap<String, Lesson> = self
-            .adaptive
-            .scopes()
-            .flat_map(|scope| self.adaptive.lessons(scope).iter())
-            .map(|l| (l.lesson_id.clone(), l.clone()))
-            .collect();
-        // In force: the reflection's lessons not superseded, and every scope's strategies.
-        let active: BTreeSet<String> = self
-            .reflector
-            .active_lessons()
-            .map(|l| l.lesson_id.clone())
-            .chain(strategies.keys().cloned())
-            .collect();
-        // Only the strategies that changed since the last consolidation, unless memory has
-        // started again since (it may have lost what it was sent after its last snapshot).
+        let mut ops = self.snapshot_ops()?;
+        // The strategies that changed since they were last sent, in the scopes written since,
+        // unless memory has started again since (it may have lost what it was sent after its
+        // last snapshot): then all of them.
         let memory_now = self.memory.current().map(|a| a.get_id());
         let all = memory_now.is_none() || memory_now != self.sent_to;
-        fresh.extend(
-            strategies
-                .values()
-                .filter(|l| all || self.sent.get(&l.lesson_id) != Some(*l))
-                .cloned(),
-        );
-        self.sent = strategies;
+        let unsent = std::mem::take(&mut self.unsent);
+        let scopes: Vec<String> = if all {
+            self.sent.clear();
+            self.adaptive.scopes().map(str::to_string).collect()
+        } else {
+            unsent.into_iter().collect()
+        };
+        // Whether a lesson may have left force, so that memory must hear which are in force.
+        let mut left = all || !report.updated.is_empty() || !report.superseded.is_empty();
+        for scope in scopes {
+            let now_lessons = self.adaptive.lessons(&scope);
+            let before = self.sent.get(&scope).map(Vec::as_slice).unwrap_or(&[]);
+            fresh.extend(now_lessons.iter().filter(|l| !before.contains(l)).cloned());
+            left |= before
+                .iter()
+                .any(|b| !now_lessons.iter().any(|l| l.lesson_id == b.lesson_id));
+            self.sent.insert(scope, now_lessons.to_vec());
+        }
         self.sent_to = memory_now;
-        let mut ops = Vec::new();
         for l in &fresh {
             ops.push(WriteOp::put(LESSONS, &l.lesson_id, &LessonRecord::from(l))?);
         }
-        ops.push(self.snapshot_op()?);
-        self.store.write_batch(ops).await?;
+        // Committed by the group-commit writer in the order queued (before anything memory
+        // writes for these lessons); the actor does not wait for it.
+        let written = self.store.queue_batch(ops);
+        tokio::spawn(async move {
+            if let Err(e) = written.await {
+                tracing::warn!(error = %e, "the reflector's consolidation was not written");
+            }
+        });
         let index = (!fresh.is_empty()).then(|| MemoryMsg::IndexLessons(fresh));
-        for msg in index.into_iter().chain([MemoryMsg::RetainLessons(active)]) {
+        // In force: the reflection's lessons not superseded, and every scope's strategies.
+        let retain = left.then(|| {
+            MemoryMsg::RetainLessons(
+                self.reflector
+                    .active_lessons()
+                    .map(|l| l.lesson_id.clone())
+                    .chain(self.adaptive.scopes().flat_map(|scope| {
+                        self.adaptive
+                            .lessons(scope)
+                            .iter()
+                            .map(|l| l.lesson_id.clone())
+                    }))
+                    .collect(),
+            )
+        });
+        for msg in index.into_iter().chain(retain) {
             if wait {
                 let _ = self.memory.cast(msg).await;
             } else {
@@ -521,16 +587,24 @@ impl ReflectorState {
         Ok(())
     }
 
-    fn snapshot_op(&self) -> Result<WriteOp, hindsight::store::StoreError> {
-        WriteOp::put(
+    /// The writes of a snapshot: the scopes changed since the last one, and the rest of the
+    /// state (one batch, so that what is on disk is always one snapshot's).
+    fn snapshot_ops(&mut self) -> Result<Vec<WriteOp>, hindsight::store::StoreError> {
+        let mut ops = Vec::new();
+        for (scope, state) in self.adaptive.take_scope_changes() {
+            ops.push(WriteOp::put(SCOPES, &scope, &state)?);
+            self.unsent.insert(scope);
+        }
+        ops.push(WriteOp::put(
             REFLECTOR,
             SNAPSHOT_KEY,
             &Persisted {
                 reflector: self.reflector.snapshot(),
-                adaptive: self.adaptive.snapshot(),
+                adaptive: self.adaptive.snapshot_without_scopes(),
                 applied: self.applied.clone(),
             },
-        )
+        )?);
+        Ok(ops)
     }
 
     /// A correction checked for who sent it and where it belongs, ready to be judged; the
@@ -582,7 +656,7 @@ impl ReflectorState {
         result: Result<Lesson, CorrectionError>,
     ) -> Result<Lesson, FeedbackRefused> {
         let persisted = async {
-            let mut ops = vec![self.snapshot_op()?];
+            let mut ops = self.snapshot_ops()?;
             if let Ok(lesson) = &result {
                 ops.push(WriteOp::put(
                     LESSONS,
@@ -633,9 +707,10 @@ pub async fn add_stored_lessons(
     store: &Store,
     lessons: &[Lesson],
 ) -> Result<(), StoredLessonsError> {
-    let Some(mut persisted) = store.get::<Persisted>(REFLECTOR, SNAPSHOT_KEY)? else {
+    if store.get::<Persisted>(REFLECTOR, SNAPSHOT_KEY)?.is_none() {
         return Err(StoredLessonsError::Missing);
-    };
+    }
+    let mut scopes: BTreeMap<String, ScopeState> = BTreeMap::new();
     let mut ops = Vec::with_capacity(lessons.len() + 1);
     for lesson in lessons {
         ops.push(WriteOp::put(
@@ -643,15 +718,18 @@ pub async fn add_stored_lessons(
             &lesson.lesson_id,
             &LessonRecord::from(lesson),
         )?);
-        persisted
-            .adaptive
-            .scopes
-            .entry(lesson.scope.clone())
-            .or_default()
-            .lessons
-            .push(lesson.clone());
+        let scope = match scopes.entry(lesson.scope.clone()) {
+            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::btree_map::Entry::Vacant(e) => {
+                let stored = store.get::<ScopeState>(SCOPES, &lesson.scope)?;
+                e.insert(stored.unwrap_or_default())
+            }
+        };
+        scope.lessons.push(lesson.clone());
     }
-    ops.push(WriteOp::put(REFLECTOR, SNAPSHOT_KEY, &persisted)?);
+    for (key, scope) in &scopes {
+        ops.push(WriteOp::put(SCOPES, key, scope)?);
+    }
     store.write_batch(ops).await?;
     Ok(())
 }

@@ -531,7 +531,7 @@ impl AdaptiveStrategies {
             superseded_by: None,
         };
         let max = self.state.config.max_strategies;
-        let s = self.state.scopes.entry(prepared.scope).or_default();
+        let s = self.scope_mut(&prepared.scope);
         s.lessons.push(lesson.clone());
         if s.lessons.len() > max {
             s.lessons.sort_by(|a, b| {

@@ -103,7 +103,7 @@ impl AdaptiveStrategies {
                     .collect()
             })
             .unwrap_or_default();
-        let s = self.state.scopes.entry(scope.to_string()).or_default();
+        let s = self.scope_mut(scope);
         s.lease = Some(lease);
         let failures: Vec<FailureRecord> = s.pending.iter().take(max).cloned().collect();
         Ok(SynthesisJob {
@@ -140,10 +140,9 @@ impl AdaptiveStrategies {
     /// Gives up a synthesis (for example after a model error): releases the lease if the job
     /// still holds it, consumes nothing.
     pub fn abort_synthesis(&mut self, job: &SynthesisJob, now_ms: u64) {
-        if self.check_lease(job, now_ms).is_ok()
-            && let Some(s) = self.state.scopes.get_mut(&job.input.scope)
+        if self.check_lease(job, now_ms).is_ok() && self.state.scopes.contains_key(&job.input.scope)
         {
-            s.lease = None;
+            self.scope_mut(&job.input.scope).lease = None;
         }
     }
 
@@ -192,11 +191,7 @@ impl AdaptiveStrategies {
             let text = draft.lesson.trim().to_string();
             let vector = embed_one(&text);
             let id = self.next_id();
-            let s = self
-                .state
-                .scopes
-                .entry(job.input.scope.clone())
-                .or_default();
+            let s = self.scope_mut(&job.input.scope);
             // The same lesson about the same tool, whatever conditions its failures shared:
             // one cause is one lesson, its conditions those every failure of it shared.
             let existing = s.lessons.iter_mut().find(|l| {
@@ -243,11 +238,7 @@ impl AdaptiveStrategies {
                 }
             }
         }
-        let s = self
-            .state
-            .scopes
-            .entry(job.input.scope.clone())
-            .or_default();
+        let s = self.scope_mut(&job.input.scope);
         for l in s.lessons.iter_mut() {
             if !touched.contains(&l.lesson_id) {
                 l.confidence = (l.confidence - cfg.decay_per_cycle).max(0.0);
@@ -326,7 +317,7 @@ impl AdaptiveStrategies {
         let Some(s) = self.state.scopes.get_mut(scope) else {
             return Vec::new();
         };
-        let mut changed = Vec::new();
+        let mut changed: Vec<String> = Vec::new();
         for l in s.lessons.iter_mut().filter(|l| l.superseded_by.is_none()) {
             let Some(tool) = l.tool.as_deref() else {
                 continue;
@@ -341,6 +332,9 @@ impl AdaptiveStrategies {
                 l.reinforced_ms = l.reinforced_ms.max(now_ms);
                 changed.push(l.lesson_id.clone());
             }
+        }
+        if !changed.is_empty() {
+            self.changed.insert(scope.to_string());
         }
         changed
     }

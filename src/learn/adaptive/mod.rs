@@ -14,7 +14,7 @@ pub mod limiter;
 mod relevance;
 pub mod synth;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -149,10 +149,20 @@ pub struct RelevanceQuery<'a> {
 }
 
 /// Adaptive strategies over all scopes (a pure struct: the actor owns it and persists its
-/// [`AdaptiveSnapshot`]).
-#[derive(Debug, Clone, PartialEq)]
+/// [`AdaptiveSnapshot`], whole or as [`AdaptiveStrategies::snapshot_without_scopes`] with each
+/// scope changed since the last [`AdaptiveStrategies::take_scope_changes`] apart).
+#[derive(Debug, Clone)]
 pub struct AdaptiveStrategies {
     state: AdaptiveSnapshot,
+    /// Scopes changed since the last [`AdaptiveStrategies::take_scope_changes`].
+    changed: BTreeSet<String>,
+}
+
+/// Equal when the states are (what is still to persist aside).
+impl PartialEq for AdaptiveStrategies {
+    fn eq(&self, other: &AdaptiveStrategies) -> bool {
+        self.state == other.state
+    }
 }
 
 impl AdaptiveStrategies {
@@ -168,6 +178,7 @@ impl AdaptiveStrategies {
                 limiter,
                 next_id: 1,
             },
+            changed: BTreeSet::new(),
         })
     }
 
@@ -192,13 +203,50 @@ impl AdaptiveStrategies {
         self.state.clone()
     }
 
+    /// The persisted state but the scopes, which the owner persists one by one as they change
+    /// ([`AdaptiveStrategies::take_scope_changes`]) and puts back into it before
+    /// [`AdaptiveStrategies::restore`]: what a consolidation writes stays small however many
+    /// users' scopes there are.
+    pub fn snapshot_without_scopes(&self) -> AdaptiveSnapshot {
+        AdaptiveSnapshot {
+            version: self.state.version,
+            config: self.state.config.clone(),
+            scopes: BTreeMap::new(),
+            limiter: self.state.limiter.clone(),
+            next_id: self.state.next_id,
+        }
+    }
+
+    /// The scopes changed since the last call, each once with its state as it is now, and
+    /// forgets them.
+    pub fn take_scope_changes(&mut self) -> Vec<(String, ScopeState)> {
+        std::mem::take(&mut self.changed)
+            .into_iter()
+            .filter_map(|k| {
+                let s = self.state.scopes.get(&k)?.clone();
+                Some((k, s))
+            })
+            .collect()
+    }
+
     /// Rebuilds from a snapshot (validating its version and configuration).
     pub fn restore(snapshot: AdaptiveSnapshot) -> Result<AdaptiveStrategies, AdaptiveError> {
         if snapshot.version != SNAPSHOT_VERSION {
             return Err(AdaptiveError::SnapshotVersion(snapshot.version));
         }
         snapshot.config.validate()?;
-        Ok(AdaptiveStrategies { state: snapshot })
+        Ok(AdaptiveStrategies {
+            state: snapshot,
+            changed: BTreeSet::new(),
+        })
+    }
+
+    /// A scope's state to change (created empty when it has none), noted as changed.
+    fn scope_mut(&mut self, scope: &str) -> &mut ScopeState {
+        if !self.changed.contains(scope) {
+            self.changed.insert(scope.to_string());
+        }
+        self.state.scopes.entry(scope.to_string()).or_default()
     }
 
     /// The state of one scope, if it has any.
@@ -238,18 +286,14 @@ impl AdaptiveStrategies {
     ) -> FailureOutcome {
         let classification = classify_error(obs.error_type.as_deref(), &obs.message);
         if classification.category == FailureCategory::Infrastructure {
-            self.state
-                .scopes
-                .entry(scope.to_string())
-                .or_default()
-                .dropped_infrastructure += 1;
+            self.scope_mut(scope).dropped_infrastructure += 1;
             return FailureOutcome::Dropped { classification };
         }
         let id = self.next_id();
         let record = FailureRecord::new(id, obs, classification.clone(), now_ms);
         let retention = self.state.config.failure_retention;
         let threshold = self.state.config.synthesis_threshold;
-        let s = self.state.scopes.entry(scope.to_string()).or_default();
+        let s = self.scope_mut(scope);
         s.pending.push(record);
         if s.pending.len() > retention {
             let excess = s.pending.len() - retention;
@@ -269,7 +313,8 @@ impl AdaptiveStrategies {
         if ttl == 0 {
             return removed;
         }
-        for s in self.state.scopes.values_mut() {
+        for (scope, s) in self.state.scopes.iter_mut() {
+            let before = removed.len();
             s.lessons.retain(|l| {
                 let keep = now_ms.saturating_sub(l.reinforced_ms) <= ttl;
                 if !keep {
@@ -277,6 +322,9 @@ impl AdaptiveStrategies {
                 }
                 keep
             });
+            if removed.len() > before {
+                self.changed.insert(scope.clone());
+            }
         }
         removed
     }

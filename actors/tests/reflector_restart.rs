@@ -1,0 +1,120 @@
+//! The reflector across restarts: each scope of the adaptive strategies (a user's failures,
+//! lessons and lease) is written as a row of its own as it changes, so a consolidation writes
+//! what changed rather than every user's lessons, and a new tree reads the rows back. A store
+//! an earlier build wrote, with the scopes inside the snapshot, loses nothing either.
+
+use hindsight::Task;
+use hindsight::learn::adaptive::{AdaptiveSnapshot, ScopeState};
+use hindsight::learn::reflector::ReflectorSnapshot;
+use hindsight::store::{Durability, Store, WriteOp};
+use hindsight::tools::sim::agent::AgentEnv;
+use hindsight_actors::applied::Applied;
+use hindsight_actors::reflector::{REFLECTOR, ReflectorMsg, SCOPES};
+use hindsight_actors::{Runtime, RuntimeOptions};
+use serde::{Deserialize, Serialize};
+
+const RIGHT: &str = "For pro customers, list_invoices needs since set to the start of the year";
+const SCOPE: &str = "user:u";
+
+/// The reflector's snapshot as every build writes it (its scopes empty since this one).
+#[derive(Serialize, Deserialize)]
+struct Snapshot {
+    reflector: ReflectorSnapshot,
+    adaptive: AdaptiveSnapshot,
+    applied: Applied,
+}
+
+fn options(dir: &std::path::Path, env: &AgentEnv) -> RuntimeOptions {
+    let mut opts = RuntimeOptions::new(dir, env.clone());
+    opts.durability = Durability::None;
+    opts
+}
+
+/// The lesson ids of user `u`'s scope a tree on `dir` holds.
+async fn lessons_after_start(dir: &std::path::Path, env: &AgentEnv) -> Vec<String> {
+    let rt = Runtime::start(options(dir, env)).await.unwrap();
+    let lessons = rt
+        .ctx()
+        .dir
+        .reflector
+        .call(|reply| ReflectorMsg::Lessons {
+            scope_prefix: Some(SCOPE.into()),
+            reply,
+        })
+        .await
+        .unwrap();
+    rt.shutdown().await;
+    lessons.into_iter().map(|l| l.lesson_id).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scope_is_its_own_row_and_comes_back_after_a_restart_and_an_upgrade() {
+    let env = AgentEnv::load(std::path::Path::new("../config/envs/support_desk.toml")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::start(options(dir.path(), &env)).await.unwrap();
+    let task = |i| Task {
+        user_id: Some("u".into()),
+        ..env.task(i)
+    };
+    for i in 0..60 {
+        rt.orchestrate(task(i)).await.unwrap();
+    }
+    let accepted = rt
+        .ctx()
+        .dir
+        .reflector
+        .call(|reply| ReflectorMsg::Feedback {
+            principal: Some("operator".into()),
+            scope_of: Box::new(task(60)),
+            tool: Some("list_invoices".into()),
+            text: RIGHT.into(),
+            run_id: None,
+            reply,
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    rt.shutdown().await;
+
+    // On disk: the scope's row holds the correction; the snapshot holds no scope.
+    let store = Store::open(dir.path(), Default::default()).unwrap();
+    let rows: Vec<(String, ScopeState)> = store
+        .scan::<ScopeState>(SCOPES)
+        .unwrap()
+        .into_iter()
+        .map(|(k, v)| (k, v.unwrap()))
+        .collect();
+    let (_, row) = rows.iter().find(|(k, _)| k == SCOPE).unwrap();
+    assert!(
+        row.lessons
+            .iter()
+            .any(|l| l.lesson_id == accepted.lesson_id)
+    );
+    let mut snapshot: Snapshot = store.get(REFLECTOR, "state").unwrap().unwrap();
+    assert!(snapshot.adaptive.scopes.is_empty());
+    drop(store);
+    let held = lessons_after_start(dir.path(), &env).await;
+    assert!(held.contains(&accepted.lesson_id), "{held:?}");
+
+    // A store an earlier build wrote: the scopes inside the snapshot, no rows. Nothing is lost,
+    // and the scopes are rows again.
+    let store = Store::open(dir.path(), Default::default()).unwrap();
+    let mut ops = Vec::new();
+    for (key, row) in store.scan::<ScopeState>(SCOPES).unwrap() {
+        snapshot.adaptive.scopes.insert(key.clone(), row.unwrap());
+        ops.push(WriteOp::delete(SCOPES, &key));
+    }
+    ops.push(WriteOp::put(REFLECTOR, "state", &snapshot).unwrap());
+    store.write_batch(ops).await.unwrap();
+    drop(store);
+    let held = lessons_after_start(dir.path(), &env).await;
+    assert!(held.contains(&accepted.lesson_id), "{held:?}");
+    let store = Store::open(dir.path(), Default::default()).unwrap();
+    assert!(
+        store
+            .scan::<ScopeState>(SCOPES)
+            .unwrap()
+            .iter()
+            .any(|(k, _)| k == SCOPE)
+    );
+}
