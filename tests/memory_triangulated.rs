@@ -346,6 +346,10 @@ fn memory_snapshot_round_trips() {
     let bytes = postcard::to_allocvec(&m.snapshot()).unwrap();
     let back = Memory::restore(postcard::from_bytes(&bytes).unwrap(), items).unwrap();
     assert_eq!(back, m);
+    // What it holds, it holds with its text: sent again unchanged, it need not be indexed.
+    assert!(back.holds(ItemKind::Lesson, "l1", t));
+    assert!(!back.holds(ItemKind::Lesson, "l1", "reworded"));
+    assert!(!back.holds(ItemKind::Sop, "l1", t));
     // Without its items, it is another memory.
     let bare = Memory::restore(m.snapshot(), Vec::new()).unwrap();
     assert_ne!(bare, m);

@@ -257,8 +257,16 @@ impl Actor for MemoryActor {
                 });
             }
             MemoryMsg::IndexLessons(lessons) => {
+                let mut indexed = false;
                 for lesson in lessons {
                     let text = hindsight::learn::reflector::describe(&lesson);
+                    // Sent again unchanged (after a restart, say): nothing to embed or write.
+                    if state
+                        .memory
+                        .holds(ItemKind::Lesson, &lesson.lesson_id, &text)
+                    {
+                        continue;
+                    }
                     let vector = state.memory.embed(&text);
                     let item = VectorItem {
                         kind: ItemKind::Lesson,
@@ -268,11 +276,14 @@ impl Actor for MemoryActor {
                         cluster: None,
                         time_ms: now_ms(),
                     };
-                    if let Err(e) = state.memory.index_item(item) {
-                        tracing::warn!(error = %e, "a lesson was not indexed");
+                    match state.memory.index_item(item) {
+                        Ok(()) => indexed = true,
+                        Err(e) => tracing::warn!(error = %e, "a lesson was not indexed"),
                     }
                 }
-                state.persist_later()?;
+                if indexed {
+                    state.persist_later()?;
+                }
             }
             MemoryMsg::IndexSop(sop) => {
                 state.index_sop(&sop);
@@ -309,6 +320,9 @@ impl MemoryState {
                 .collect::<Vec<_>>()
                 .join(", then ")
         );
+        if self.memory.holds(ItemKind::Sop, &sop.sop_id, &text) {
+            return;
+        }
         let item = VectorItem {
             kind: ItemKind::Sop,
             id: sop.sop_id.clone(),

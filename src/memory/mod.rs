@@ -3,6 +3,7 @@
 //! one cited, deduplicated bundle per task ([`retrieve`]) and salience-gated writes
 //! ([`salience`]). [`Memory`] holds graph and index together and snapshots them for the store.
 
+mod codes;
 pub mod graph;
 pub mod quantile;
 pub mod retrieve;
@@ -188,6 +189,14 @@ impl Memory {
     /// Indexes an item unconditionally (a promoted SOP, a new lesson from the reflector).
     pub fn index_item(&mut self, item: VectorItem) -> Result<(), MemoryError> {
         self.index.upsert(item)
+    }
+
+    /// Whether the index holds the item `kind`/`id` with this text (so that indexing it again
+    /// would change nothing).
+    pub fn holds(&self, kind: ItemKind, id: &str, text: &str) -> bool {
+        self.index
+            .get(kind, id)
+            .is_some_and(|item| item.text == text)
     }
 
     /// Removes an indexed item (a superseded lesson, a retired SOP).

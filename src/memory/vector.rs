@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::MemoryError;
+use super::codes::Codes;
 use crate::model::embed::DEFAULT_DIMENSION;
 
 /// What an indexed item is.
@@ -58,6 +59,8 @@ pub struct VectorItem {
 pub struct VectorIndex {
     dimension: usize,
     items: BTreeMap<String, Indexed>,
+    /// The vectors again as 8-bit codes, the search's first pass.
+    codes: Codes,
     changed: BTreeSet<String>,
 }
 
@@ -112,13 +115,20 @@ struct StoredIndex {
 
 impl From<StoredIndex> for VectorIndex {
     fn from(s: StoredIndex) -> VectorIndex {
+        let mut codes = Codes::new(s.dimension);
+        let items = s
+            .items
+            .into_iter()
+            .map(|(k, item)| {
+                let indexed = Indexed::new(item);
+                codes.insert(&k, indexed.item.kind, &indexed.item.vector, indexed.norm);
+                (k, indexed)
+            })
+            .collect();
         VectorIndex {
             dimension: s.dimension,
-            items: s
-                .items
-                .into_iter()
-                .map(|(k, item)| (k, Indexed::new(item)))
-                .collect(),
+            items,
+            codes,
             changed: BTreeSet::new(),
         }
     }
@@ -157,6 +167,7 @@ impl VectorIndex {
         VectorIndex {
             dimension,
             items: BTreeMap::new(),
+            codes: Codes::new(dimension),
             changed: BTreeSet::new(),
         }
     }
@@ -212,8 +223,11 @@ impl VectorIndex {
             });
         }
         let k = key(item.kind, &item.id);
+        let indexed = Indexed::new(item);
+        self.codes
+            .insert(&k, indexed.item.kind, &indexed.item.vector, indexed.norm);
         self.changed.insert(k.clone());
-        self.items.insert(k, Indexed::new(item));
+        self.items.insert(k, indexed);
         Ok(())
     }
 
@@ -222,6 +236,7 @@ impl VectorIndex {
         let k = key(kind, id);
         let removed = self.items.remove(&k).map(|i| i.item);
         if removed.is_some() {
+            self.codes.remove(&k);
             self.changed.insert(k);
         }
         removed
@@ -230,10 +245,11 @@ impl VectorIndex {
     /// Removes the items of `kind` whose id `keep` refuses; returns how many went.
     pub fn retain_kind(&mut self, kind: ItemKind, keep: impl Fn(&str) -> bool) -> usize {
         let before = self.items.len();
-        let changed = &mut self.changed;
+        let (changed, codes) = (&mut self.changed, &mut self.codes);
         self.items.retain(|k, it| {
             let stays = it.item.kind != kind || keep(&it.item.id);
             if !stays {
+                codes.remove(k);
                 changed.insert(k.clone());
             }
             stays
@@ -255,10 +271,12 @@ impl VectorIndex {
         } else {
             0.0
         };
+        // The exact scores of the items the codes cannot rule out.
         let mut scored: Vec<(&String, &VectorItem, f32)> = self
-            .items
-            .iter()
-            .filter(|(_, it)| kinds.is_empty() || kinds.contains(&it.item.kind))
+            .codes
+            .candidates(query, query_norm, k, kinds)
+            .into_iter()
+            .filter_map(|key| self.items.get_key_value(key))
             .map(|(key, it)| {
                 let score = if query_norm == 0.0 || it.norm == 0.0 {
                     0.0
@@ -426,5 +444,75 @@ mod tests {
             VectorIndex::with_items(3, [item(ItemKind::Sop, "s", "x")]),
             Err(MemoryError::Dimension { .. })
         ));
+    }
+
+    /// The first pass over the codes keeps every item that could be among the k best, so the
+    /// answer is the exhaustive search's, ties and near-ties included (items that are small
+    /// perturbations of a few texts, and exact copies, as lessons from one template are).
+    #[test]
+    fn the_search_over_codes_answers_as_the_exhaustive_search() {
+        let mut rng = fastrand::Rng::with_seed(9);
+        let bases: Vec<Vec<f32>> = (0..4)
+            .map(|b| {
+                crate::model::embed::embed_one(&format!(
+                    "when the bank is b{b}, check the date format"
+                ))
+            })
+            .collect();
+        let mut index = VectorIndex::default();
+        for i in 0..600 {
+            let base = &bases[i % bases.len()];
+            let noise = if i % 7 == 0 { 0.0 } else { 0.02 };
+            let vector: Vec<f32> = base.iter().map(|x| x + noise * (rng.f32() - 0.5)).collect();
+            let kind = [ItemKind::Lesson, ItemKind::Sop, ItemKind::Postmortem][i % 3];
+            index
+                .upsert(VectorItem {
+                    kind,
+                    id: format!("x{i}"),
+                    text: String::new(),
+                    vector,
+                    cluster: None,
+                    time_ms: 0,
+                })
+                .unwrap();
+        }
+        for i in (0..600).step_by(5) {
+            index.remove(ItemKind::Lesson, &format!("x{i}"));
+        }
+        for q in 0..20 {
+            let query: Vec<f32> = bases[q % bases.len()]
+                .iter()
+                .map(|x| x + 0.05 * (rng.f32() - 0.5))
+                .collect();
+            for (k, kinds) in [
+                (1, vec![]),
+                (5, vec![]),
+                (15, vec![]),
+                (40, vec![ItemKind::Lesson]),
+            ] {
+                let got: Vec<(String, f32)> = index
+                    .search(&query, k, &kinds)
+                    .into_iter()
+                    .map(|(it, s)| (it.id.clone(), s))
+                    .collect();
+                let query_norm = dot(&query, &query).sqrt();
+                let mut want: Vec<(&String, String, f32)> = index
+                    .items
+                    .iter()
+                    .filter(|(_, it)| kinds.is_empty() || kinds.contains(&it.item.kind))
+                    .map(|(key, it)| {
+                        (
+                            key,
+                            it.item.id.clone(),
+                            dot(&query, &it.item.vector) / (query_norm * it.norm),
+                        )
+                    })
+                    .collect();
+                want.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(b.0)));
+                let want: Vec<(String, f32)> =
+                    want.into_iter().take(k).map(|(_, id, s)| (id, s)).collect();
+                assert_eq!(got, want, "query {q}, k {k}");
+            }
+        }
     }
 }
