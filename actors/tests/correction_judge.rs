@@ -2,14 +2,15 @@
 //! evidence check passes is taken only when the judge also finds it supported; a judge that
 //! cannot answer leaves it to the evidence check.
 
+mod correction_support;
+
 use std::sync::Arc;
 
-use hindsight::Task;
 use hindsight::learn::adaptive::ModelVerifier;
 use hindsight::model::{ChatRequest, LanguageModel, ModelError, ModelFuture};
 use hindsight::store::Durability;
 use hindsight::tools::sim::agent::AgentEnv;
-use hindsight_actors::reflector::{FeedbackRefused, ReflectorMsg};
+use hindsight_actors::reflector::FeedbackRefused;
 use hindsight_actors::{Runtime, RuntimeOptions};
 
 /// A judge that always answers `answer` (or fails when `None`), counting its calls.
@@ -36,10 +37,8 @@ impl LanguageModel for Judge {
     }
 }
 
-const RIGHT: &str = "For pro customers, list_invoices needs since set to the start of the year";
-
-/// Runs 60 support-desk tasks for user `u` (the scope's failure evidence), then submits the
-/// file's right correction with `judge` as the tree's verifier.
+/// Runs user `u`'s support-desk tasks, then submits the file's right correction with `judge`
+/// as the tree's verifier.
 async fn submit_with(judge: Arc<Judge>) -> Result<hindsight::Lesson, FeedbackRefused> {
     let env = AgentEnv::load(std::path::Path::new("../config/envs/support_desk.toml")).unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -47,27 +46,7 @@ async fn submit_with(judge: Arc<Judge>) -> Result<hindsight::Lesson, FeedbackRef
     opts.durability = Durability::None;
     opts.verifier = Some(Arc::new(ModelVerifier::new(judge)));
     let rt = Runtime::start(opts).await.unwrap();
-    let task = |i| Task {
-        user_id: Some("u".into()),
-        ..env.task(i)
-    };
-    for i in 0..60 {
-        rt.orchestrate(task(i)).await.unwrap();
-    }
-    let answer = rt
-        .ctx()
-        .dir
-        .reflector
-        .call(|reply| ReflectorMsg::Feedback {
-            principal: Some("operator".into()),
-            scope_of: Box::new(task(60)),
-            tool: Some("list_invoices".into()),
-            text: RIGHT.into(),
-            run_id: None,
-            reply,
-        })
-        .await
-        .unwrap();
+    let answer = correction_support::run_and_correct(&rt, &env).await;
     rt.shutdown().await;
     answer
 }

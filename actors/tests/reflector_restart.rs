@@ -3,7 +3,8 @@
 //! what changed rather than every user's lessons, and a new tree reads the rows back. A store
 //! an earlier build wrote, with the scopes inside the snapshot, loses nothing either.
 
-use hindsight::Task;
+mod correction_support;
+
 use hindsight::learn::adaptive::{AdaptiveSnapshot, ScopeState};
 use hindsight::learn::reflector::ReflectorSnapshot;
 use hindsight::store::{Durability, Store, WriteOp};
@@ -13,7 +14,6 @@ use hindsight_actors::reflector::{REFLECTOR, ReflectorMsg, SCOPES};
 use hindsight_actors::{Runtime, RuntimeOptions};
 use serde::{Deserialize, Serialize};
 
-const RIGHT: &str = "For pro customers, list_invoices needs since set to the start of the year";
 const SCOPE: &str = "user:u";
 
 /// The reflector's snapshot as every build writes it (its scopes empty since this one).
@@ -52,27 +52,8 @@ async fn a_scope_is_its_own_row_and_comes_back_after_a_restart_and_an_upgrade() 
     let env = AgentEnv::load(std::path::Path::new("../config/envs/support_desk.toml")).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let rt = Runtime::start(options(dir.path(), &env)).await.unwrap();
-    let task = |i| Task {
-        user_id: Some("u".into()),
-        ..env.task(i)
-    };
-    for i in 0..60 {
-        rt.orchestrate(task(i)).await.unwrap();
-    }
-    let accepted = rt
-        .ctx()
-        .dir
-        .reflector
-        .call(|reply| ReflectorMsg::Feedback {
-            principal: Some("operator".into()),
-            scope_of: Box::new(task(60)),
-            tool: Some("list_invoices".into()),
-            text: RIGHT.into(),
-            run_id: None,
-            reply,
-        })
+    let accepted = correction_support::run_and_correct(&rt, &env)
         .await
-        .unwrap()
         .unwrap();
     rt.shutdown().await;
 
