@@ -117,6 +117,8 @@ pub enum OrchestratorMsg {
         next: RunState,
         /// Fields to update with it.
         patch: RunPatch,
+        /// A state to go on to from `next` in the same write, if any.
+        then: Option<RunState>,
         /// `Err` when the state machine forbids it.
         reply: RpcReplyPort<Result<Run, String>>,
     },
@@ -274,8 +276,9 @@ impl Actor for Orchestrator {
                 from,
                 next,
                 patch,
+                then,
                 reply,
-            } => state.transition(run_id, from, next, patch, reply),
+            } => state.transition(run_id, from, (next, then), patch, reply),
             OrchestratorMsg::Finished { outcome, reply } => state.finished(*outcome, reply),
             OrchestratorMsg::Settled { run_id } => state.settled(&run_id),
             OrchestratorMsg::Held { reply } => {
@@ -442,11 +445,12 @@ impl OrchestratorState {
         Ok(())
     }
 
+    /// Moves a run from `from` to `next`, and on to `then` if given, in one write.
     fn transition(
         &mut self,
         run_id: String,
         from: RunState,
-        next: RunState,
+        (next, then): (RunState, Option<RunState>),
         patch: RunPatch,
         reply: RpcReplyPort<Result<Run, String>>,
     ) {
@@ -464,7 +468,7 @@ impl OrchestratorState {
         // a restart) gets the run as it is. A driver's `from` was acknowledged, hence written:
         // this incarnation may have loaded the run before that write landed, so the driver's
         // acknowledged history is what the transition is checked against.
-        if run.state != next {
+        if run.state != next && Some(run.state) != then {
             if run.state != from && from.can_transition_to(next) {
                 run.state = from;
             }
@@ -472,6 +476,12 @@ impl OrchestratorState {
                 let _ = reply.send(Err(e.to_string()));
                 return;
             }
+        }
+        if let Some(then) = then.filter(|t| *t != run.state)
+            && let Err(e) = run.transition(then, now_ms())
+        {
+            let _ = reply.send(Err(e.to_string()));
+            return;
         }
         if let Some(a) = patch.attempts {
             run.attempts = a;

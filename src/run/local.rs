@@ -112,8 +112,11 @@ impl LocalRunner {
                 Command::Choose { base, exclude } => {
                     Event::Planned(self.planner.choose(&task, base, &exclude))
                 }
-                Command::Transition { next, .. } => {
+                Command::Transition { next, then, .. } => {
                     record.transition(next, self.now())?;
+                    if let Some(then) = then {
+                        record.transition(then, self.now())?;
+                    }
                     Event::Transitioned(record.state)
                 }
                 Command::Checkpoint => {

@@ -185,11 +185,15 @@ fn a_clean_run_plans_calls_validates_is_reviewed_and_ends() {
         from,
         next: to,
         patch,
+        then,
     } = next(&mut m, &mut seen)
     else {
         panic!("a transition to planned")
     };
     assert_eq!((from, to), (RunState::Received, RunState::Planned));
+    // On to executing in the same write; a performer that records only planned is asked for
+    // executing next (below).
+    assert_eq!(then, Some(RunState::Executing));
     assert_eq!(patch.plan_id.as_deref(), Some("search/plain+post/plain"));
     m.handle(Event::Transitioned(to)).unwrap();
     let Command::Call(call) = through_transitions(&mut m, &mut seen) else {

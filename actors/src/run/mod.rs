@@ -250,7 +250,12 @@ async fn drive(
                 }))
                 .await?,
             ),
-            Command::Transition { from, next, patch } => {
+            Command::Transition {
+                from,
+                next,
+                patch,
+                then,
+            } => {
                 let answer = ctx
                     .gated(
                         ctx.dir
@@ -260,6 +265,7 @@ async fn drive(
                                 from,
                                 next,
                                 patch: patch.clone(),
+                                then,
                                 reply,
                             }),
                     )

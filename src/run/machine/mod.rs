@@ -115,7 +115,8 @@ pub enum Command {
         /// Arms ruled out for this run.
         exclude: Vec<(String, String, String)>,
     },
-    /// Move the run from `from` to `next` durably; answered by [`Event::Transitioned`].
+    /// Move the run from `from` to `next` durably; answered by [`Event::Transitioned`] with the
+    /// state recorded.
     Transition {
         /// The state the machine last saw acknowledged.
         from: RunState,
@@ -123,6 +124,11 @@ pub enum Command {
         next: RunState,
         /// Changes to record with it.
         patch: RunPatch,
+        /// A state to go on to from `next` in the same durable write, if any: one the run only
+        /// passes through (planned on the way to executing), so that it costs no write of its
+        /// own. A performer that records only `next` answers with it, and the machine asks for
+        /// the rest.
+        then: Option<RunState>,
     },
     /// Write a checkpoint of [`RunMachine::progress`] as it stands when this command is
     /// performed (no answer). Commands are performed in order before the next event, and the
@@ -678,7 +684,12 @@ impl RunMachine {
         let from = self.st.state.unwrap_or(RunState::Received);
         self.wait(
             Phase::Moving(then),
-            Command::Transition { from, next, patch },
+            Command::Transition {
+                from,
+                next,
+                patch,
+                then: None,
+            },
         );
     }
 
@@ -704,7 +715,17 @@ impl RunMachine {
                 sop_id: plan.sop_id.clone(),
                 reason: None,
             };
-            self.transition(RunState::Planned, patch, After::Planned);
+            // Planned on the way to executing, in one write.
+            let from = self.st.state.unwrap_or(RunState::Received);
+            self.wait(
+                Phase::Moving(After::Planned),
+                Command::Transition {
+                    from,
+                    next: RunState::Planned,
+                    patch,
+                    then: Some(RunState::Executing),
+                },
+            );
             return;
         }
         self.after_planned();
