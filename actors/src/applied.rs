@@ -1,9 +1,10 @@
 //! Which experiences of the log an event-sourced actor has applied: everything up to a
-//! watermark, plus the applied ones above it (experiences finish out of order).
+//! watermark, plus the applied ones above it (experiences finish out of order); and how such an
+//! actor reads its snapshot and writes behind itself.
 
 use std::collections::BTreeSet;
 
-use hindsight::store::{KvTable, Store};
+use hindsight::store::{KvTable, Store, WriteOp};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -22,6 +23,17 @@ pub fn read_snapshot<T: DeserializeOwned>(store: &Store, table: KvTable, key: &s
             None
         }
     }
+}
+
+/// Queues `ops` to the store's group-commit writer without waiting (they commit in the order
+/// queued, so after anything queued before); a failure is logged as `what` was not written.
+pub fn write_behind(store: &Store, ops: Vec<WriteOp>, what: &'static str) {
+    let written = store.queue_batch(ops);
+    tokio::spawn(async move {
+        if let Err(e) = written.await {
+            tracing::warn!(error = %e, "{what} was not written");
+        }
+    });
 }
 
 /// Applied experience sequence numbers.

@@ -13,7 +13,7 @@ use hindsight::{ExperienceTuple, Lesson, Sop, Task, now_ms};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 
-use crate::applied::{Applied, read_snapshot};
+use crate::applied::{Applied, read_snapshot, write_behind};
 use crate::chaos_hook::ChaosHook;
 use crate::directory::Slot;
 use crate::tenancy::{run_in_tenant, scope_in_tenant, sop_in_tenant};
@@ -193,17 +193,14 @@ impl Actor for MemoryActor {
         if !stale.is_empty() {
             // Items of a snapshot that could not be used: the index is rebuilt from the log, so
             // they go (queued before any later snapshot, so committed first).
-            let written = state.store.queue_batch(
+            write_behind(
+                &state.store,
                 stale
                     .iter()
                     .map(|k| WriteOp::delete(MEMORY_ITEMS, k))
                     .collect(),
+                "the removal of an unusable memory snapshot's items",
             );
-            tokio::spawn(async move {
-                if let Err(e) = written.await {
-                    tracing::warn!(error = %e, "the items of an unusable memory snapshot were not removed");
-                }
-            });
         }
         state.sync_sops();
         args.slot.publish(myself);
@@ -249,12 +246,7 @@ impl Actor for MemoryActor {
                 }
                 // Written by the group-commit writer, in the order queued; the actor does not
                 // wait for it.
-                let written = state.store.queue_batch(ops);
-                tokio::spawn(async move {
-                    if let Err(e) = written.await {
-                        tracing::warn!(error = %e, "a diary note or the memory snapshot was not written");
-                    }
-                });
+                write_behind(&state.store, ops, "a diary note or the memory snapshot");
             }
             MemoryMsg::IndexLessons(lessons) => {
                 let mut indexed = false;
@@ -427,12 +419,7 @@ impl MemoryState {
         let ops = self.snapshot_ops()?;
         self.since_snapshot = 0;
         // Queued now, so that snapshots are committed in the order they were taken.
-        let written = self.store.queue_batch(ops);
-        tokio::spawn(async move {
-            if let Err(e) = written.await {
-                tracing::warn!(error = %e, "the memory snapshot was not written");
-            }
-        });
+        write_behind(&self.store, ops, "the memory snapshot");
         Ok(())
     }
 

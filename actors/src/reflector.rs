@@ -19,7 +19,7 @@ use hindsight::{ExperienceTuple, Lesson, Task, now_ms};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 
-use crate::applied::{Applied, read_snapshot};
+use crate::applied::{Applied, read_snapshot, write_behind};
 use crate::chaos_hook::ChaosHook;
 use crate::directory::Slot;
 use crate::memory::MemoryMsg;
@@ -181,29 +181,19 @@ impl Actor for ReflectorActor {
         let stored: Option<Persisted> = read_snapshot(&args.store, REFLECTOR, SNAPSHOT_KEY);
         let rows = args.store.scan::<ScopeState>(SCOPES)?;
         let keys: Vec<String> = rows.iter().map(|(k, _)| k.clone()).collect();
-        // A snapshot of an earlier build holds its scopes inline: they are written as rows now.
-        let mut inline_rows = Vec::new();
+        // A snapshot of an earlier build holds its scopes inline: they become rows (below).
+        let mut inline: Vec<String> = Vec::new();
         let stored = stored.map(|mut p| {
-            for (scope, state) in &p.adaptive.scopes {
-                match WriteOp::put(SCOPES, scope, state) {
-                    Ok(op) => inline_rows.push(op),
-                    Err(e) => tracing::error!(scope, error = %e, "a scope cannot be written apart"),
+            inline = p.adaptive.scopes.keys().cloned().collect();
+            p.adaptive.scopes.extend(rows.into_iter().filter_map(|(scope, state)| match state {
+                Ok(state) => Some((scope, state)),
+                Err(e) => {
+                    tracing::error!(scope, error = %e, "a scope of the adaptive strategies cannot be read; its lessons are lost");
+                    None
                 }
-            }
-            p.adaptive.scopes.extend(rows
-                .into_iter()
-                .filter_map(|(scope, state)| match state {
-                    Ok(state) => Some((scope, state)),
-                    Err(e) => {
-                        tracing::error!(scope, error = %e, "a scope of the adaptive strategies cannot be read; its lessons are lost");
-                        None
-                    }
-                }));
+            }));
             p
         });
-        if !inline_rows.is_empty() {
-            args.store.write_batch(inline_rows).await?;
-        }
         let restored = stored.and_then(|p| {
             Some((
                 Reflector::restore(p.reflector).ok()?,
@@ -215,20 +205,20 @@ impl Actor for ReflectorActor {
             Some((reflector, mut adaptive, applied)) => {
                 // The lessons come back; the configuration is the one in force now.
                 adaptive.set_config(args.adaptive.clone())?;
+                for scope in &inline {
+                    adaptive.note_changed(scope);
+                }
                 (reflector, adaptive, applied)
             }
             None => {
                 // Rebuilt from the log: the scopes of a snapshot that cannot be used go (queued
                 // before any later snapshot, so committed first).
                 if !keys.is_empty() {
-                    let written = args
-                        .store
-                        .queue_batch(keys.iter().map(|k| WriteOp::delete(SCOPES, k)).collect());
-                    tokio::spawn(async move {
-                        if let Err(e) = written.await {
-                            tracing::warn!(error = %e, "the scopes of an unusable reflector snapshot were not removed");
-                        }
-                    });
+                    write_behind(
+                        &args.store,
+                        keys.iter().map(|k| WriteOp::delete(SCOPES, k)).collect(),
+                        "the removal of an unusable reflector snapshot's scopes",
+                    );
                 }
                 (
                     Reflector::new(ReflectorConfig::default()),
@@ -254,6 +244,11 @@ impl Actor for ReflectorActor {
             sent_to: None,
             unsent: BTreeSet::new(),
         };
+        if !inline.is_empty() {
+            // The scopes as rows and the snapshot without them, in one batch.
+            let ops = state.snapshot_ops()?;
+            state.store.write_batch(ops).await?;
+        }
         let mut replayed = 0u64;
         for (seq, exp) in state.store.experience_since(state.applied.watermark)? {
             match exp {
@@ -555,12 +550,7 @@ impl ReflectorState {
         }
         // Committed by the group-commit writer in the order queued (before anything memory
         // writes for these lessons); the actor does not wait for it.
-        let written = self.store.queue_batch(ops);
-        tokio::spawn(async move {
-            if let Err(e) = written.await {
-                tracing::warn!(error = %e, "the reflector's consolidation was not written");
-            }
-        });
+        write_behind(&self.store, ops, "the reflector's consolidation");
         let index = (!fresh.is_empty()).then(|| MemoryMsg::IndexLessons(fresh));
         // In force: the reflection's lessons not superseded, and every scope's strategies.
         let retain = left.then(|| {

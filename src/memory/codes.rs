@@ -118,7 +118,19 @@ impl Codes {
 
     /// Codes `vector` (of the codes' dimension) under `key`, replacing its earlier row.
     pub(super) fn insert(&mut self, key: &str, kind: ItemKind, vector: &[f32], norm: f32) {
-        let coded = code(vector, self.levels);
+        let d = self.dimension;
+        // A vector of another length (read from a stored index, which does not check) cannot be
+        // coded: its bound is unbounded, so it is always scored on the full vector.
+        let coded = if vector.len() == d {
+            code(vector, self.levels)
+        } else {
+            Coded {
+                codes: vec![0; d],
+                scale: 0.0,
+                error: f32::INFINITY,
+                norm: 0.0,
+            }
+        };
         let row = Row {
             key: key.to_string(),
             kind,
@@ -127,7 +139,6 @@ impl Codes {
             coded_norm: coded.norm,
             norm,
         };
-        let d = self.dimension;
         match self.row_of.get(key) {
             Some(&r) => {
                 self.codes[r * d..(r + 1) * d].copy_from_slice(&coded.codes);
@@ -167,6 +178,9 @@ impl Codes {
         k: usize,
         kinds: &[ItemKind],
     ) -> Vec<&str> {
+        if k == 0 {
+            return Vec::new();
+        }
         let wanted = |row: &Row| kinds.is_empty() || kinds.contains(&row.kind);
         if query.len() != self.dimension || query_norm == 0.0 {
             return self
@@ -201,9 +215,6 @@ impl Codes {
                 )
             })
             .collect();
-        if k == 0 {
-            return Vec::new();
-        }
         let threshold = if k < bounds.len() {
             let mut lower: Vec<f32> = bounds.iter().map(|b| b.1).collect();
             let (_, kth, _) = lower.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
@@ -282,6 +293,14 @@ mod tests {
         assert_eq!(
             codes.candidates(&[1.0, 1.0], 2f32.sqrt(), 5, &[ItemKind::Sop]),
             vec!["b"]
+        );
+        // A vector of another length keeps the rows' shape and is always a candidate.
+        codes.insert("odd", ItemKind::Lesson, &[1.0, 0.0, 5.0], 26f32.sqrt());
+        assert_eq!(codes.codes.len(), 6);
+        assert!(
+            codes
+                .candidates(&[1.0, 1.0], 2f32.sqrt(), 1, &[])
+                .contains(&"odd")
         );
     }
 }

@@ -59,7 +59,7 @@ pub struct VectorItem {
 pub struct VectorIndex {
     dimension: usize,
     items: BTreeMap<String, Indexed>,
-    /// The vectors again as 8-bit codes, the search's first pass.
+    /// The vectors again as 16-bit integer codes, the search's first pass.
     codes: Codes,
     changed: BTreeSet<String>,
 }

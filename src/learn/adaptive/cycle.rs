@@ -317,7 +317,7 @@ impl AdaptiveStrategies {
         let Some(s) = self.state.scopes.get_mut(scope) else {
             return Vec::new();
         };
-        let mut changed: Vec<String> = Vec::new();
+        let mut changed = Vec::new();
         for l in s.lessons.iter_mut().filter(|l| l.superseded_by.is_none()) {
             let Some(tool) = l.tool.as_deref() else {
                 continue;

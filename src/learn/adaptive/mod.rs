@@ -229,6 +229,15 @@ impl AdaptiveStrategies {
             .collect()
     }
 
+    /// Notes `scope` as changed, so that the next [`AdaptiveStrategies::take_scope_changes`]
+    /// hands it over: for an owner that must write a scope again (one it read from a snapshot
+    /// that held its scopes inline).
+    pub fn note_changed(&mut self, scope: &str) {
+        if self.state.scopes.contains_key(scope) {
+            self.changed.insert(scope.to_string());
+        }
+    }
+
     /// Rebuilds from a snapshot (validating its version and configuration).
     pub fn restore(snapshot: AdaptiveSnapshot) -> Result<AdaptiveStrategies, AdaptiveError> {
         if snapshot.version != SNAPSHOT_VERSION {

@@ -680,15 +680,26 @@ impl RunMachine {
         self.st.events.push(event);
     }
 
-    fn transition(&mut self, next: RunState, patch: RunPatch, then: After) {
+    fn transition(&mut self, next: RunState, patch: RunPatch, after: After) {
+        self.transition_on(next, None, patch, after);
+    }
+
+    /// A transition to `next` that goes on to `then` in the same write, if given.
+    fn transition_on(
+        &mut self,
+        next: RunState,
+        then: Option<RunState>,
+        patch: RunPatch,
+        after: After,
+    ) {
         let from = self.st.state.unwrap_or(RunState::Received);
         self.wait(
-            Phase::Moving(then),
+            Phase::Moving(after),
             Command::Transition {
                 from,
                 next,
                 patch,
-                then: None,
+                then,
             },
         );
     }
@@ -716,15 +727,11 @@ impl RunMachine {
                 reason: None,
             };
             // Planned on the way to executing, in one write.
-            let from = self.st.state.unwrap_or(RunState::Received);
-            self.wait(
-                Phase::Moving(After::Planned),
-                Command::Transition {
-                    from,
-                    next: RunState::Planned,
-                    patch,
-                    then: Some(RunState::Executing),
-                },
+            self.transition_on(
+                RunState::Planned,
+                Some(RunState::Executing),
+                patch,
+                After::Planned,
             );
             return;
         }
