@@ -50,6 +50,24 @@ pub struct Task {
     pub input: Option<serde_json::Value>,
 }
 
+impl Task {
+    /// The lesson scopes a run of this task may read: `shared`, and the scope of each identity
+    /// it carries (`user:…`, `tenant:…`, `session:…`), whichever scope mode wrote them.
+    pub fn lesson_scopes(&self) -> Vec<String> {
+        let mut scopes = vec!["shared".to_string()];
+        for (prefix, id) in [
+            ("user", &self.user_id),
+            ("tenant", &self.tenant),
+            ("session", &self.session_id),
+        ] {
+            if let Some(id) = id.as_deref().filter(|id| !id.is_empty()) {
+                scopes.push(format!("{prefix}:{id}"));
+            }
+        }
+        scopes
+    }
+}
+
 /// The state machine of a run.
 ///
 /// `Received -> Planned -> Executing -> Validating -> (Recovering -> Planned ...) -> terminal`.

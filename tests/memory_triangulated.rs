@@ -181,6 +181,7 @@ fn retrieval_returns_one_cited_deduplicated_bundle() {
             vector: m.embed(text),
             cluster: None,
             time_ms: 0,
+            scope: None,
         })
         .unwrap();
     }
@@ -191,8 +192,26 @@ fn retrieval_returns_one_cited_deduplicated_bundle() {
             "for filetype=png avoid pdfminer/direct: ToolNotFit 9 of 10",
         ),
     ];
+    // Another user's lesson, as close to the task as can be: read only by a search of every
+    // scope, never by a run of this user.
+    let other = "extract png statement with pdfminer after ocr";
+    m.index_item(VectorItem {
+        kind: ItemKind::Lesson,
+        id: "other".into(),
+        text: other.into(),
+        vector: m.embed(other),
+        cluster: None,
+        time_ms: 0,
+        scope: Some("user:other".into()),
+    })
+    .unwrap();
     let f = feats(&[("filetype", "png"), ("bank", "acme")]);
-    let b = m.retrieve_for("extract png statement with pdfminer", &f, &[], &notes, 3);
+    let goal = "extract png statement with pdfminer";
+    let every = m.retrieve_for(goal, &f, &[], &notes, 3, Scopes::All);
+    assert_eq!(every.items[0].citation.id, "other", "{:?}", every.items);
+    let mine = ["shared".to_string(), "user:me".to_string()];
+    let b = m.retrieve_for(goal, &f, &[], &notes, 3, Scopes::Only(&mine));
+    assert!(b.items.iter().all(|i| i.citation.id != "other"));
     // Every item is cited.
     for item in &b.items {
         assert!(!item.citation.id.is_empty());
@@ -331,6 +350,7 @@ fn memory_snapshot_round_trips() {
         vector: m.embed(t),
         cluster: None,
         time_ms: 0,
+        scope: Some("user:a".into()),
     })
     .unwrap();
     // The snapshot carries the graph; the items are persisted apart, as they change.
@@ -347,9 +367,10 @@ fn memory_snapshot_round_trips() {
     let back = Memory::restore(postcard::from_bytes(&bytes).unwrap(), items).unwrap();
     assert_eq!(back, m);
     // What it holds, it holds with its text: sent again unchanged, it need not be indexed.
-    assert!(back.holds(ItemKind::Lesson, "l1", t));
-    assert!(!back.holds(ItemKind::Lesson, "l1", "reworded"));
-    assert!(!back.holds(ItemKind::Sop, "l1", t));
+    assert!(back.holds(ItemKind::Lesson, "l1", t, Some("user:a")));
+    assert!(!back.holds(ItemKind::Lesson, "l1", "reworded", Some("user:a")));
+    assert!(!back.holds(ItemKind::Lesson, "l1", t, Some("user:b")));
+    assert!(!back.holds(ItemKind::Sop, "l1", t, None));
     // Without its items, it is another memory.
     let bare = Memory::restore(m.snapshot(), Vec::new()).unwrap();
     assert_ne!(bare, m);
@@ -362,7 +383,8 @@ fn memory_snapshot_round_trips() {
             text: "x".into(),
             vector: vec![1.0; 3],
             cluster: None,
-            time_ms: 0
+            time_ms: 0,
+            scope: None,
         }),
         Err(MemoryError::Dimension { .. })
     ));
@@ -381,6 +403,7 @@ fn a_rolled_back_sop_is_forgotten_and_nothing_else() {
             text,
             cluster: Some(cluster.clone()),
             time_ms: 0,
+            scope: None,
         })
         .unwrap();
         m.link_sop(id, &cluster);

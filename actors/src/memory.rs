@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use hindsight::memory::{IndexCandidate, ItemKind, Memory, MemorySnapshot, VectorItem};
+use hindsight::memory::{IndexCandidate, ItemKind, Memory, MemorySnapshot, Scopes, VectorItem};
 use hindsight::store::{KvTable, NewDiaryEntry, Store, WriteOp};
 use hindsight::{ExperienceTuple, Lesson, Sop, Task, now_ms};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -116,6 +116,9 @@ pub enum MemoryMsg {
     /// Keep only these lessons (the ones in force, from the reflector): the rest were decayed,
     /// expired or superseded since they were indexed.
     RetainLessons(BTreeSet<String>),
+    /// Forget these lessons, which left force (expired, superseded or dropped from their
+    /// scope) since memory was last told (from the reflector).
+    ForgetLessons(Vec<String>),
     /// Forget a rolled-back SOP: its vector and its APPLIES_TO edges (from the policy).
     ForgetSop(String),
 }
@@ -224,10 +227,15 @@ impl Actor for MemoryActor {
                     tools: state.tools.clone(),
                     k: 5,
                 };
-                let _ = reply.send(state.retrieve(&query, task.tenant.as_deref()));
+                let scopes = task.lesson_scopes();
+                let _ = reply.send(state.retrieve(
+                    &query,
+                    task.tenant.as_deref(),
+                    Scopes::Only(&scopes),
+                ));
             }
             MemoryMsg::Query { query, reply } => {
-                let _ = reply.send(state.retrieve(&query, None));
+                let _ = reply.send(state.retrieve(&query, None, Scopes::All));
             }
             MemoryMsg::Record {
                 seq,
@@ -253,10 +261,12 @@ impl Actor for MemoryActor {
                 for lesson in lessons {
                     let text = hindsight::learn::reflector::describe(&lesson);
                     // Sent again unchanged (after a restart, say): nothing to embed or write.
-                    if state
-                        .memory
-                        .holds(ItemKind::Lesson, &lesson.lesson_id, &text)
-                    {
+                    if state.memory.holds(
+                        ItemKind::Lesson,
+                        &lesson.lesson_id,
+                        &text,
+                        Some(&lesson.scope),
+                    ) {
                         continue;
                     }
                     let vector = state.memory.embed(&text);
@@ -267,6 +277,7 @@ impl Actor for MemoryActor {
                         vector,
                         cluster: None,
                         time_ms: now_ms(),
+                        scope: Some(lesson.scope.clone()),
                     };
                     match state.memory.index_item(item) {
                         Ok(()) => indexed = true,
@@ -283,6 +294,15 @@ impl Actor for MemoryActor {
             }
             MemoryMsg::RetainLessons(active) => {
                 if state.memory.retain_lessons(&active) > 0 {
+                    state.persist_later()?;
+                }
+            }
+            MemoryMsg::ForgetLessons(gone) => {
+                let forgotten = gone
+                    .iter()
+                    .filter(|id| state.memory.forget(ItemKind::Lesson, id).is_some())
+                    .count();
+                if forgotten > 0 {
                     state.persist_later()?;
                 }
             }
@@ -312,7 +332,7 @@ impl MemoryState {
                 .collect::<Vec<_>>()
                 .join(", then ")
         );
-        if self.memory.holds(ItemKind::Sop, &sop.sop_id, &text) {
+        if self.memory.holds(ItemKind::Sop, &sop.sop_id, &text, None) {
             return;
         }
         let item = VectorItem {
@@ -322,6 +342,7 @@ impl MemoryState {
             text,
             cluster: Some(cluster),
             time_ms: now_ms(),
+            scope: None,
         };
         if let Err(e) = self.memory.index_item(item) {
             tracing::warn!(error = %e, "an SOP was not indexed");
@@ -423,7 +444,9 @@ impl MemoryState {
         Ok(())
     }
 
-    fn retrieve(&self, q: &Query, tenant: Option<&str>) -> RetrievalBundle {
+    /// What memory holds for `q`, as a run of `tenant` may read it, with the lessons of
+    /// `scopes`.
+    fn retrieve(&self, q: &Query, tenant: Option<&str>, scopes: Scopes<'_>) -> RetrievalBundle {
         let diary: Vec<hindsight::DiaryEntry> = self
             .store
             .diary_tail(5)
@@ -438,9 +461,9 @@ impl MemoryState {
                     .collect()
             })
             .unwrap_or_default();
-        let bundle = self
-            .memory
-            .retrieve_for(&q.text, &q.features, &q.tools, &diary, q.k.max(1));
+        let bundle =
+            self.memory
+                .retrieve_for(&q.text, &q.features, &q.tools, &diary, q.k.max(1), scopes);
         RetrievalBundle {
             cluster: bundle.cluster,
             items: bundle

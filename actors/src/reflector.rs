@@ -533,15 +533,19 @@ impl ReflectorState {
         } else {
             unsent.into_iter().collect()
         };
-        // Whether a lesson may have left force, so that memory must hear which are in force.
-        let mut left = all || !report.updated.is_empty() || !report.superseded.is_empty();
+        // The lessons that left force since memory last heard: the reflection's superseded
+        // ones, and those gone from the scopes written since.
+        let mut gone: Vec<String> = report.superseded.clone();
         for scope in scopes {
             let now_lessons = self.adaptive.lessons(&scope);
             let before = self.sent.get(&scope).map(Vec::as_slice).unwrap_or(&[]);
             fresh.extend(now_lessons.iter().filter(|l| !before.contains(l)).cloned());
-            left |= before
-                .iter()
-                .any(|b| !now_lessons.iter().any(|l| l.lesson_id == b.lesson_id));
+            gone.extend(
+                before
+                    .iter()
+                    .filter(|b| !now_lessons.iter().any(|l| l.lesson_id == b.lesson_id))
+                    .map(|b| b.lesson_id.clone()),
+            );
             self.sent.insert(scope, now_lessons.to_vec());
         }
         self.sent_to = memory_now;
@@ -552,9 +556,11 @@ impl ReflectorState {
         // writes for these lessons); the actor does not wait for it.
         write_behind(&self.store, ops, "the reflector's consolidation");
         let index = (!fresh.is_empty()).then(|| MemoryMsg::IndexLessons(fresh));
-        // In force: the reflection's lessons not superseded, and every scope's strategies.
-        let retain = left.then(|| {
-            MemoryMsg::RetainLessons(
+        // A memory that started again since hears every lesson in force (the reflection's not
+        // superseded, and every scope's strategies), so that it drops what left force while it
+        // was down; otherwise it hears only which left.
+        let retain = if all {
+            Some(MemoryMsg::RetainLessons(
                 self.reflector
                     .active_lessons()
                     .map(|l| l.lesson_id.clone())
@@ -565,8 +571,10 @@ impl ReflectorState {
                             .map(|l| l.lesson_id.clone())
                     }))
                     .collect(),
-            )
-        });
+            ))
+        } else {
+            (!gone.is_empty()).then(|| MemoryMsg::ForgetLessons(gone))
+        };
         for msg in index.into_iter().chain(retain) {
             if wait {
                 let _ = self.memory.cast(msg).await;

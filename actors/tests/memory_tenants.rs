@@ -1,6 +1,6 @@
 //! What a run reads from memory is its tenant's: lessons of its scopes, postmortems and diary
 //! notes of its runs, SOPs promoted from its runs; never another tenant's, in a tree that serves
-//! several (the daemon's).
+//! several (the daemon's); and never another user's lessons, tenant or not.
 
 use hindsight::Task;
 use hindsight::store::Durability;
@@ -58,9 +58,31 @@ async fn a_run_reads_nothing_of_another_tenant_from_memory() {
         "tenant b reads nothing of tenant a: {:?}",
         other.items
     );
-    // A task of no tenant (an embedder's own tree) reads everything, as before.
+    // A task of no tenant (an embedder's own tree) reads everything but other users' lessons.
     let mut untenanted = env.task(80);
     untenanted.user_id = Some("a/u".into());
-    assert!(!retrieve(untenanted).await.items.is_empty());
+    let lessons = |items: &[hindsight_actors::memory::RetrievedItem]| -> Vec<String> {
+        items
+            .iter()
+            .filter(|i| i.citation.kind == "lesson")
+            .map(|i| i.citation.id.clone())
+            .collect()
+    };
+    let user_u = retrieve(untenanted.clone()).await;
+    assert!(!lessons(&user_u.items).is_empty(), "{:?}", user_u.items);
+    // Another user of the same tenant reads none of user a/u's lessons.
+    let mut colleague = task(&env, "a", 80);
+    colleague.user_id = Some("a/v".into());
+    let read = lessons(&retrieve(colleague).await.items);
+    assert!(
+        read.iter().all(|l| !lessons(&user_u.items).contains(l)),
+        "{read:?}"
+    );
+    untenanted.user_id = Some("someone".into());
+    let read = lessons(&retrieve(untenanted).await.items);
+    assert!(
+        read.iter().all(|l| !lessons(&user_u.items).contains(l)),
+        "{read:?}"
+    );
     rt.shutdown().await;
 }

@@ -152,6 +152,11 @@ impl Codes {
         }
     }
 
+    /// Whether it holds no row.
+    pub(super) fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
     /// Drops the row of `key` (the last row takes its place).
     pub(super) fn remove(&mut self, key: &str) {
         let Some(r) = self.row_of.remove(key) else {

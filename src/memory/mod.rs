@@ -18,13 +18,14 @@ pub use graph::{ArmStats, Edge, FailStats, GraphDelta, KnowledgeGraph, cluster_k
 pub use quantile::P2Quantile;
 pub use retrieve::{Bundle, BundleItem, Citation, CitationKind, RetrievalQuery};
 pub use salience::{SalienceConfig, SalienceDecision, SalienceReason};
-pub use vector::{IndexChange, ItemKind, VectorIndex, VectorItem};
+pub use vector::{IndexChange, ItemKind, Scopes, VectorIndex, VectorItem};
 
 use crate::model::embed::embed_with_dimension;
 use crate::record::{DiaryEntry, ExperienceTuple};
 
-/// Version of [`MemorySnapshot`] (2: the vector items are persisted one by one, apart from it).
-pub const SNAPSHOT_VERSION: u32 = 2;
+/// Version of [`MemorySnapshot`] (2: the vector items are persisted one by one, apart from it;
+/// 3: each item carries its lesson scope, so the items of a version 2 snapshot are rebuilt).
+pub const SNAPSHOT_VERSION: u32 = 3;
 
 /// Errors of the memory.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -181,6 +182,7 @@ impl Memory {
                 vector: c.vector,
                 cluster: Some(cluster),
                 time_ms: exp.time_ms,
+                scope: None,
             })?;
         }
         Ok(decision)
@@ -191,12 +193,12 @@ impl Memory {
         self.index.upsert(item)
     }
 
-    /// Whether the index holds the item `kind`/`id` with this text (so that indexing it again
-    /// would change nothing).
-    pub fn holds(&self, kind: ItemKind, id: &str, text: &str) -> bool {
+    /// Whether the index holds the item `kind`/`id` with this text and scope (so that
+    /// indexing it again would change nothing).
+    pub fn holds(&self, kind: ItemKind, id: &str, text: &str, scope: Option<&str>) -> bool {
         self.index
             .get(kind, id)
-            .is_some_and(|item| item.text == text)
+            .is_some_and(|item| item.text == text && item.scope.as_deref() == scope)
     }
 
     /// Removes an indexed item (a superseded lesson, a retired SOP).
@@ -231,9 +233,9 @@ impl Memory {
         self.graph.mark_written(&decision.edges);
     }
 
-    /// The retrieval bundle for a task with the offline embedder: top-k lessons/SOPs/
-    /// postmortems by similarity, the graph's best strategies and failure modes for the task's
-    /// cluster, and the given recent diary notes (newest first), each cited.
+    /// The retrieval bundle for a task with the offline embedder: top-k lessons (of `scopes`),
+    /// SOPs and postmortems by similarity, the graph's best strategies and failure modes for
+    /// the task's cluster, and the given recent diary notes (newest first), each cited.
     pub fn retrieve_for(
         &self,
         goal: &str,
@@ -241,6 +243,7 @@ impl Memory {
         tools: &[String],
         diary: &[DiaryEntry],
         k: usize,
+        scopes: Scopes<'_>,
     ) -> Bundle {
         let vector = self.embed(&Memory::task_text(goal, features));
         self.retrieve(RetrievalQuery {
@@ -250,6 +253,7 @@ impl Memory {
             diary,
             k,
             duplicate_cosine: self.salience.novelty_cosine,
+            scopes,
         })
     }
 

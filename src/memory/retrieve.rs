@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::graph::KnowledgeGraph;
-use super::vector::{ItemKind, VectorIndex};
+use super::vector::{ItemKind, Scopes, VectorIndex};
 use crate::model::cosine;
 use crate::record::DiaryEntry;
 
@@ -91,6 +91,8 @@ pub struct RetrievalQuery<'a> {
     pub k: usize,
     /// Near-duplicate threshold between retrieved texts.
     pub duplicate_cosine: f32,
+    /// The lesson scopes the task may read.
+    pub scopes: Scopes<'a>,
 }
 
 /// Builds the bundle. Deduplicated: an id appears once; a vector hit whose embedding is a
@@ -101,7 +103,7 @@ pub fn retrieve(graph: &KnowledgeGraph, index: &VectorIndex, q: RetrievalQuery<'
     let mut seen: BTreeSet<(CitationKind, String)> = BTreeSet::new();
     let mut texts: BTreeSet<String> = BTreeSet::new();
     let mut kept: Vec<&[f32]> = Vec::new();
-    for (item, score) in index.search(q.vector, q.k.saturating_mul(3), &[]) {
+    for (item, score) in index.search(q.vector, q.k.saturating_mul(3), &[], q.scopes) {
         if kept.len() >= q.k {
             break;
         }

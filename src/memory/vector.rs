@@ -1,5 +1,6 @@
-//! The vector index of lessons, SOPs and postmortems: brute-force cosine top-k over vectors of
-//! one fixed dimension (the offline embedder's by default).
+//! The vector index of lessons, SOPs and postmortems: exact cosine top-k over vectors of one
+//! fixed dimension (the offline embedder's by default), read scope by scope, so that a run's
+//! search reads its own lessons and never another user's.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -47,20 +48,31 @@ pub struct VectorItem {
     pub cluster: Option<String>,
     /// When it was indexed.
     pub time_ms: u64,
+    /// The lesson scope whose runs may read it (`user:…`, `tenant:…`, `session:…` or
+    /// `shared`); `None` for an item every run may read (an SOP, a postmortem).
+    pub scope: Option<String>,
 }
 
-/// Brute-force cosine index. Each item's norm is kept with it, so that a search computes one
-/// dot product per item (in eight lanes, which the compiler turns into vector instructions)
-/// rather than the dot product and both norms. Stored as `{dimension, items}`: the norms are
-/// computed again when it is read. It notes the keys it changes, so that its owner can persist
-/// items one by one ([`VectorIndex::take_changes`]) rather than the whole index.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(from = "StoredIndex")]
+/// Which scoped items a search reads; items without a scope are always read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scopes<'a> {
+    /// Every item, whatever its scope (the API's queries over a whole store).
+    All,
+    /// The items of these scopes (a run's: see [`crate::Task::lesson_scopes`]).
+    Only(&'a [String]),
+}
+
+/// Exact cosine index. Each item's norm is kept with it, so that a search computes one dot
+/// product per item (in eight lanes, which the compiler turns into vector instructions) rather
+/// than the dot product and both norms; the codes of the search's first pass are kept apart
+/// for each scope, so that a search reads only the scopes it may. It notes the keys it
+/// changes, so that its owner can persist items one by one ([`VectorIndex::take_changes`]).
+#[derive(Debug, Clone)]
 pub struct VectorIndex {
     dimension: usize,
     items: BTreeMap<String, Indexed>,
-    /// The vectors again as 16-bit integer codes, the search's first pass.
-    codes: Codes,
+    /// The vectors again as 16-bit integer codes, the search's first pass, by scope.
+    codes: BTreeMap<Option<String>, Codes>,
     changed: BTreeSet<String>,
 }
 
@@ -106,51 +118,6 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + tail
 }
 
-/// The index as it is stored.
-#[derive(Deserialize)]
-struct StoredIndex {
-    dimension: usize,
-    items: BTreeMap<String, VectorItem>,
-}
-
-impl From<StoredIndex> for VectorIndex {
-    fn from(s: StoredIndex) -> VectorIndex {
-        let mut codes = Codes::new(s.dimension);
-        let items = s
-            .items
-            .into_iter()
-            .map(|(k, item)| {
-                let indexed = Indexed::new(item);
-                codes.insert(&k, indexed.item.kind, &indexed.item.vector, indexed.norm);
-                (k, indexed)
-            })
-            .collect();
-        VectorIndex {
-            dimension: s.dimension,
-            items,
-            codes,
-            changed: BTreeSet::new(),
-        }
-    }
-}
-
-/// Written as [`StoredIndex`] is read (the same bytes as the plain struct of the two fields).
-impl Serialize for VectorIndex {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeStruct;
-        struct Items<'a>(&'a BTreeMap<String, Indexed>);
-        impl Serialize for Items<'_> {
-            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                serializer.collect_map(self.0.iter().map(|(k, v)| (k, &v.item)))
-            }
-        }
-        let mut st = serializer.serialize_struct("VectorIndex", 2)?;
-        st.serialize_field("dimension", &self.dimension)?;
-        st.serialize_field("items", &Items(&self.items))?;
-        st.end()
-    }
-}
-
 impl Default for VectorIndex {
     fn default() -> Self {
         VectorIndex::new(DEFAULT_DIMENSION)
@@ -167,7 +134,7 @@ impl VectorIndex {
         VectorIndex {
             dimension,
             items: BTreeMap::new(),
-            codes: Codes::new(dimension),
+            codes: BTreeMap::new(),
             changed: BTreeSet::new(),
         }
     }
@@ -224,7 +191,14 @@ impl VectorIndex {
         }
         let k = key(item.kind, &item.id);
         let indexed = Indexed::new(item);
+        if let Some(earlier) = self.items.get(&k)
+            && earlier.item.scope != indexed.item.scope
+        {
+            uncode(&mut self.codes, &earlier.item.scope, &k);
+        }
         self.codes
+            .entry(indexed.item.scope.clone())
+            .or_insert_with(|| Codes::new(self.dimension))
             .insert(&k, indexed.item.kind, &indexed.item.vector, indexed.norm);
         self.changed.insert(k.clone());
         self.items.insert(k, indexed);
@@ -235,8 +209,8 @@ impl VectorIndex {
     pub fn remove(&mut self, kind: ItemKind, id: &str) -> Option<VectorItem> {
         let k = key(kind, id);
         let removed = self.items.remove(&k).map(|i| i.item);
-        if removed.is_some() {
-            self.codes.remove(&k);
+        if let Some(item) = &removed {
+            uncode(&mut self.codes, &item.scope, &k);
             self.changed.insert(k);
         }
         removed
@@ -249,7 +223,7 @@ impl VectorIndex {
         self.items.retain(|k, it| {
             let stays = it.item.kind != kind || keep(&it.item.id);
             if !stays {
-                codes.remove(k);
+                uncode(codes, &it.item.scope, k);
                 changed.insert(k.clone());
             }
             stays
@@ -262,20 +236,36 @@ impl VectorIndex {
         self.items.get(&key(kind, id)).map(|i| &i.item)
     }
 
-    /// The `k` items most similar to `query` among `kinds` (all kinds when empty), best
-    /// first; ties by key. The similarity is the cosine (0 for a zero vector, or a query of
-    /// another dimension).
-    pub fn search(&self, query: &[f32], k: usize, kinds: &[ItemKind]) -> Vec<(&VectorItem, f32)> {
+    /// The `k` items most similar to `query` among `kinds` (all kinds when empty) and
+    /// `scopes`, best first; ties by key. The similarity is the cosine (0 for a zero vector, or
+    /// a query of another dimension).
+    pub fn search(
+        &self,
+        query: &[f32],
+        k: usize,
+        kinds: &[ItemKind],
+        scopes: Scopes<'_>,
+    ) -> Vec<(&VectorItem, f32)> {
         let query_norm = if query.len() == self.dimension {
             dot(query, query).sqrt()
         } else {
             0.0
         };
-        // The exact scores of the items the codes cannot rule out.
-        let mut scored: Vec<(&String, &VectorItem, f32)> = self
-            .codes
-            .candidates(query, query_norm, k, kinds)
+        let groups: Vec<&Codes> = match scopes {
+            Scopes::All => self.codes.values().collect(),
+            Scopes::Only(scopes) => {
+                let named: BTreeSet<&String> = scopes.iter().collect();
+                std::iter::once(None)
+                    .chain(named.into_iter().map(|s| Some(s.clone())))
+                    .filter_map(|s| self.codes.get(&s))
+                    .collect()
+            }
+        };
+        // The exact scores of the items the codes cannot rule out: each scope's k best are
+        // among its candidates, so the k best of all are among theirs together.
+        let mut scored: Vec<(&String, &VectorItem, f32)> = groups
             .into_iter()
+            .flat_map(|codes| codes.candidates(query, query_norm, k, kinds))
             .filter_map(|key| self.items.get_key_value(key))
             .map(|(key, it)| {
                 let score = if query_norm == 0.0 || it.norm == 0.0 {
@@ -297,9 +287,21 @@ impl VectorIndex {
         scored.into_iter().map(|(_, it, s)| (it, s)).collect()
     }
 
-    /// The most similar item of a kind.
+    /// The most similar item of a kind, whatever its scope.
     pub fn nearest(&self, query: &[f32], kind: ItemKind) -> Option<(&VectorItem, f32)> {
-        self.search(query, 1, &[kind]).into_iter().next()
+        self.search(query, 1, &[kind], Scopes::All)
+            .into_iter()
+            .next()
+    }
+}
+
+/// Drops the codes of `key` from its scope's, and the scope's when it held nothing else.
+fn uncode(codes: &mut BTreeMap<Option<String>, Codes>, scope: &Option<String>, key: &str) {
+    if let Some(group) = codes.get_mut(scope) {
+        group.remove(key);
+        if group.is_empty() {
+            codes.remove(scope);
+        }
     }
 }
 
@@ -316,18 +318,12 @@ mod tests {
             vector: crate::model::embed::embed_one(text),
             cluster: None,
             time_ms: 0,
+            scope: None,
         }
     }
 
-    /// The plain index the stored bytes were written from before norms were kept.
-    #[derive(Serialize)]
-    struct Plain<'a> {
-        dimension: usize,
-        items: BTreeMap<String, &'a VectorItem>,
-    }
-
     #[test]
-    fn a_search_ranks_as_the_dense_cosine_does_and_the_stored_bytes_are_unchanged() {
+    fn a_search_ranks_as_the_dense_cosine_does() {
         let mut index = VectorIndex::default();
         let texts = [
             "search failed: the date range is required",
@@ -348,7 +344,7 @@ mod tests {
         let query = crate::model::embed::embed_one("the search needs a date range");
         for k in [0, 1, 3, 6, 10] {
             let got: Vec<(String, f32)> = index
-                .search(&query, k, &[])
+                .search(&query, k, &[], Scopes::All)
                 .into_iter()
                 .map(|(it, s)| (it.id.clone(), s))
                 .collect();
@@ -374,30 +370,22 @@ mod tests {
         // Only the kinds asked for; a zero query or one of another dimension scores 0.
         assert!(
             index
-                .search(&query, 10, &[ItemKind::Lesson])
+                .search(&query, 10, &[ItemKind::Lesson], Scopes::All)
                 .iter()
                 .all(|(it, _)| it.kind == ItemKind::Lesson)
         );
         assert!(
             index
-                .search(&[0.0; DEFAULT_DIMENSION], 3, &[])
+                .search(&[0.0; DEFAULT_DIMENSION], 3, &[], Scopes::All)
                 .iter()
                 .all(|(_, s)| *s == 0.0)
         );
-        assert!(index.search(&[1.0], 3, &[]).iter().all(|(_, s)| *s == 0.0));
-        // Stored as the plain two fields, and read back with its norms.
-        let plain = Plain {
-            dimension: index.dimension,
-            items: index
-                .items
+        assert!(
+            index
+                .search(&[1.0], 3, &[], Scopes::All)
                 .iter()
-                .map(|(k, v)| (k.clone(), &v.item))
-                .collect(),
-        };
-        let bytes = postcard::to_allocvec(&index).unwrap();
-        assert_eq!(bytes, postcard::to_allocvec(&plain).unwrap());
-        let back: VectorIndex = postcard::from_bytes(&bytes).unwrap();
-        assert_eq!(back, index);
+                .all(|(_, s)| *s == 0.0)
+        );
     }
 
     #[test]
@@ -473,33 +461,52 @@ mod tests {
                     vector,
                     cluster: None,
                     time_ms: 0,
+                    scope: (i % 4 != 0).then(|| format!("user:u{}", i % 3)),
                 })
                 .unwrap();
         }
         for i in (0..600).step_by(5) {
             index.remove(ItemKind::Lesson, &format!("x{i}"));
         }
+        // Items moved to another scope are read from it only.
+        for i in (1..600).step_by(11) {
+            let kind = [ItemKind::Lesson, ItemKind::Sop, ItemKind::Postmortem][i % 3];
+            if let Some(mut item) = index.get(kind, &format!("x{i}")).cloned() {
+                item.scope = Some("user:u2".to_string());
+                index.upsert(item).unwrap();
+            }
+        }
+        assert!(index.codes.values().all(|c| !c.is_empty()));
         for q in 0..20 {
             let query: Vec<f32> = bases[q % bases.len()]
                 .iter()
                 .map(|x| x + 0.05 * (rng.f32() - 0.5))
                 .collect();
-            for (k, kinds) in [
-                (1, vec![]),
-                (5, vec![]),
-                (15, vec![]),
-                (40, vec![ItemKind::Lesson]),
+            let own = vec![format!("user:u{}", q % 3), "user:u1".to_string()];
+            for (k, kinds, scopes) in [
+                (1, vec![], Scopes::All),
+                (5, vec![], Scopes::All),
+                (15, vec![], Scopes::All),
+                (40, vec![ItemKind::Lesson], Scopes::All),
+                (5, vec![], Scopes::Only(&own)),
+                (15, vec![ItemKind::Sop], Scopes::Only(&own)),
+                (40, vec![], Scopes::Only(&[])),
             ] {
                 let got: Vec<(String, f32)> = index
-                    .search(&query, k, &kinds)
+                    .search(&query, k, &kinds, scopes)
                     .into_iter()
                     .map(|(it, s)| (it.id.clone(), s))
                     .collect();
                 let query_norm = dot(&query, &query).sqrt();
+                let readable = |scope: &Option<String>| match (scopes, scope) {
+                    (Scopes::All, _) | (_, None) => true,
+                    (Scopes::Only(named), Some(s)) => named.contains(s),
+                };
                 let mut want: Vec<(&String, String, f32)> = index
                     .items
                     .iter()
                     .filter(|(_, it)| kinds.is_empty() || kinds.contains(&it.item.kind))
+                    .filter(|(_, it)| readable(&it.item.scope))
                     .map(|(key, it)| {
                         (
                             key,
@@ -511,7 +518,7 @@ mod tests {
                 want.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(b.0)));
                 let want: Vec<(String, f32)> =
                     want.into_iter().take(k).map(|(_, id, s)| (id, s)).collect();
-                assert_eq!(got, want, "query {q}, k {k}");
+                assert_eq!(got, want, "query {q}, k {k}, scopes {scopes:?}");
             }
         }
     }

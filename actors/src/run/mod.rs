@@ -365,25 +365,24 @@ async fn prepare(ctx: &TreeCtx, run_id: &str, task: &Arc<Task>) -> Result<Event,
             .slot
             .tell(PluginMsg::BeforeRun(Box::new((**task).clone())));
     }
-    let mut bundle = ctx
-        .gated(ctx.dir.memory.call(|reply| MemoryMsg::Retrieve {
+    // Memory's retrieval and the lessons of the task's scope, asked of both actors at once.
+    let (bundle, context) = tokio::join!(
+        ctx.gated(ctx.dir.memory.call(|reply| MemoryMsg::Retrieve {
             task: task.clone(),
             reply,
-        }))
-        .await?;
-    // The lessons of the task's scope, fenced, join the retrieval (a reflector that cannot
-    // answer leaves the run without them rather than failing it).
-    bundle.strategy_context = ctx
-        .gated(ctx.dir.reflector.call_with_timeout(
+        })),
+        ctx.gated(ctx.dir.reflector.call_with_timeout(
             |reply| ReflectorMsg::Context {
                 task: task.clone(),
                 reply,
             },
             PLUGIN_TIMEOUT,
         ))
-        .await
-        .ok()
-        .flatten();
+    );
+    let mut bundle = bundle?;
+    // The lessons of the task's scope, fenced, join the retrieval (a reflector that cannot
+    // answer leaves the run without them rather than failing it).
+    bundle.strategy_context = context.ok().flatten();
     // A plan given with the task (the API's `/execute`) is run as given.
     let forced = ctx.store.get(crate::orchestrator::FORCED_PLANS, run_id)?;
     Ok(Event::Prepared {
