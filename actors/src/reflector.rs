@@ -402,9 +402,11 @@ impl Actor for ReflectorActor {
 }
 
 impl ReflectorState {
-    /// Learns an experience; true when the lessons changed. A synthesis that falls due runs
-    /// offline, or, with a model and `myself` (live, not in a replay), on the model in the
-    /// background: its lease keeps the scope to this one synthesis until it comes back.
+    /// Learns an experience; true when lessons were added or removed (a lesson the run bore
+    /// out is reinforced at once, and persisted with the next consolidation: until then the log
+    /// replays it). A synthesis that falls due runs offline, or, with a model and `myself`
+    /// (live, not in a replay), on the model in the background: its lease keeps the scope to
+    /// this one synthesis until it comes back.
     fn learn(
         &mut self,
         seq: u64,
@@ -443,12 +445,10 @@ impl ReflectorState {
                 due |= synthesis_due;
             }
         }
-        let confirmed = !self
-            .adaptive
-            .confirm(&scope, &exp.context_features, &exp.steps, now)
-            .is_empty();
+        self.adaptive
+            .confirm(&scope, &exp.context_features, &exp.steps, now);
         if !due || self.ablate.contains(&Mechanism::Lessons) {
-            return confirmed;
+            return false;
         }
         if let (Some(model), Some(myself)) = (self.synthesiser.clone(), myself) {
             match self.adaptive.begin_synthesis(&scope, "reflector", now_ms()) {
@@ -467,13 +467,13 @@ impl ReflectorState {
                 }
                 Err(e) => tracing::debug!(error = %e, "no synthesis"),
             }
-            return confirmed;
+            return false;
         }
         match self.adaptive.synthesise_offline(&scope, "reflector", now) {
-            Ok(report) => confirmed || !report.added.is_empty() || !report.removed.is_empty(),
+            Ok(report) => !report.added.is_empty() || !report.removed.is_empty(),
             Err(e) => {
                 tracing::debug!(error = %e, "no synthesis");
-                confirmed
+                false
             }
         }
     }
