@@ -10,11 +10,11 @@ use std::sync::Arc;
 
 use hindsight::guard::{Guard, redact};
 use hindsight::store::{KvTable, NewDiaryEntry, RunKey, RunRecords, WriteOp};
-use hindsight::{Run, RunState, Task, now_ms};
+use hindsight::{Checkpoint, Run, RunState, Task, now_ms};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::chaos_hook::ChaosHook;
-use crate::run::{RunOutcome, TreeCtx};
+use crate::run::{Acceptance, RunOutcome, Start, TreeCtx};
 
 /// A task's input object as it is stored.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -119,6 +119,8 @@ pub enum OrchestratorMsg {
         patch: RunPatch,
         /// A state to go on to from `next` in the same write, if any.
         then: Option<RunState>,
+        /// A checkpoint of the run to write in the same write, if any.
+        checkpoint: Option<Box<Checkpoint>>,
         /// `Err` when the state machine forbids it.
         reply: RpcReplyPort<Result<Run, String>>,
     },
@@ -153,13 +155,6 @@ pub enum OrchestratorMsg {
     Settled {
         /// The run.
         run_id: String,
-    },
-    /// Internal: a newly received run is on disk; start its driver.
-    Persisted {
-        /// The run.
-        run: Box<Run>,
-        /// Its task.
-        task: Box<Task>,
     },
 }
 
@@ -242,7 +237,7 @@ impl Actor for Orchestrator {
                         .store
                         .get::<TaskInput>(TASK_INPUTS, &run.task_id)?
                         .map(|i| i.0);
-                    crate::run::spawn_driver(state.ctx.clone(), run, task, true)
+                    crate::run::spawn_driver(state.ctx.clone(), run, task, Start::Resume)
                 }
                 None => {
                     state.ctx.live.release(&run.run_id);
@@ -266,19 +261,15 @@ impl Actor for Orchestrator {
             OrchestratorMsg::Submit { task, plan, reply } => {
                 state.submit(myself, *task, plan, reply)?
             }
-            OrchestratorMsg::Persisted { run, task } => {
-                if state.ctx.live.claim(&run.run_id) {
-                    crate::run::spawn_driver(state.ctx.clone(), *run, *task, false);
-                }
-            }
             OrchestratorMsg::Transition {
                 run_id,
                 from,
                 next,
                 patch,
                 then,
+                checkpoint,
                 reply,
-            } => state.transition(run_id, from, (next, then), patch, reply),
+            } => state.transition(run_id, from, (next, then), patch, checkpoint, reply),
             OrchestratorMsg::Finished { outcome, reply } => state.finished(*outcome, reply),
             OrchestratorMsg::Settled { run_id } => state.settled(&run_id),
             OrchestratorMsg::Held { reply } => {
@@ -361,7 +352,7 @@ impl OrchestratorState {
                 // is resumed from its last checkpoint.
                 if self.claim_for_resume(&run_id) {
                     if let Some(run) = self.runs.get(&run_id).cloned() {
-                        crate::run::spawn_driver(self.ctx.clone(), run, task, true);
+                        crate::run::spawn_driver(self.ctx.clone(), run, task, Start::Resume);
                     } else {
                         self.ctx.live.release(&run_id);
                     }
@@ -401,7 +392,21 @@ impl OrchestratorState {
         };
         let run = Run::new(run_id.clone(), &task, now_ms());
         self.runs.insert(run_id.clone(), run.clone());
-        self.waiters.entry(run_id).or_default().push(reply);
+        self.waiters.entry(run_id.clone()).or_default().push(reply);
+        // Its driver starts now, and waits for the record below before its first transition.
+        let (accepted, written) = tokio::sync::oneshot::channel();
+        if self.ctx.live.claim(&run_id) {
+            let acceptance = Acceptance {
+                forced: plan.clone(),
+                written,
+            };
+            crate::run::spawn_driver(
+                self.ctx.clone(),
+                run.clone(),
+                task.clone(),
+                Start::New(acceptance),
+            );
+        }
         let store = self.ctx.store.clone();
         tokio::spawn(async move {
             let written = async {
@@ -422,13 +427,9 @@ impl OrchestratorState {
                 store.write_batch(ops).await.map(|_| ())
             }
             .await;
+            let _ = accepted.send(written.as_ref().map(|_| ()).map_err(|e| e.to_string()));
             match written {
-                Ok(()) => {
-                    let _ = myself.cast(OrchestratorMsg::Persisted {
-                        run: Box::new(run),
-                        task: Box::new(task),
-                    });
-                }
+                Ok(()) => {}
                 Err(e) => {
                     // Nothing was acknowledged: the caller learns the task was not accepted.
                     tracing::error!(task_id = %task.task_id, error = %e, "cannot record a new run");
@@ -452,6 +453,7 @@ impl OrchestratorState {
         from: RunState,
         (next, then): (RunState, Option<RunState>),
         patch: RunPatch,
+        checkpoint: Option<Box<Checkpoint>>,
         reply: RpcReplyPort<Result<Run, String>>,
     ) {
         if !self.runs.contains_key(&run_id) {
@@ -498,8 +500,16 @@ impl OrchestratorState {
         let snapshot = run.clone();
         let store = self.ctx.store.clone();
         tokio::spawn(async move {
-            let answer = match store.put_run(&snapshot).await {
-                Ok(()) => Ok(snapshot),
+            let written = async {
+                let mut ops = vec![WriteOp::run(&snapshot)?];
+                if let Some(cp) = &checkpoint {
+                    ops.push(WriteOp::checkpoint(cp)?);
+                }
+                store.write_batch(ops).await
+            }
+            .await;
+            let answer = match written {
+                Ok(_) => Ok(snapshot),
                 Err(e) => Err(format!("cannot persist run {}: {e}", snapshot.run_id)),
             };
             let _ = reply.send(answer);

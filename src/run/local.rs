@@ -112,10 +112,19 @@ impl LocalRunner {
                 Command::Choose { base, exclude } => {
                     Event::Planned(self.planner.choose(&task, base, &exclude))
                 }
-                Command::Transition { next, then, .. } => {
+                Command::Transition {
+                    next,
+                    then,
+                    checkpoint,
+                    ..
+                } => {
                     record.transition(next, self.now())?;
                     if let Some(then) = then {
                         record.transition(then, self.now())?;
+                    }
+                    if checkpoint {
+                        self.checkpoints
+                            .insert(run_id.clone(), machine.progress().clone());
                     }
                     Event::Transitioned(record.state)
                 }

@@ -186,6 +186,7 @@ fn a_clean_run_plans_calls_validates_is_reviewed_and_ends() {
         next: to,
         patch,
         then,
+        checkpoint,
     } = next(&mut m, &mut seen)
     else {
         panic!("a transition to planned")
@@ -194,6 +195,8 @@ fn a_clean_run_plans_calls_validates_is_reviewed_and_ends() {
     // On to executing in the same write; a performer that records only planned is asked for
     // executing next (below).
     assert_eq!(then, Some(RunState::Executing));
+    // The first call (a search) is idempotent: nothing to checkpoint with the transition.
+    assert!(!checkpoint);
     assert_eq!(patch.plan_id.as_deref(), Some("search/plain+post/plain"));
     m.handle(Event::Transitioned(to)).unwrap();
     let Command::Call(call) = through_transitions(&mut m, &mut seen) else {
@@ -292,6 +295,90 @@ fn a_wrong_tool_is_ruled_out_and_the_plan_repaired_from_its_stage() {
     };
     assert_eq!((call.tool.as_str(), call.attempt), ("scrape", 1));
     assert!(m.progress().guidance.is_some());
+}
+
+/// A first call that is not idempotent is marked in flight in the checkpoint written with the
+/// transition to executing, and needs no write of its own; a run resumed from that checkpoint
+/// (the process died after the write, perhaps during the call) holds the call in doubt rather
+/// than making it again.
+#[test]
+fn a_first_call_not_idempotent_is_checkpointed_with_the_transition_to_executing() {
+    let mut registry = ToolRegistry::new();
+    let mut spec = ToolSpec::new("post", "a test tool");
+    spec.idempotent = false;
+    registry.register(Arc::new(Named(spec))).unwrap();
+    let arm = WorkflowArm {
+        tool: "post".to_string(),
+        strategy: "plain".to_string(),
+        params: Default::default(),
+    };
+    let check: workflow::OutputCheck = Arc::new(|_, _, _| Ok(()));
+    let reward = RewardConfig {
+        success: 1.0,
+        latency: 0.1,
+        cost: 0.1,
+        max_cost: 1.0,
+        sla_ms: 1000.0,
+    };
+    let stages = vec![WorkflowStage::tools("write", vec![arm])];
+    let wf = Arc::new(Workflow::new("one", stages, &registry, check, reward).unwrap());
+    let rules = Arc::new(RunRules::default().for_workflow(&wf));
+    let mut m = RunMachine::new("run-t#1", task(), wf.clone(), rules.clone());
+    let mut seen = Vec::new();
+    m.poll();
+    m.handle(prepared()).unwrap();
+    next(&mut m, &mut seen);
+    let post = ArmChoice {
+        stage: "write".into(),
+        tool: "post".into(),
+        strategy: "plain".into(),
+        propensity: 1.0,
+    };
+    m.handle(Event::Planned(Ok(PlanChoice::new(vec![post], None, true))))
+        .unwrap();
+    let Command::Transition {
+        then, checkpoint, ..
+    } = next(&mut m, &mut seen)
+    else {
+        panic!("the transition to planned and executing")
+    };
+    assert_eq!(then, Some(RunState::Executing));
+    assert!(checkpoint, "the checkpoint goes with the transition");
+    assert_eq!(m.progress().in_flight, Some(0));
+    // What the performer writes with the transition.
+    let written = RunMachine::checkpoint_of("run-t#1", m.progress(), 2).unwrap();
+    m.handle(Event::Transitioned(RunState::Executing)).unwrap();
+    let Command::Call(call) = next(&mut m, &mut seen) else {
+        panic!("the call")
+    };
+    assert_eq!(call.tool, "post");
+    assert!(
+        !seen.contains(&Command::Checkpoint),
+        "no checkpoint of its own: {seen:?}"
+    );
+    // The process dies during the call: the resumed run does not call again.
+    let mut m = RunMachine::resume("run-t#1", task(), wf, rules, written).unwrap();
+    let mut seen = Vec::new();
+    m.poll();
+    m.handle(prepared()).unwrap();
+    let mut c = through_transitions(&mut m, &mut seen);
+    while !matches!(c, Command::Finish(_)) {
+        assert!(!matches!(c, Command::Call(_)), "no call is repeated: {c:?}");
+        match c {
+            Command::Review(_) => m.handle(reviewed(Verdict::Accept)).unwrap(),
+            Command::Validate(outputs) => m
+                .handle(Event::Validated(
+                    outputs.into_iter().map(|(s, _)| (s, Ok(()))).collect(),
+                ))
+                .unwrap(),
+            other => panic!("unexpected {other:?}"),
+        }
+        c = through_transitions(&mut m, &mut seen);
+    }
+    let Command::Finish(done) = c else {
+        unreachable!()
+    };
+    assert_eq!(done.outcome.state, RunState::Escalated);
 }
 
 #[test]

@@ -125,19 +125,41 @@ pub fn run_id_for(task: &Task) -> String {
     format!("run-{}", task.task_id)
 }
 
+/// A new run's acceptance, which its driver may get ahead of: it retrieves and plans while the
+/// run's record is written, and waits for that write before anything else.
+pub struct Acceptance {
+    /// The plan given with the task, if any (the store's copy may not be written yet).
+    pub forced: Option<Vec<hindsight::ArmChoice>>,
+    /// Answers once the run's record and task are on disk, or why they could not be written.
+    pub written: tokio::sync::oneshot::Receiver<Result<(), String>>,
+}
+
+/// How a driver starts.
+pub enum Start {
+    /// A run just received, whose record is being written.
+    New(Acceptance),
+    /// A run on disk, resumed from its last checkpoint.
+    Resume,
+}
+
 /// Starts the driver of `run` on its own task, supervised: a driver that returns an error or
 /// panics ends its run `failed` with the reason recorded, and the run's callers are answered at
-/// once. A driver cancelled because the process is stopping leaves its run to be resumed.
-pub fn spawn_driver(ctx: Arc<TreeCtx>, run: Run, task: Task, resume: bool) {
+/// once. A driver cancelled because the process is stopping leaves its run to be resumed; one
+/// whose run could not be recorded ends quietly (the orchestrator answers its callers).
+pub fn spawn_driver(ctx: Arc<TreeCtx>, run: Run, task: Task, start: Start) {
     tokio::spawn(async move {
         let ended = run.clone();
         let run_id = run.run_id.clone();
         let driver = tokio::spawn({
             let ctx = ctx.clone();
-            async move { drive(&ctx, run, task, resume).await }
+            async move { drive(&ctx, run, task, start).await }
         });
         let outcome = match driver.await {
             Ok(Ok(outcome)) => outcome,
+            Ok(Err(DriveError::NotAccepted(e))) => {
+                tracing::debug!(run_id = %run_id, error = %e, "the run was not recorded; its driver ends");
+                return;
+            }
             Ok(Err(e)) if ctx.stopping.load(std::sync::atomic::Ordering::SeqCst) => {
                 tracing::debug!(run_id = %run_id, error = %e, "the tree is stopping; the run resumes at the next start");
                 return;
@@ -193,6 +215,9 @@ pub enum DriveError {
     /// The orchestrator refused a transition.
     #[error("{0}")]
     Transition(String),
+    /// The run's record could not be written when it was received.
+    #[error("the run was not recorded: {0}")]
+    NotAccepted(String),
     /// The run's machine cannot go on (a checkpoint that does not decode, say: the run is not
     /// restarted from scratch, which could repeat calls that were made; or one that cannot be
     /// encoded).
@@ -212,8 +237,14 @@ async fn drive(
     ctx: &TreeCtx,
     run: Run,
     task: Task,
-    resume: bool,
+    start: Start,
 ) -> Result<RunOutcome, DriveError> {
+    let (resume, mut acceptance) = match start {
+        Start::New(acceptance) => (false, Some(acceptance)),
+        Start::Resume => (true, None),
+    };
+    // A new run's plan given with the task comes with it; a resumed one's is read back.
+    let mut forced = acceptance.as_mut().map(|a| a.forced.take());
     let run_id = run.run_id.clone();
     let task = Arc::new(task);
     let rules = Arc::new(ctx.config.rules.clone());
@@ -239,8 +270,19 @@ async fn drive(
         let Some(command) = machine.poll() else {
             return Err(RunError::Stalled(run_id).into());
         };
+        // Retrieval and planning go on while a new run's record is written; nothing else
+        // (a transition, a call, a checkpoint, a notice) before it is on disk.
+        if !matches!(command, Command::Prepare | Command::Choose { .. })
+            && let Some(acceptance) = acceptance.take()
+        {
+            acceptance
+                .written
+                .await
+                .map_err(|_| DriveError::NotAccepted("the writer did not answer".to_string()))?
+                .map_err(DriveError::NotAccepted)?;
+        }
         let event = match command {
-            Command::Prepare => prepare(ctx, &run_id, &task).await?,
+            Command::Prepare => prepare(ctx, &run_id, &task, forced.take()).await?,
             Command::Choose { base, exclude } => Event::Planned(
                 ctx.gated(ctx.dir.policy.call(|reply| PolicyMsg::Choose {
                     task: task.clone(),
@@ -255,7 +297,14 @@ async fn drive(
                 next,
                 patch,
                 then,
+                checkpoint,
             } => {
+                let checkpoint = if checkpoint {
+                    let cp = RunMachine::checkpoint_of(&run_id, machine.progress(), now_ms())?;
+                    Some(Box::new(cp))
+                } else {
+                    None
+                };
                 let answer = ctx
                     .gated(
                         ctx.dir
@@ -266,6 +315,7 @@ async fn drive(
                                 next,
                                 patch: patch.clone(),
                                 then,
+                                checkpoint: checkpoint.clone(),
                                 reply,
                             }),
                     )
@@ -353,8 +403,14 @@ async fn drive(
 }
 
 /// Announces the run to ReflectRetry and the plugins, retrieves what memory holds for the task
-/// with the lessons of its scope, and looks up a plan given with the task.
-async fn prepare(ctx: &TreeCtx, run_id: &str, task: &Arc<Task>) -> Result<Event, DriveError> {
+/// with the lessons of its scope, and looks up a plan given with the task (`forced`, when the
+/// driver was given it; else in the store).
+async fn prepare(
+    ctx: &TreeCtx,
+    run_id: &str,
+    task: &Arc<Task>,
+    forced: Option<Option<Vec<hindsight::ArmChoice>>>,
+) -> Result<Event, DriveError> {
     let _ = ctx
         .dir
         .reflect_retry
@@ -384,7 +440,10 @@ async fn prepare(ctx: &TreeCtx, run_id: &str, task: &Arc<Task>) -> Result<Event,
     // answer leaves the run without them rather than failing it).
     bundle.strategy_context = context.ok().flatten();
     // A plan given with the task (the API's `/execute`) is run as given.
-    let forced = ctx.store.get(crate::orchestrator::FORCED_PLANS, run_id)?;
+    let forced = match forced {
+        Some(forced) => forced,
+        None => ctx.store.get(crate::orchestrator::FORCED_PLANS, run_id)?,
+    };
     Ok(Event::Prepared {
         citations: bundle.citations(),
         guidance: bundle.guidance(),

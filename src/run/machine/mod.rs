@@ -129,6 +129,11 @@ pub enum Command {
         /// own. A performer that records only `next` answers with it, and the machine asks for
         /// the rest.
         then: Option<RunState>,
+        /// Whether to write the checkpoint of [`RunMachine::progress`] in the same durable
+        /// write (as [`Command::Checkpoint`] would before the next event): the transition to
+        /// executing marks the first call in flight in it, when that call is not idempotent,
+        /// so that the call needs no write of its own.
+        checkpoint: bool,
     },
     /// Write a checkpoint of [`RunMachine::progress`] as it stands when this command is
     /// performed (no answer). Commands are performed in order before the next event, and the
@@ -464,6 +469,9 @@ pub struct RunMachine {
     rules: Arc<RunRules>,
     st: RunProgress,
     resumed: bool,
+    /// The stage this incarnation marked in flight in the checkpoint written with its
+    /// transition to executing, and has not called yet (so it is not taken for a call in doubt).
+    marked: Option<usize>,
     phase: Phase,
     out: VecDeque<Command>,
 }
@@ -486,6 +494,7 @@ impl RunMachine {
                 ..RunProgress::default()
             },
             resumed: false,
+            marked: None,
             phase: Phase::Idle,
             out: VecDeque::new(),
         }
@@ -684,7 +693,9 @@ impl RunMachine {
         self.transition_on(next, None, patch, after);
     }
 
-    /// A transition to `next` that goes on to `then` in the same write, if given.
+    /// A transition to `next` that goes on to `then` in the same write, if given; one that
+    /// goes on to executing writes the checkpoint of the next call with it, when that call
+    /// needs one (see [`RunMachine::mark_next_call`]).
     fn transition_on(
         &mut self,
         next: RunState,
@@ -693,6 +704,7 @@ impl RunMachine {
         after: After,
     ) {
         let from = self.st.state.unwrap_or(RunState::Received);
+        let checkpoint = then == Some(RunState::Executing) && self.mark_next_call();
         self.wait(
             Phase::Moving(after),
             Command::Transition {
@@ -700,8 +712,29 @@ impl RunMachine {
                 next,
                 patch,
                 then,
+                checkpoint,
             },
         );
+    }
+
+    /// Marks the plan's next stage in flight ahead of the transition to executing when it is a
+    /// tool stage whose call is not idempotent (the checkpoint that must precede such a call is
+    /// then written with the transition); true when it did. A stage found in flight already
+    /// (a resumed run's) is left to [`RunMachine::run_stages`], which holds it in doubt.
+    fn mark_next_call(&mut self) -> bool {
+        let i = self.st.next_stage;
+        let Some(arm) = self.st.plan.as_ref().and_then(|p| p.arms.get(i)) else {
+            return false;
+        };
+        if self.workflow.agent(&arm.stage).is_some()
+            || self.workflow.is_idempotent(&arm.tool)
+            || self.st.in_flight == Some(i)
+        {
+            return false;
+        }
+        self.st.in_flight = Some(i);
+        self.marked = Some(i);
+        true
     }
 
     /// An attempt begins (or goes on after a resume): a plan, then its transitions.
@@ -762,11 +795,14 @@ impl RunMachine {
             return;
         }
         let idempotent = self.workflow.is_idempotent(&arm.tool);
-        if self.st.in_flight == Some(i) && !idempotent {
+        // Marked in flight by this incarnation with its transition to executing: checkpointed
+        // already, and not called yet.
+        let marked = self.marked.take() == Some(i);
+        if self.st.in_flight == Some(i) && !idempotent && !marked {
             self.in_doubt(i, &arm.stage, &arm.tool, "");
             return;
         }
-        if !idempotent {
+        if !idempotent && !marked {
             self.st.in_flight = Some(i);
             self.checkpoint();
         }
