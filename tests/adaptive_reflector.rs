@@ -303,3 +303,56 @@ fn snapshot_restores_lessons_and_statistics() {
     let back = Reflector::restore(postcard::from_bytes(&bytes).unwrap()).unwrap();
     assert_eq!(back, r);
 }
+
+/// A consolidation looks again only at the buckets runs changed since the last one (a full pass
+/// after a restore or a supersession): the lessons in force are those of a full pass every
+/// time, on outcomes whose rates drift (lessons are created, updated, flipped and superseded).
+/// The buckets handed over to be persisted are each changed one, once, and with the snapshot
+/// without them they restore the reflector.
+#[test]
+fn consolidating_the_changed_buckets_gives_the_lessons_of_a_full_pass() {
+    let mut rng = fastrand::Rng::with_seed(5);
+    let mut incremental = Reflector::new(ReflectorConfig::default());
+    let mut full = Reflector::new(ReflectorConfig::default());
+    let mut persisted: BTreeMap<String, Bucket> = BTreeMap::new();
+    let in_force = |r: &Reflector| -> Vec<(BTreeMap<String, String>, String, String)> {
+        let mut v: Vec<_> = r
+            .active_lessons()
+            .map(|l| {
+                (
+                    l.preconditions.clone(),
+                    l.action.clone(),
+                    format!("{:.6}", l.confidence),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    for round in 0..30 {
+        // The failure rate of png swings from round to round; pdf stays good.
+        let fail_png = if (round / 5) % 2 == 0 { 0.9 } else { 0.1 };
+        for i in 0..rng.usize(1..12) {
+            let run = round * 100 + i;
+            let filetype = ["png", "pdf"][rng.usize(..2)];
+            let fails = filetype == "png" && rng.f64() < fail_png;
+            let o = outcome(run, filetype, !fails, Some(ErrorClass::ToolNotFit));
+            incremental.observe(&o);
+            full.observe(&o);
+        }
+        incremental.consolidate(round as u64);
+        // A restored reflector looks at every bucket.
+        full = Reflector::restore(full.snapshot()).unwrap();
+        full.consolidate(round as u64);
+        assert_eq!(in_force(&incremental), in_force(&full), "round {round}");
+        persisted.extend(incremental.take_bucket_changes());
+        assert!(
+            incremental.take_bucket_changes().is_empty(),
+            "handed over once"
+        );
+    }
+    let mut snapshot = incremental.snapshot_without_buckets();
+    assert!(snapshot.buckets.is_empty());
+    snapshot.buckets = persisted;
+    assert_eq!(Reflector::restore(snapshot).unwrap(), incremental);
+}

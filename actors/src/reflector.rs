@@ -13,7 +13,7 @@ use hindsight::learn::adaptive::{
     FailureObservation, LessonDraft, OfflineVerifier, PreparedCorrection, RelevanceQuery,
     ScopeState, SynthesisJob, Synthesiser, Verdict, Verifier,
 };
-use hindsight::learn::reflector::{Reflector, ReflectorConfig, ReflectorSnapshot};
+use hindsight::learn::reflector::{Bucket, Reflector, ReflectorConfig, ReflectorSnapshot};
 use hindsight::store::{KvTable, Store, WriteOp};
 use hindsight::{ExperienceTuple, Lesson, Task, now_ms};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -32,6 +32,8 @@ pub const LESSONS: KvTable = KvTable::new("lessons");
 /// The table of the adaptive strategies' scopes (a user's or tenant's failures, lessons and
 /// lease), by scope, each written as it changes, in the batch of the snapshot it belongs to.
 pub const SCOPES: KvTable = KvTable::new("reflector_scopes");
+/// The reflection's outcome statistics, a row per bucket (the snapshot holds the lessons).
+pub const BUCKETS: KvTable = KvTable::new("reflector_buckets");
 const SNAPSHOT_KEY: &str = "state";
 
 /// Why a human correction was not accepted.
@@ -181,14 +183,27 @@ impl Actor for ReflectorActor {
         let stored: Option<Persisted> = read_snapshot(&args.store, REFLECTOR, SNAPSHOT_KEY);
         let rows = args.store.scan::<ScopeState>(SCOPES)?;
         let keys: Vec<String> = rows.iter().map(|(k, _)| k.clone()).collect();
-        // A snapshot of an earlier build holds its scopes inline: they become rows (below).
+        let bucket_rows = args.store.scan::<Bucket>(BUCKETS)?;
+        let bucket_keys: Vec<String> = bucket_rows.iter().map(|(k, _)| k.clone()).collect();
+        // A snapshot of an earlier build holds its scopes and buckets inline: they become rows
+        // (below).
         let mut inline: Vec<String> = Vec::new();
+        let mut inline_buckets = false;
         let stored = stored.map(|mut p| {
             inline = p.adaptive.scopes.keys().cloned().collect();
+            inline_buckets = !p.reflector.buckets.is_empty();
             p.adaptive.scopes.extend(rows.into_iter().filter_map(|(scope, state)| match state {
                 Ok(state) => Some((scope, state)),
                 Err(e) => {
                     tracing::error!(scope, error = %e, "a scope of the adaptive strategies cannot be read; its lessons are lost");
+                    None
+                }
+            }));
+            // A bucket that cannot be read counts from nothing again (its lesson stays).
+            p.reflector.buckets.extend(bucket_rows.into_iter().filter_map(|(key, bucket)| match bucket {
+                Ok(bucket) => Some((key, bucket)),
+                Err(e) => {
+                    tracing::error!(key, error = %e, "a bucket of the reflection cannot be read; its counts start again");
                     None
                 }
             }));
@@ -202,22 +217,30 @@ impl Actor for ReflectorActor {
             ))
         });
         let (reflector, adaptive, applied) = match restored {
-            Some((reflector, mut adaptive, applied)) => {
+            Some((mut reflector, mut adaptive, applied)) => {
                 // The lessons come back; the configuration is the one in force now.
                 adaptive.set_config(args.adaptive.clone())?;
                 for scope in &inline {
                     adaptive.note_changed(scope);
                 }
+                if inline_buckets {
+                    reflector.note_all_buckets_changed();
+                }
                 (reflector, adaptive, applied)
             }
             None => {
-                // Rebuilt from the log: the scopes of a snapshot that cannot be used go (queued
-                // before any later snapshot, so committed first).
-                if !keys.is_empty() {
+                // Rebuilt from the log: the scopes and buckets of a snapshot that cannot be used
+                // go (queued before any later snapshot, so committed first).
+                let stale: Vec<WriteOp> = keys
+                    .iter()
+                    .map(|k| WriteOp::delete(SCOPES, k))
+                    .chain(bucket_keys.iter().map(|k| WriteOp::delete(BUCKETS, k)))
+                    .collect();
+                if !stale.is_empty() {
                     write_behind(
                         &args.store,
-                        keys.iter().map(|k| WriteOp::delete(SCOPES, k)).collect(),
-                        "the removal of an unusable reflector snapshot's scopes",
+                        stale,
+                        "the removal of an unusable reflector snapshot's scopes and buckets",
                     );
                 }
                 (
@@ -244,8 +267,8 @@ impl Actor for ReflectorActor {
             sent_to: None,
             unsent: BTreeSet::new(),
         };
-        if !inline.is_empty() {
-            // The scopes as rows and the snapshot without them, in one batch.
+        if !inline.is_empty() || inline_buckets {
+            // The scopes and buckets as rows and the snapshot without them, in one batch.
             let ops = state.snapshot_ops()?;
             state.store.write_batch(ops).await?;
         }
@@ -593,11 +616,14 @@ impl ReflectorState {
             ops.push(WriteOp::put(SCOPES, &scope, &state)?);
             self.unsent.insert(scope);
         }
+        for (key, bucket) in self.reflector.take_bucket_changes() {
+            ops.push(WriteOp::put(BUCKETS, &key, &bucket)?);
+        }
         ops.push(WriteOp::put(
             REFLECTOR,
             SNAPSHOT_KEY,
             &Persisted {
-                reflector: self.reflector.snapshot(),
+                reflector: self.reflector.snapshot_without_buckets(),
                 adaptive: self.adaptive.snapshot_without_scopes(),
                 applied: self.applied.clone(),
             },

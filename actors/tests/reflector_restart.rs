@@ -1,16 +1,19 @@
 //! The reflector across restarts: each scope of the adaptive strategies (a user's failures,
-//! lessons and lease) is written as a row of its own as it changes, so a consolidation writes
-//! what changed rather than every user's lessons, and a new tree reads the rows back. A store
-//! an earlier build wrote, with the scopes inside the snapshot, loses nothing either.
+//! lessons and lease) and each bucket of the reflection's statistics is written as a row of its
+//! own as it changes, so a consolidation writes what changed rather than every user's lessons
+//! and every count, and a new tree reads the rows back. A store an earlier build wrote, with
+//! the scopes and buckets inside the snapshot, loses nothing either.
 
 mod correction_support;
 
 use hindsight::learn::adaptive::{AdaptiveSnapshot, ScopeState};
-use hindsight::learn::reflector::ReflectorSnapshot;
+use hindsight::learn::reflector::{Bucket, ReflectorSnapshot};
 use hindsight::store::{Durability, Store, WriteOp};
+use hindsight::tools::sim::SimEnv;
 use hindsight::tools::sim::agent::AgentEnv;
+use hindsight_actors::app::workload;
 use hindsight_actors::applied::Applied;
-use hindsight_actors::reflector::{REFLECTOR, ReflectorMsg, SCOPES};
+use hindsight_actors::reflector::{BUCKETS, REFLECTOR, ReflectorMsg, SCOPES};
 use hindsight_actors::{Runtime, RuntimeOptions};
 use serde::{Deserialize, Serialize};
 
@@ -85,6 +88,7 @@ async fn a_scope_is_its_own_row_and_comes_back_after_a_restart_and_an_upgrade() 
         snapshot.adaptive.scopes.insert(key.clone(), row.unwrap());
         ops.push(WriteOp::delete(SCOPES, &key));
     }
+
     ops.push(WriteOp::put(REFLECTOR, "state", &snapshot).unwrap());
     store.write_batch(ops).await.unwrap();
     drop(store);
@@ -98,4 +102,60 @@ async fn a_scope_is_its_own_row_and_comes_back_after_a_restart_and_an_upgrade() 
             .iter()
             .any(|(k, _)| k == SCOPE)
     );
+}
+
+/// The buckets of the reflection's statistics (a tool workflow's: the support desk's agents
+/// count none).
+fn buckets(store: &Store) -> Vec<(String, Bucket)> {
+    store
+        .scan::<Bucket>(BUCKETS)
+        .unwrap()
+        .into_iter()
+        .map(|(k, v)| (k, v.unwrap()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_is_its_own_row_and_comes_back_after_a_restart_and_an_upgrade() {
+    let path = std::path::Path::new("../config/envs/bank_statements.toml");
+    let env = SimEnv::load(path).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let options = || {
+        let mut opts = RuntimeOptions::new(dir.path(), env.clone());
+        opts.durability = Durability::None;
+        opts
+    };
+    let rt = Runtime::start(options()).await.unwrap();
+    for i in 0..60 {
+        rt.orchestrate(workload::sim_task(&env, 3, i))
+            .await
+            .unwrap();
+    }
+    rt.shutdown().await;
+    // A start replays what the log holds since the last consolidation, and writes it.
+    Runtime::start(options()).await.unwrap().shutdown().await;
+    let store = Store::open(dir.path(), Default::default()).unwrap();
+    let counted = buckets(&store);
+    assert!(
+        !counted.is_empty(),
+        "the runs' outcomes are counted in rows"
+    );
+    let mut snapshot: Snapshot = store.get(REFLECTOR, "state").unwrap().unwrap();
+    assert!(snapshot.reflector.buckets.is_empty());
+    // A store an earlier build wrote: the buckets inside the snapshot, no rows.
+    let mut ops = Vec::new();
+    for (key, bucket) in counted.clone() {
+        ops.push(WriteOp::delete(BUCKETS, &key));
+        snapshot.reflector.buckets.insert(key, bucket);
+    }
+    ops.push(WriteOp::put(REFLECTOR, "state", &snapshot).unwrap());
+    store.write_batch(ops).await.unwrap();
+    drop(store);
+    let rt = Runtime::start(options()).await.unwrap();
+    rt.shutdown().await;
+    // The counts are rows again, as they were, and no longer in the snapshot.
+    let store = Store::open(dir.path(), Default::default()).unwrap();
+    assert_eq!(buckets(&store), counted);
+    let snapshot: Snapshot = store.get(REFLECTOR, "state").unwrap().unwrap();
+    assert!(snapshot.reflector.buckets.is_empty());
 }

@@ -276,10 +276,26 @@ pub enum ReflectorError {
     SnapshotVersion(u32),
 }
 
-/// Consolidates experience into lessons (a pure struct the Reflector actor owns).
-#[derive(Debug, Clone, PartialEq)]
+/// Consolidates experience into lessons (a pure struct the Reflector actor owns). It notes the
+/// buckets each run changes, so that a consolidation looks again only at those (a full pass
+/// after a restore, or when a lesson was superseded: a bucket that was redundant may then need
+/// its own), and its owner can persist buckets one by one ([`Reflector::take_bucket_changes`]).
+#[derive(Debug, Clone)]
 pub struct Reflector {
     state: ReflectorSnapshot,
+    /// Buckets changed since the last consolidation.
+    unconsolidated: BTreeSet<String>,
+    /// Buckets changed since they were last handed over to be persisted.
+    unpersisted: BTreeSet<String>,
+    /// Whether the next consolidation looks at every bucket.
+    full_pass: bool,
+}
+
+/// Two reflectors are equal when their states are (what is still to do aside).
+impl PartialEq for Reflector {
+    fn eq(&self, other: &Reflector) -> bool {
+        self.state == other.state
+    }
 }
 
 fn cluster_key(pre: &BTreeMap<String, String>) -> String {
@@ -315,6 +331,9 @@ impl Reflector {
                 bucket_lessons: BTreeMap::new(),
                 next_id: 1,
             },
+            unconsolidated: BTreeSet::new(),
+            unpersisted: BTreeSet::new(),
+            full_pass: false,
         }
     }
 
@@ -323,12 +342,47 @@ impl Reflector {
         self.state.clone()
     }
 
-    /// Rebuilds from a snapshot.
+    /// The persisted state without its buckets, which an owner persisting them one by one
+    /// ([`Reflector::take_bucket_changes`]) keeps apart: the snapshot stays the size of the
+    /// lessons however much experience the buckets count.
+    pub fn snapshot_without_buckets(&self) -> ReflectorSnapshot {
+        ReflectorSnapshot {
+            version: self.state.version,
+            config: self.state.config.clone(),
+            lessons: self.state.lessons.clone(),
+            buckets: BTreeMap::new(),
+            bucket_lessons: self.state.bucket_lessons.clone(),
+            next_id: self.state.next_id,
+        }
+    }
+
+    /// The buckets changed since the last call (each once, as it is now), and forgets them:
+    /// what the owner writes to persist them.
+    pub fn take_bucket_changes(&mut self) -> Vec<(String, Bucket)> {
+        std::mem::take(&mut self.unpersisted)
+            .into_iter()
+            .filter_map(|k| self.state.buckets.get(&k).cloned().map(|b| (k, b)))
+            .collect()
+    }
+
+    /// Notes every bucket as changed, so that the next [`Reflector::take_bucket_changes`]
+    /// hands them all over (a snapshot of an earlier build held them inline).
+    pub fn note_all_buckets_changed(&mut self) {
+        self.unpersisted = self.state.buckets.keys().cloned().collect();
+    }
+
+    /// Rebuilds from a snapshot (whose buckets are those persisted with it); its first
+    /// consolidation looks at every bucket.
     pub fn restore(snapshot: ReflectorSnapshot) -> Result<Reflector, ReflectorError> {
         if snapshot.version != SNAPSHOT_VERSION {
             return Err(ReflectorError::SnapshotVersion(snapshot.version));
         }
-        Ok(Reflector { state: snapshot })
+        Ok(Reflector {
+            state: snapshot,
+            unconsolidated: BTreeSet::new(),
+            unpersisted: BTreeSet::new(),
+            full_pass: true,
+        })
     }
 
     /// A lesson by id (superseded ones included).
@@ -397,6 +451,8 @@ impl Reflector {
                     st.tool,
                     st.strategy
                 );
+                self.unconsolidated.insert(key.clone());
+                self.unpersisted.insert(key.clone());
                 let b = self.state.buckets.entry(key).or_insert_with(|| Bucket {
                     preconditions: pre.clone(),
                     stage: st.stage.clone(),
@@ -430,11 +486,13 @@ impl Reflector {
     pub fn consolidate(&mut self, now_ms: u64) -> ConsolidationReport {
         let cfg = self.state.config.clone();
         let mut report = ConsolidationReport::default();
+        let changed = std::mem::take(&mut self.unconsolidated);
+        let full = std::mem::take(&mut self.full_pass);
         let mut keys: Vec<(usize, String)> = self
             .state
             .buckets
             .iter()
-            .filter(|(_, b)| b.n >= cfg.min_samples)
+            .filter(|(k, b)| b.n >= cfg.min_samples && (full || changed.contains(*k)))
             .map(|(k, b)| (b.preconditions.len(), k.clone()))
             .collect();
         keys.sort();
@@ -586,6 +644,9 @@ impl Reflector {
                 }
             }
             self.state.lessons.insert(new.clone(), lesson);
+            // A bucket left without a lesson because the superseded one said the same may
+            // need one now.
+            self.full_pass = true;
             return LessonChange::Superseded {
                 new,
                 old: contradicted,
