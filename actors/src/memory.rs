@@ -206,6 +206,11 @@ impl Actor for MemoryActor {
             );
         }
         state.sync_sops();
+        // What the start read, replayed and synced is a snapshot now (items written without
+        // one are read back against it at the next start).
+        let ops = state.snapshot_ops()?;
+        state.since_snapshot = 0;
+        write_behind(&state.store, ops, "the memory snapshot");
         args.slot.publish(myself);
         Ok(state)
     }
@@ -285,16 +290,16 @@ impl Actor for MemoryActor {
                     }
                 }
                 if indexed {
-                    state.persist_later()?;
+                    state.persist_items_later()?;
                 }
             }
             MemoryMsg::IndexSop(sop) => {
                 state.index_sop(&sop);
-                state.persist_later()?;
+                state.persist_items_later()?;
             }
             MemoryMsg::RetainLessons(active) => {
                 if state.memory.retain_lessons(&active) > 0 {
-                    state.persist_later()?;
+                    state.persist_items_later()?;
                 }
             }
             MemoryMsg::ForgetLessons(gone) => {
@@ -303,12 +308,12 @@ impl Actor for MemoryActor {
                     .filter(|id| state.memory.forget(ItemKind::Lesson, id).is_some())
                     .count();
                 if forgotten > 0 {
-                    state.persist_later()?;
+                    state.persist_items_later()?;
                 }
             }
             MemoryMsg::ForgetSop(sop_id) => {
                 if state.memory.forget_sop(&sop_id) {
-                    state.persist_later()?;
+                    state.persist_items_later()?;
                 }
             }
         }
@@ -413,18 +418,22 @@ impl MemoryState {
         }
     }
 
-    /// The writes of a snapshot: the index items changed since the last one, and the rest of
-    /// the state (one batch, so that what is on disk is always one snapshot's).
-    fn snapshot_ops(&mut self) -> Result<Vec<WriteOp>, hindsight::store::StoreError> {
-        let mut ops: Vec<WriteOp> = self
-            .memory
+    /// The writes of the index items changed since the last ones (or removed).
+    fn item_ops(&mut self) -> Result<Vec<WriteOp>, hindsight::store::StoreError> {
+        self.memory
             .take_index_changes()
             .into_iter()
             .map(|(key, item)| match item {
                 Some(item) => WriteOp::put(MEMORY_ITEMS, &key, &item),
                 None => Ok(WriteOp::delete(MEMORY_ITEMS, &key)),
             })
-            .collect::<Result<_, _>>()?;
+            .collect()
+    }
+
+    /// The writes of a snapshot: the index items changed since the last write of them, and the
+    /// rest of the state, in one batch.
+    fn snapshot_ops(&mut self) -> Result<Vec<WriteOp>, hindsight::store::StoreError> {
+        let mut ops = self.item_ops()?;
         ops.push(WriteOp::put(
             MEMORY,
             SNAPSHOT_KEY,
@@ -436,11 +445,15 @@ impl MemoryState {
         Ok(ops)
     }
 
-    fn persist_later(&mut self) -> Result<(), hindsight::store::StoreError> {
-        let ops = self.snapshot_ops()?;
-        self.since_snapshot = 0;
-        // Queued now, so that snapshots are committed in the order they were taken.
-        write_behind(&self.store, ops, "the memory snapshot");
+    /// Queues the index items that lessons and SOPs changed (their owners' sends, which the
+    /// experience log does not hold) without a snapshot of the graph: what they change in the
+    /// graph (an SOP's links) is made again from the SOP table at every start, so the graph
+    /// waits for the next snapshot. Queued now, so that writes are committed in order.
+    fn persist_items_later(&mut self) -> Result<(), hindsight::store::StoreError> {
+        let ops = self.item_ops()?;
+        if !ops.is_empty() {
+            write_behind(&self.store, ops, "memory's index items");
+        }
         Ok(())
     }
 

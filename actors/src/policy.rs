@@ -264,7 +264,14 @@ pub struct PolicyState {
     distiller_dirty: bool,
     /// Diary notes of the distiller's decisions, written with the next snapshot.
     distill_notes: Vec<hindsight::store::NewDiaryEntry>,
+    /// A ranker refit running on a blocking thread (it reads the log and fits: tens of
+    /// milliseconds that choices would otherwise wait behind), if one is.
+    refit: Option<tokio::task::JoinHandle<RefitResult>>,
 }
+
+/// What a refit returns: the distiller after it and what it decided, or why the log could not
+/// be read.
+type RefitResult = Result<(Distiller, Option<DistillOutcome>), String>;
 
 impl Actor for PolicyActor {
     type Msg = PolicyMsg;
@@ -355,6 +362,7 @@ impl Actor for PolicyActor {
             chaos: args.chaos,
             distiller_dirty: false,
             distill_notes: Vec::new(),
+            refit: None,
         };
         // Replay what was logged after the snapshot.
         for (seq, exp) in state.store.experience_since(state.planner.watermark())? {
@@ -380,6 +388,10 @@ impl Actor for PolicyActor {
     ) -> Result<(), ActorProcessingErr> {
         if let Some(chaos) = &state.chaos {
             chaos.on_message();
+        }
+        // A refit that finished is put in force before anything else is answered.
+        if state.refit.as_ref().is_some_and(|h| h.is_finished()) {
+            state.finish_refit().await;
         }
         match msg {
             PolicyMsg::Choose {
@@ -440,6 +452,8 @@ impl Actor for PolicyActor {
                 let _ = reply.send(state.planner.sops.sops.clone());
             }
             PolicyMsg::Distillation { reply } => {
+                // Every fit due so far is counted.
+                state.finish_refit().await;
                 let d = &state.planner.distiller;
                 let _ = reply.send(DistillStatus {
                     fits: d.fits,
@@ -450,6 +464,7 @@ impl Actor for PolicyActor {
                 });
             }
             PolicyMsg::Flush { reply } => {
+                state.finish_refit().await;
                 let _ = reply.send(state.persist().await.map_err(|e| e.to_string()));
             }
         }
@@ -461,7 +476,8 @@ impl Actor for PolicyActor {
         _myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        if state.since_snapshot > 0 {
+        state.finish_refit().await;
+        if state.since_snapshot > 0 || state.distiller_dirty {
             state.persist().await?;
         }
         Ok(())
@@ -476,22 +492,48 @@ impl PolicyState {
         }
     }
 
-    /// Fits and evaluates a ranker when one is due, on the newest experiences of the log.
+    /// Starts fitting and evaluating a ranker when one is due, on the newest experiences of
+    /// the log, on a blocking thread: choices go on with the ranker in force until
+    /// [`PolicyState::finish_refit`] puts the new one in force.
     fn maybe_distill(&mut self) {
+        if self.refit.is_some() {
+            return;
+        }
         let Some(from) = self.planner.distill_from() else {
             return;
         };
-        let log: Vec<ExperienceTuple> = match self.store.experience_since(from) {
-            Ok(rows) => rows.into_iter().filter_map(|(_, e)| e.ok()).collect(),
-            Err(e) => {
-                tracing::warn!(error = %e, "the experience log cannot be read; the ranker is not fitted now");
-                return;
-            }
+        let job = self.planner.refit_job();
+        let store = self.store.clone();
+        self.refit = Some(tokio::task::spawn_blocking(move || {
+            let log: Vec<ExperienceTuple> = store
+                .experience_since(from)
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .filter_map(|(_, e)| e.ok())
+                .collect();
+            Ok(job.run(&log))
+        }));
+    }
+
+    /// Waits for the refit under way, if any, and puts its distiller in force (persisted with
+    /// the next snapshot, which it asks for).
+    async fn finish_refit(&mut self) {
+        let Some(refit) = self.refit.take() else {
+            return;
         };
-        let outcome = self.planner.refit(&log);
-        self.distiller_dirty = true;
-        if let Some(o) = outcome {
-            self.note_distillation(&o);
+        match refit.await {
+            Ok(Ok((distiller, outcome))) => {
+                self.planner.install(distiller);
+                self.distiller_dirty = true;
+                if let Some(o) = outcome {
+                    self.note_distillation(&o);
+                }
+                self.persist_later();
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "the experience log cannot be read; the ranker is not fitted now")
+            }
+            Err(e) => tracing::warn!(error = %e, "the ranker's refit did not finish"),
         }
     }
 

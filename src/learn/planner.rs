@@ -69,6 +69,28 @@ pub struct Planner {
     sops_on: bool,
 }
 
+/// A ranker refit taken from a [`Planner`] ([`Planner::refit_job`]), to run away from it.
+#[derive(Debug, Clone)]
+pub struct RefitJob {
+    watermark: u64,
+    distiller: Distiller,
+    policy: Policy,
+}
+
+impl RefitJob {
+    /// Fits and evaluates a ranker on `log` (the experiences after [`Planner::distill_from`]),
+    /// rewarded by their first attempt: the distiller after the fit, and what it decided.
+    pub fn run(mut self, log: &[ExperienceTuple]) -> (Distiller, Option<DistillOutcome>) {
+        let reward = self.policy.config().reward.clone();
+        let log = log_for(log, Objective::FirstAttempt, &reward).0;
+        let mut rng = fastrand::Rng::with_seed(self.watermark ^ 0xd157_111e);
+        let outcome = self
+            .distiller
+            .refit(self.watermark, &log, &self.policy, &mut rng);
+        (self.distiller, outcome)
+    }
+}
+
 impl Planner {
     /// A planner from its learned parts, up to experience `watermark` (plus `applied` above
     /// it). Its choices draw from a stream derived from `seed` and the watermark, so a restart
@@ -235,11 +257,25 @@ impl Planner {
     /// Fits and evaluates a ranker on `log` (the experiences after [`Planner::distill_from`]),
     /// rewarded by their first attempt.
     pub fn refit(&mut self, log: &[ExperienceTuple]) -> Option<DistillOutcome> {
-        let reward = self.policy.config().reward.clone();
-        let log = log_for(log, Objective::FirstAttempt, &reward).0;
-        let mut rng = fastrand::Rng::with_seed(self.watermark ^ 0xd157_111e);
-        self.distiller
-            .refit(self.watermark, &log, &self.policy, &mut rng)
+        let (distiller, outcome) = self.refit_job().run(log);
+        self.install(distiller);
+        outcome
+    }
+
+    /// [`Planner::refit`] as a job that can run elsewhere (it reads the log and fits, which
+    /// takes a while): the distiller and the policy as they are now. Its distiller is put in
+    /// force by [`Planner::install`].
+    pub fn refit_job(&self) -> RefitJob {
+        RefitJob {
+            watermark: self.watermark,
+            distiller: self.distiller.clone(),
+            policy: self.policy.clone(),
+        }
+    }
+
+    /// Puts in force the distiller a [`RefitJob`] returned.
+    pub fn install(&mut self, distiller: Distiller) {
+        self.distiller = distiller;
     }
 
     /// A plan for `task`: a new one (`base: None`, [`Planner::route`]), or `base` repaired: each

@@ -7,10 +7,9 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::tests::Named;
+use super::tests::{Named, reward};
 use super::*;
 use crate::model::{ChatRequest, ModelError, ModelReply, Role, ToolCall, Usage};
-use crate::tools::sim::RewardConfig;
 use crate::tools::{ToolError, ToolRegistry, ToolSpec};
 use crate::{ArmChoice, ErrorClass, FailureType, RunState, Task};
 
@@ -50,15 +49,8 @@ fn workflow_with(variants: &[&str], edit: impl FnOnce(&mut AgentStage)) -> Arc<W
     };
     edit(&mut agent);
     let check: workflow::OutputCheck = Arc::new(|_, _, _| Ok(()));
-    let reward = RewardConfig {
-        success: 1.0,
-        latency: 0.1,
-        cost: 0.1,
-        max_cost: 1.0,
-        sla_ms: 1000.0,
-    };
     let stages = vec![WorkflowStage::agent("answer", agent)];
-    Arc::new(Workflow::new("agent-test", stages, &registry, check, reward).unwrap())
+    Arc::new(Workflow::new("agent-test", stages, &registry, check, reward()).unwrap())
 }
 
 fn task() -> Arc<Task> {

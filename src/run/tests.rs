@@ -28,6 +28,17 @@ impl Tool for Named {
     }
 }
 
+/// The reward of the test workflows.
+pub(super) fn reward() -> RewardConfig {
+    RewardConfig {
+        success: 1.0,
+        latency: 0.1,
+        cost: 0.1,
+        max_cost: 1.0,
+        sla_ms: 1000.0,
+    }
+}
+
 /// Two stages: `fetch` (idempotent `search`, or `scrape`) then `write` (non-idempotent
 /// `post`); an output passes when it is not `"bad"`.
 fn workflow() -> Arc<Workflow> {
@@ -53,14 +64,7 @@ fn workflow() -> Arc<Workflow> {
             Ok(())
         }
     });
-    let reward = RewardConfig {
-        success: 1.0,
-        latency: 0.1,
-        cost: 0.1,
-        max_cost: 1.0,
-        sla_ms: 1000.0,
-    };
-    Arc::new(Workflow::new("test", stages, &registry, check, reward).unwrap())
+    Arc::new(Workflow::new("test", stages, &registry, check, reward()).unwrap())
 }
 
 fn task() -> Arc<Task> {
@@ -313,15 +317,8 @@ fn a_first_call_not_idempotent_is_checkpointed_with_the_transition_to_executing(
         params: Default::default(),
     };
     let check: workflow::OutputCheck = Arc::new(|_, _, _| Ok(()));
-    let reward = RewardConfig {
-        success: 1.0,
-        latency: 0.1,
-        cost: 0.1,
-        max_cost: 1.0,
-        sla_ms: 1000.0,
-    };
     let stages = vec![WorkflowStage::tools("write", vec![arm])];
-    let wf = Arc::new(Workflow::new("one", stages, &registry, check, reward).unwrap());
+    let wf = Arc::new(Workflow::new("one", stages, &registry, check, reward()).unwrap());
     let rules = Arc::new(RunRules::default().for_workflow(&wf));
     let mut m = RunMachine::new("run-t#1", task(), wf.clone(), rules.clone());
     let mut seen = Vec::new();
