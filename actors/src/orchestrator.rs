@@ -428,19 +428,16 @@ impl OrchestratorState {
             }
             .await;
             let _ = accepted.send(written.as_ref().map(|_| ()).map_err(|e| e.to_string()));
-            match written {
-                Ok(()) => {}
-                Err(e) => {
-                    // Nothing was acknowledged: the caller learns the task was not accepted.
-                    tracing::error!(task_id = %task.task_id, error = %e, "cannot record a new run");
-                    let _ = myself.cast(OrchestratorMsg::Finished {
-                        outcome: Box::new(RunOutcome::rejected(
-                            &run,
-                            format!("cannot record the run: {e}"),
-                        )),
-                        reply: ractor::concurrency::oneshot().0.into(),
-                    });
-                }
+            if let Err(e) = written {
+                // Nothing was acknowledged: the caller learns the task was not accepted.
+                tracing::error!(task_id = %task.task_id, error = %e, "cannot record a new run");
+                let _ = myself.cast(OrchestratorMsg::Finished {
+                    outcome: Box::new(RunOutcome::rejected(
+                        &run,
+                        format!("cannot record the run: {e}"),
+                    )),
+                    reply: ractor::concurrency::oneshot().0.into(),
+                });
             }
         });
         Ok(())
