@@ -171,7 +171,7 @@ impl Actor for MemoryActor {
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         let stored: Option<Persisted> = read_snapshot(&args.store, MEMORY, SNAPSHOT_KEY);
-        let (memory, applied, stale) = restore(&args.store, stored)?;
+        let (memory, applied, rebuilt) = restore(&args.store, stored)?;
         let mut state = MemoryState {
             store: args.store,
             memory,
@@ -193,7 +193,7 @@ impl Actor for MemoryActor {
                 }
             }
         }
-        if !stale.is_empty() {
+        if let Some(stale) = rebuilt.as_ref().filter(|k| !k.is_empty()) {
             // Items of a snapshot that could not be used: the index is rebuilt from the log, so
             // they go (queued before any later snapshot, so committed first).
             write_behind(
@@ -206,11 +206,13 @@ impl Actor for MemoryActor {
             );
         }
         state.sync_sops();
-        // What the start read, replayed and synced is a snapshot now (items written without
-        // one are read back against it at the next start).
-        let ops = state.snapshot_ops()?;
-        state.since_snapshot = 0;
-        write_behind(&state.store, ops, "the memory snapshot");
+        if rebuilt.is_some() {
+            // A memory rebuilt is a snapshot now, which the items written without one (lessons
+            // and SOPs) are read back against at the next start.
+            let ops = state.snapshot_ops()?;
+            state.since_snapshot = 0;
+            write_behind(&state.store, ops, "the memory snapshot");
+        }
         args.slot.publish(myself);
         Ok(state)
     }
@@ -523,16 +525,17 @@ impl MemoryState {
 
 /// Memory as its snapshot and items left it, with the experiences applied; an empty memory
 /// (rebuilt from the log) when there is no usable snapshot, with the keys of the items left
-/// from it, which no longer belong to anything. An item that cannot be read is left out (and
-/// logged): the log cannot bring back a lesson or an SOP, their owners send them again.
+/// from it, which no longer belong to anything (`Some`, empty when there were none; `None`
+/// when the snapshot was used). An item that cannot be read is left out (and logged): the log
+/// cannot bring back a lesson or an SOP, their owners send them again.
 fn restore(
     store: &Store,
     stored: Option<Persisted>,
-) -> Result<(Memory, Applied, Vec<String>), hindsight::store::StoreError> {
+) -> Result<(Memory, Applied, Option<Vec<String>>), hindsight::store::StoreError> {
     let rows = store.scan::<VectorItem>(MEMORY_ITEMS)?;
     let keys: Vec<String> = rows.iter().map(|(k, _)| k.clone()).collect();
     let Some(stored) = stored else {
-        return Ok((Memory::default(), Applied::default(), keys));
+        return Ok((Memory::default(), Applied::default(), Some(keys)));
     };
     let items = rows.into_iter().filter_map(|(key, item)| match item {
         Ok(item) => Some(item),
@@ -542,10 +545,10 @@ fn restore(
         }
     });
     match Memory::restore(stored.memory, items) {
-        Ok(memory) => Ok((memory, stored.applied, Vec::new())),
+        Ok(memory) => Ok((memory, stored.applied, None)),
         Err(e) => {
             tracing::error!(error = %e, "memory's snapshot cannot be used; rebuilding it from the experience log");
-            Ok((Memory::default(), Applied::default(), keys))
+            Ok((Memory::default(), Applied::default(), Some(keys)))
         }
     }
 }

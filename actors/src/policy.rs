@@ -477,7 +477,7 @@ impl Actor for PolicyActor {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         state.finish_refit().await;
-        if state.since_snapshot > 0 || state.distiller_dirty {
+        if state.since_snapshot > 0 {
             state.persist().await?;
         }
         Ok(())
