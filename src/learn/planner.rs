@@ -6,7 +6,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::learn::bandit::{Observation, Policy, Routing, StageObservation, UpdateSummary};
+use crate::learn::bandit::{
+    DrawTables, Observation, Policy, Routing, StageObservation, UpdateSummary,
+};
 use crate::learn::distill::{DistillOutcome, Distiller};
 use crate::learn::first_attempt::{FirstAttempts, step_observations};
 use crate::learn::ope::{Objective, log_for};
@@ -67,6 +69,8 @@ pub struct Planner {
     learned_at_first_attempt: u64,
     /// Whether SOPs are proposed, promoted and routed to (off for an ablation).
     sops_on: bool,
+    /// The policy's draws per task features since it last learned, which choices pick from.
+    draws: DrawTables,
 }
 
 /// A ranker refit taken from a [`Planner`] ([`Planner::refit_job`]), to run away from it.
@@ -118,6 +122,7 @@ impl Planner {
             first_attempts,
             learned_at_first_attempt: 0,
             sops_on: true,
+            draws: DrawTables::default(),
         }
     }
 
@@ -378,7 +383,9 @@ impl Planner {
                 .map(|(_, indices, share)| (indices.as_slice(), *share)),
             exploring: &exploring,
         };
-        let choice = self.policy.choose_routed(features, routing, &mut self.rng);
+        let choice = self
+            .policy
+            .choose_tabled(features, routing, &mut self.draws, &mut self.rng);
         self.ranked_choices += u64::from(choice.ranked);
         if !choice.explored.is_empty() {
             self.in_flight

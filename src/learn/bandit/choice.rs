@@ -1,6 +1,6 @@
 //! choice: how a policy chooses a plan (information-directed sampling with a share of Thompson
-//! sampling, SOP and ranker routing), what it logs with it (propensities by resampling), and its
-//! rankings and fallbacks within a stage.
+//! sampling, SOP and ranker routing), what it logs with it (its exact propensity given the
+//! draws it was picked from), and its rankings and fallbacks within a stage.
 
 use super::beliefs::Eff;
 use std::collections::BTreeMap;
@@ -11,6 +11,7 @@ use crate::learn::cluster::{Lattice, cluster_key};
 use crate::learn::posterior::sample_beta;
 use crate::record::ArmChoice;
 
+use super::draws::{DrawTable, DrawTables};
 use super::{Arm, ChoiceRule, Node, Policy};
 
 /// One stage of a chosen plan.
@@ -46,7 +47,7 @@ pub struct Routing<'a> {
     pub exploring: &'a [usize],
 }
 
-/// Which way one draw of [`Policy::mixed_draw`] went.
+/// Which way a routed choice went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Drawn {
     /// The policy's own plan (greedy or exploring).
@@ -64,7 +65,7 @@ pub struct Choice {
     pub cluster: String,
     /// One arm per stage, in stage order.
     pub plan: Vec<ChosenArm>,
-    /// Probability the policy had of choosing this plan (estimated by resampling).
+    /// Probability the policy had of choosing this plan, given the draws it was picked from.
     pub plan_propensity: f64,
     /// Expected reward of the plan under the posterior means.
     pub mean_value: f64,
@@ -113,41 +114,9 @@ impl Choice {
     }
 }
 
-/// Per stage, the share of choices that agree with `plan` there among those that agreed with it
-/// in every earlier stage: over `draws` choices made by `draw`, plus `counted` that are `plan`
-/// itself (1 when `plan` is one of the choices). A stage no choice reached gets 0.
-pub(super) fn conditional_frequencies(
-    plan: &[usize],
-    draws: usize,
-    counted: usize,
-    mut draw: impl FnMut(&mut Vec<usize>),
-) -> Vec<f64> {
-    let mut agree = vec![counted; plan.len()];
-    let mut other = Vec::new();
-    for _ in 0..draws {
-        draw(&mut other);
-        for (s, &a) in plan.iter().enumerate() {
-            if other.get(s) != Some(&a) {
-                break;
-            }
-            agree[s] += 1;
-        }
-    }
-    let mut prev = (draws + counted) as f64;
-    agree
-        .iter()
-        .map(|&n| {
-            let n = n as f64;
-            let share = if prev > 0.0 { n / prev } else { 0.0 };
-            prev = n;
-            share
-        })
-        .collect()
-}
-
-/// The buffers of a choice's draws, reused across the draws behind one choice and its
-/// propensity (a choice and its propensity make `propensity_draws + 1` draws of every arm's
-/// posterior, each `samples` times under information-directed sampling).
+/// The buffers of a rule's draws, reused across the draws of one table (each draw samples every
+/// arm's posterior, `samples` times under information-directed sampling).
+#[derive(Debug, Clone)]
 pub(super) struct Scratch {
     /// One draw per arm (flat order).
     p: Vec<f64>,
@@ -185,8 +154,10 @@ impl Scratch {
 impl Policy {
     /// Chooses a plan for a task with `features`: samples the posteriors, takes the greedy plan
     /// or the departure from it that information-directed sampling prefers (the plan with the
-    /// highest sampled expected reward under [`ChoiceRule::Thompson`]), and estimates its
-    /// propensity by resampling.
+    /// highest sampled expected reward under [`ChoiceRule::Thompson`]), picked among
+    /// [`PolicyConfig::propensity_draws`] + 1 such draws, with its propensity given them.
+    ///
+    /// [`PolicyConfig::propensity_draws`]: super::PolicyConfig::propensity_draws
     pub fn choose(&self, features: &BTreeMap<String, String>, rng: &mut fastrand::Rng) -> Choice {
         self.choose_with(features, None, rng)
     }
@@ -194,7 +165,7 @@ impl Policy {
     /// [`Policy::choose`] with another scorer's plan for the exploit share: whenever the sampled
     /// plan is the greedy (posterior-mean) plan, `exploit` is taken instead (a promoted ranker's
     /// plan); exploration is the policy's as always. The propensity is that of the mixed
-    /// choice, estimated by resampling it.
+    /// choice.
     pub fn choose_with(
         &self,
         features: &BTreeMap<String, String>,
@@ -213,17 +184,31 @@ impl Policy {
     /// explored already (see [`Routing`]). Exploration stays the policy's, so a cluster an
     /// SOP covers keeps exploring at the policy's own rate (an SOP promoted before a specialist
     /// was found does not starve the specialist of tries). The propensity is that of the whole
-    /// mixture, the router's coin included, estimated by resampling it.
+    /// mixture, the router's coin included.
     pub fn choose_routed(
         &self,
         features: &BTreeMap<String, String>,
         routing: Routing<'_>,
         rng: &mut fastrand::Rng,
     ) -> Choice {
-        let eff = self.effective(features);
-        let n_stages = self.stages.len();
-        let means = eff.mean.clone();
-        let (greedy, greedy_value) = self.greedy_in(&eff);
+        self.choose_tabled(features, routing, &mut DrawTables::default(), rng)
+    }
+
+    /// [`Policy::choose_routed`] from the plans drawn for the same features since the policy
+    /// last changed (see [`DrawTables`]): the first choice for them draws
+    /// [`PolicyConfig::propensity_draws`] + 1 plans of the policy's rule, each later one draws
+    /// one more; the plan is picked among all of them, each draw as likely, and routed. Its
+    /// propensity is the probability it had given the draws, the router's coin included:
+    /// exact, so that off-policy estimates weighing runs by it are unbiased.
+    ///
+    /// [`PolicyConfig::propensity_draws`]: super::PolicyConfig::propensity_draws
+    pub fn choose_tabled(
+        &self,
+        features: &BTreeMap<String, String>,
+        routing: Routing<'_>,
+        tables: &mut DrawTables,
+        rng: &mut fastrand::Rng,
+    ) -> Choice {
         let routing = Routing {
             ranker: self.valid_plan(routing.ranker),
             sop: routing
@@ -231,19 +216,28 @@ impl Policy {
                 .and_then(|(plan, s)| self.valid_plan(Some(plan)).map(|p| (p, s.clamp(0.0, 1.0)))),
             exploring: routing.exploring,
         };
-        let mut scratch = Scratch::new(self, &greedy);
-        let mut chosen = Vec::new();
-        let drawn = self.mixed_draw(&eff, &greedy, routing, &mut scratch, rng, &mut chosen);
-        // Propensity: the chosen draw plus `propensity_draws` more; per stage the frequency of
-        // the chosen arm given that the earlier stages matched (the product is the plan's).
-        let props = conditional_frequencies(&chosen, self.config.propensity_draws, 1, |out| {
-            self.mixed_draw(&eff, &greedy, routing, &mut scratch, rng, out);
-        });
+        let table = tables.table(self, features, self.config.propensity_draws + 1, rng);
+        let mut chosen = table.pick(rng).to_vec();
+        let drawn = self.route(&table.greedy, routing, rng, &mut chosen);
+        // Propensity: per stage, the probability of the chosen arm given that the earlier
+        // stages matched (the product is the plan's), over the draws and the router's coin.
+        let mut agree = vec![0.0; chosen.len()];
+        for (raw, share) in table.shares() {
+            self.routed_outcomes(raw, &table.greedy, routing, |plan, p| {
+                for (s, &a) in chosen.iter().enumerate() {
+                    if plan.get(s) != Some(&a) {
+                        break;
+                    }
+                    agree[s] += share * p;
+                }
+            });
+        }
+        let (eff, greedy) = (&table.eff, &table.greedy);
         let (ranked, sop) = (drawn == Drawn::Ranker, drawn == Drawn::Sop);
         let explored = if drawn == Drawn::Policy {
             chosen
                 .iter()
-                .zip(&greedy)
+                .zip(greedy)
                 .enumerate()
                 .filter(|(_, (a, g))| a != g)
                 .map(|(s, (a, _))| self.offsets[s] + a)
@@ -251,11 +245,14 @@ impl Policy {
         } else {
             Vec::new()
         };
-        let mean_value = self.plan_value(&means, &eff, &chosen);
-        let mut plan = Vec::with_capacity(n_stages);
+        let mean_value = self.plan_value(&eff.mean, eff, &chosen);
+        let mut plan = Vec::with_capacity(chosen.len());
         let mut plan_propensity = 1.0;
-        for (s, (&a, &prop)) in chosen.iter().zip(&props).enumerate() {
+        let mut before = 1.0;
+        for (s, (&a, &reached)) in chosen.iter().zip(&agree).enumerate() {
             let j = self.offsets[s] + a;
+            let prop = if before > 0.0 { reached / before } else { 0.0 };
+            before = reached;
             plan_propensity *= prop;
             plan.push(ChosenArm {
                 stage: self.stages[s].stage.clone(),
@@ -270,12 +267,12 @@ impl Policy {
             plan,
             plan_propensity,
             mean_value,
-            greedy: ranked || sop || chosen == greedy || mean_value >= greedy_value - 1e-12,
+            greedy: ranked || sop || chosen == *greedy || mean_value >= table.greedy_value - 1e-12,
             ranked,
             sop,
             indices: chosen,
             explored,
-            greedy_plan: greedy,
+            greedy_plan: greedy.clone(),
         }
     }
 
@@ -294,19 +291,17 @@ impl Policy {
         })
     }
 
-    /// One choice into `out` by the configured [`ChoiceRule`]: the information-directed choice
+    /// One draw of the configured [`ChoiceRule`] into `out`: the information-directed choice
     /// (see [`Policy::ids_draw`]), or the plan of a posterior draw (departing from the greedy
-    /// plan in one stage at most); when it is the greedy plan, the SOP's plan with the SOP's
-    /// share, else the ranker's plan in its place.
-    pub(super) fn mixed_draw(
+    /// plan in one stage at most).
+    pub(super) fn rule_draw(
         &self,
         eff: &Eff,
         greedy: &[usize],
-        routing: Routing<'_>,
         scratch: &mut Scratch,
         rng: &mut fastrand::Rng,
         out: &mut Vec<usize>,
-    ) -> Drawn {
+    ) {
         let ids = match self.config.choice {
             ChoiceRule::InformationDirected {
                 samples,
@@ -325,22 +320,61 @@ impl Policy {
                 self.keep_one_departure(p, eff, greedy, out);
             }
         }
-        for (s, a) in out.iter_mut().enumerate() {
-            if *a != greedy[s] && routing.exploring.contains(&(self.offsets[s] + *a)) {
-                *a = greedy[s];
-            }
-        }
-        if out.as_slice() != greedy {
+    }
+
+    /// Routes the drawn plan `plan` in place: an arm explored already keeps the greedy arm
+    /// instead (see [`Routing::exploring`]); a plan that is then the greedy one goes to the
+    /// SOP's plan with the SOP's share, else to the ranker's plan.
+    fn route(
+        &self,
+        greedy: &[usize],
+        routing: Routing<'_>,
+        rng: &mut fastrand::Rng,
+        plan: &mut Vec<usize>,
+    ) -> Drawn {
+        self.hold_back_explored(greedy, routing.exploring, plan);
+        if plan.as_slice() != greedy {
             return Drawn::Policy;
         }
-        let (plan, drawn) = match (routing.sop, routing.ranker) {
+        let (to, drawn) = match (routing.sop, routing.ranker) {
             (Some((sop, s)), _) if rng.f64() < s => (sop, Drawn::Sop),
             (_, Some(ranker)) => (ranker, Drawn::Ranker),
             _ => return Drawn::Policy,
         };
-        out.clear();
-        out.extend_from_slice(plan);
+        plan.clear();
+        plan.extend_from_slice(to);
         drawn
+    }
+
+    /// What [`Policy::route`] makes of the drawn plan `raw`: each plan it may give, with its
+    /// probability, to `outcome`.
+    fn routed_outcomes(
+        &self,
+        raw: &[usize],
+        greedy: &[usize],
+        routing: Routing<'_>,
+        mut outcome: impl FnMut(&[usize], f64),
+    ) {
+        let mut plan = raw.to_vec();
+        self.hold_back_explored(greedy, routing.exploring, &mut plan);
+        if plan.as_slice() != greedy {
+            return outcome(&plan, 1.0);
+        }
+        let mut rest = 1.0;
+        if let Some((sop, s)) = routing.sop {
+            outcome(sop, s);
+            rest -= s;
+        }
+        outcome(routing.ranker.unwrap_or(greedy), rest);
+    }
+
+    /// Puts the greedy arm back wherever `plan` would explore an arm in `exploring`.
+    fn hold_back_explored(&self, greedy: &[usize], exploring: &[usize], plan: &mut [usize]) {
+        for (s, a) in plan.iter_mut().enumerate() {
+            if *a != greedy[s] && exploring.contains(&(self.offsets[s] + *a)) {
+                *a = greedy[s];
+            }
+        }
     }
 
     /// One information-directed choice into `out` (see [`ChoiceRule::InformationDirected`]):
@@ -429,28 +463,12 @@ impl Policy {
         draws: usize,
         rng: &mut fastrand::Rng,
     ) -> Vec<(Vec<usize>, f64)> {
-        let eff = self.effective(features);
-        let draws = draws.max(1);
-        let (greedy, _) = self.greedy_in(&eff);
-        let mut scratch = Scratch::new(self, &greedy);
-        let mut plan = Vec::new();
-        let mut counts: BTreeMap<Vec<usize>, usize> = BTreeMap::new();
-        for _ in 0..draws {
-            self.mixed_draw(
-                &eff,
-                &greedy,
-                Routing::default(),
-                &mut scratch,
-                rng,
-                &mut plan,
-            );
-            *counts.entry(plan.clone()).or_default() += 1;
-        }
-        let mut out: Vec<(Vec<usize>, f64)> = counts
-            .into_iter()
-            .map(|(k, c)| (k, c as f64 / draws as f64))
+        let table = DrawTable::new(self, features, draws, rng);
+        let mut out: Vec<(Vec<usize>, f64)> = table
+            .shares()
+            .map(|(p, share)| (p.to_vec(), share))
             .collect();
-        out.sort_by(|a, b| b.1.total_cmp(&a.1));
+        out.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         out
     }
 

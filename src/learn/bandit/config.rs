@@ -121,8 +121,10 @@ pub struct PolicyConfig {
     /// How much a failure of unknown cause counts against an arm, in [0, 1] (infrastructure
     /// failures count 0, always): lower when the classifier often cannot tell.
     pub unknown_weight: f64,
-    /// Posterior draws behind each logged propensity: more gives off-policy evaluation more
-    /// precise weights, at that many times a choice's cost.
+    /// Draws of the choice rule, besides the one chosen, behind the first choice for a task's
+    /// features since the policy last learned (each later one adds a draw): more makes choices
+    /// from one table of draws closer to the rule's own distribution, and makes rare
+    /// explorations less lumpy, at that many times a first choice's cost.
     pub propensity_draws: usize,
     /// Structure prior of the pooling over feature subsets (0 = none): a subset fixing `k` of
     /// the task's features starts `(k - 1/2)` times this many nats of evidence behind "all

@@ -1,13 +1,14 @@
 //! bandit: the policy: a contextual bandit over `(tool, strategy)` arms per stage that chooses a
 //! whole plan (one arm per stage) to maximise the expected reward, by information-directed
 //! sampling over Bayesian posteriors (or Thompson sampling), with hierarchical pooling across
-//! task clusters, discounting and change detection for drift, propensities by resampling, and
+//! task clusters, discounting and change detection for drift, exact propensities given its draws, and
 //! snapshots that survive restarts.
 
 mod arm;
 mod beliefs;
 mod choice;
 mod config;
+mod draws;
 mod error;
 mod snapshot;
 mod update;
@@ -28,6 +29,7 @@ pub use beliefs::Beliefs;
 pub use choice::{Choice, ChosenArm, Routing};
 pub(crate) use config::Tuning;
 pub use config::{ChoiceRule, MAX_IDS_SAMPLES, PolicyConfig, RewardParams, prior_pseudo_count};
+pub use draws::DrawTables;
 pub use error::PolicyError;
 pub use snapshot::{PolicySnapshot, SNAPSHOT_VERSION};
 pub use update::{Observation, StageObservation, StageOutcome, UpdateSummary};
@@ -64,6 +66,8 @@ pub struct Policy {
     infra_ignored: u64,
     infra_learned: u64,
     changes: u64,
+    /// Changes at every change of the beliefs or the configuration (see [`DrawTables`]).
+    version: u64,
 }
 
 /// A change detected on one arm at one lattice node.
@@ -142,6 +146,7 @@ impl Policy {
             infra_ignored: 0,
             infra_learned: 0,
             changes: 0,
+            version: draws::next_version(),
         })
     }
 
@@ -155,6 +160,7 @@ impl Policy {
     pub fn set_config(&mut self, config: PolicyConfig) -> Result<(), PolicyError> {
         check_config(&config)?;
         self.config = config;
+        self.version = draws::next_version();
         Ok(())
     }
 

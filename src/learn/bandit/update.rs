@@ -104,6 +104,7 @@ impl Policy {
     }
 
     pub(super) fn update_with(&mut self, obs: &Observation, visit: bool) -> UpdateSummary {
+        self.version = super::draws::next_version();
         let mut summary = UpdateSummary::default();
         let mut items: Vec<(usize, f64, f64, f64, f64)> = Vec::with_capacity(obs.stages.len());
         for so in &obs.stages {

@@ -336,3 +336,63 @@ fn coordinate_ascent_handles_many_plans() {
     let mut rng = fastrand::Rng::with_seed(1);
     assert_eq!(p.choose(&f, &mut rng).indices.len(), 6);
 }
+
+#[test]
+fn choices_from_one_table_are_the_rules_own_and_log_the_probability_they_were_picked_with() {
+    let mut p = policy();
+    let f = feats(&[("k", "v")]);
+    // Some evidence, not settled: the rule explores now and then.
+    learn_cheap_then_a(&mut p, &f, 3);
+    let rule = p.plan_distribution(&f, 20_000, &mut fastrand::Rng::with_seed(5));
+    assert!(rule.len() > 1, "the rule explores: {rule:?}");
+    let sop = [1usize, 1];
+    let routing = Routing {
+        sop: Some((&sop, 0.5)),
+        ..Routing::default()
+    };
+    let first = p.config().propensity_draws + 1;
+    let mut tables = DrawTables::default();
+    let mut rng = fastrand::Rng::with_seed(6);
+    let n = 4_000;
+    let mut counts: BTreeMap<Vec<usize>, usize> = BTreeMap::new();
+    let mut ips = 0.0;
+    for i in 0..n {
+        let c = p.choose_tabled(&f, routing, &mut tables, &mut rng);
+        // The i-th choice since the policy last changed picks among `first + i` draws: its
+        // propensity is a count of them (halved when the router's coin was tossed).
+        let draws = (first + i) as f64;
+        let counted = c.plan_propensity * draws * 2.0;
+        assert!(
+            (counted - counted.round()).abs() < 1e-6 && c.plan_propensity > 0.0,
+            "choice {i}: propensity {} of {draws} draws",
+            c.plan_propensity
+        );
+        *counts.entry(c.indices.clone()).or_default() += 1;
+        // Inverse-propensity estimate of the chance of the SOP's plan, which is 1 for it.
+        if c.indices == sop {
+            ips += 1.0 / c.plan_propensity;
+        }
+    }
+    // The choices follow the rule: the policy's own plans at its rates, with the share of the
+    // greedy plan split by the router's coin.
+    let greedy = p.greedy(&f).0;
+    for (plan, share) in &rule {
+        let expected = if *plan == greedy { share / 2.0 } else { *share };
+        let got = counts.get(plan).copied().unwrap_or(0) as f64 / n as f64;
+        assert!(
+            (got - expected).abs() < 0.03,
+            "plan {plan:?}: chosen {got:.3}, the rule's {expected:.3}"
+        );
+    }
+    let ips = ips / n as f64;
+    assert!((ips - 1.0).abs() < 0.05, "inverse-propensity sum {ips:.3}");
+    // Once the policy learns, the next choice draws a new table.
+    learn_cheap_then_a(&mut p, &f, 1);
+    let c = p.choose_tabled(&f, routing, &mut tables, &mut rng);
+    let counted = c.plan_propensity * first as f64 * 2.0;
+    assert!(
+        (counted - counted.round()).abs() < 1e-6,
+        "{}",
+        c.plan_propensity
+    );
+}

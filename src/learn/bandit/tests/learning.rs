@@ -145,22 +145,21 @@ fn a_new_cluster_starts_from_what_similar_ones_taught() {
     assert!(r[0].1 > 0.8, "pooled prior mean {}", r[0].1);
 }
 
-/// Summed regret of tasks 100-400 over seeds 1-8: one stage of six arms whose success
-/// (0.85 down to 0.60) ignores the task's three features of four values each.
-fn regret_where_features_do_not_matter(config: PolicyConfig) -> f64 {
+/// Over seeds 1-8: one stage of six arms whose success (0.85 down to 0.60) ignores the task's
+/// three features of four values each, tried at random on 150 tasks of random features. Per
+/// seed, over the 64 cells of the features: the mean absolute error of the beliefs in each
+/// arm's success, and the cells whose greedy arm is the best one.
+fn beliefs_where_features_do_not_matter(config: PolicyConfig) -> (f64, usize) {
     let rates = [0.85, 0.80, 0.75, 0.70, 0.65, 0.60];
-    let mut regret = 0.0;
+    let values = ["v0", "v1", "v2", "v3"];
+    let (mut error, mut best) = (0.0, 0);
     for seed in 1..=8 {
         let mut p = Policy::new(config.clone(), uniform_stages(1, rates.len())).unwrap();
         let mut rng = fastrand::Rng::with_seed(seed);
-        for task in 0..400 {
-            let v = |rng: &mut fastrand::Rng| format!("v{}", rng.usize(..4));
-            let (a, b, c) = (v(&mut rng), v(&mut rng), v(&mut rng));
-            let f = feats(&[("a", &a), ("b", &b), ("c", &c)]);
-            let arm = p.choose(&f, &mut rng).indices[0];
-            if task >= 100 {
-                regret += rates[0] - rates[arm];
-            }
+        for _ in 0..150 {
+            let mut v = || values[rng.usize(..values.len())];
+            let f = feats(&[("a", v()), ("b", v()), ("c", v())]);
+            let arm = rng.usize(..rates.len());
             let outcome = if rng.f64() < rates[arm] {
                 StageOutcome::Valid
             } else {
@@ -177,25 +176,46 @@ fn regret_where_features_do_not_matter(config: PolicyConfig) -> f64 {
                 }],
             });
         }
+        for cell in 0..64 {
+            let f = feats(&[
+                ("a", values[cell % 4]),
+                ("b", values[cell / 4 % 4]),
+                ("c", values[cell / 16]),
+            ]);
+            let ranked = p.rank_stage(&f, 0);
+            error += ranked
+                .iter()
+                .map(|&(arm, mean, _, _)| (mean - rates[arm]).abs())
+                .sum::<f64>()
+                / (8.0 * 64.0 * rates.len() as f64);
+            best += usize::from(ranked[0].0 == 0);
+        }
     }
-    regret
+    (error, best)
 }
 
 #[test]
 fn a_structure_prior_learns_arms_the_features_do_not_matter_to_from_every_task() {
     // Without a structure prior the many levels that fix two or three features hold most
-    // of the early weight, and each of their cells learns the arms on its own few tasks.
-    // Under Thompson sampling (with information-directed sampling, the default, the prior
-    // gains nothing here: 60.7 without it, 68.5 with it, against 66.5 and 39.7).
-    let ts = thompson();
-    let flat = regret_where_features_do_not_matter(ts.clone());
-    let prior = regret_where_features_do_not_matter(PolicyConfig {
+    // of the early weight, and each of their cells learns the arms on its own few tasks:
+    // the best arm leads in 272 of the 512 cells, against 304 with the prior (seeds 9-16:
+    // 275 and 361; 17-24: 248 and 300), and the beliefs are further from the truth. (What
+    // that is worth in regret is small next to its noise here: under Thompson sampling, over
+    // tasks 100-400 of 1,000 seeds, 13% less regret with the prior; per seed, over 300 of
+    // them, 9.5 +- 7.1 without it and 8.4 +- 7.3 with it.)
+    let flat = beliefs_where_features_do_not_matter(PolicyConfig::default());
+    let prior = beliefs_where_features_do_not_matter(PolicyConfig {
         structure_prior: 1.0,
-        ..ts
+        ..PolicyConfig::default()
     });
     assert!(
-        prior < 0.75 * flat,
-        "regret with the structure prior {prior:.1}, without {flat:.1}"
+        prior.1 >= flat.1 + 26 && prior.0 < flat.0,
+        "best arm leading in {} of 512 cells with the structure prior, {} without; \
+         mean error {:.3} and {:.3}",
+        prior.1,
+        flat.1,
+        prior.0,
+        flat.0
     );
 }
 
