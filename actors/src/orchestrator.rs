@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use hindsight::guard::{Guard, redact};
 use hindsight::store::{KvTable, NewDiaryEntry, RunKey, RunRecords, WriteOp};
-use hindsight::{Checkpoint, Run, RunState, Task, now_ms};
+use hindsight::{Run, RunState, Task, now_ms};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::chaos_hook::ChaosHook;
@@ -119,8 +119,8 @@ pub enum OrchestratorMsg {
         patch: RunPatch,
         /// A state to go on to from `next` in the same write, if any.
         then: Option<RunState>,
-        /// A checkpoint of the run to write in the same write, if any.
-        checkpoint: Option<Box<Checkpoint>>,
+        /// The write of a checkpoint of the run to make in the same transaction, if any.
+        checkpoint: Option<WriteOp>,
         /// `Err` when the state machine forbids it.
         reply: RpcReplyPort<Result<Run, String>>,
     },
@@ -450,7 +450,7 @@ impl OrchestratorState {
         from: RunState,
         (next, then): (RunState, Option<RunState>),
         patch: RunPatch,
-        checkpoint: Option<Box<Checkpoint>>,
+        checkpoint: Option<WriteOp>,
         reply: RpcReplyPort<Result<Run, String>>,
     ) {
         if !self.runs.contains_key(&run_id) {
@@ -499,9 +499,7 @@ impl OrchestratorState {
         tokio::spawn(async move {
             let written = async {
                 let mut ops = vec![WriteOp::run(&snapshot)?];
-                if let Some(cp) = &checkpoint {
-                    ops.push(WriteOp::checkpoint(cp)?);
-                }
+                ops.extend(checkpoint);
                 store.write_batch(ops).await
             }
             .await;

@@ -15,6 +15,9 @@ pub(crate) enum JsonTree {
     String(String),
     Array(Vec<JsonTree>),
     Object(Vec<(String, JsonTree)>),
+    /// A value kept as its JSON text, parsed when read: a run's checkpointed state, written
+    /// straight from the run's progress without building a value first.
+    Text(String),
 }
 
 /// A JSON value written exactly as its [`JsonTree`] would be, without building the tree (the
@@ -47,6 +50,16 @@ impl Serialize for JsonRef<'_> {
     }
 }
 
+/// JSON text written as its [`JsonTree::Text`] would be.
+#[derive(Clone, Copy)]
+pub(crate) struct JsonText<'a>(pub(crate) &'a str);
+
+impl Serialize for JsonText<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_newtype_variant(NAME, 8, "Text", self.0)
+    }
+}
+
 /// An array's items, as `Vec<JsonTree>` is written.
 struct Items<'a>(&'a [Value]);
 
@@ -66,7 +79,8 @@ impl Serialize for Entries<'_> {
 }
 
 impl JsonTree {
-    /// Back to a JSON value; fails only on a number JSON cannot hold (NaN or infinite).
+    /// Back to a JSON value; fails on a number JSON cannot hold (NaN or infinite) and on JSON
+    /// text that does not parse.
     pub(crate) fn into_value(self) -> Result<Value, String> {
         Ok(match self {
             JsonTree::Null => Value::Null,
@@ -89,6 +103,8 @@ impl JsonTree {
                 }
                 Value::Object(m)
             }
+            JsonTree::Text(t) => serde_json::from_str(&t)
+                .map_err(|e| format!("the JSON text does not parse: {e}"))?,
         })
     }
 }
@@ -109,6 +125,17 @@ mod tests {
         // The same bytes as the tree itself writes.
         assert_eq!(postcard::to_allocvec(&back).unwrap(), bytes);
         assert_eq!(back.into_value().unwrap(), v);
+    }
+
+    #[test]
+    fn json_text_reads_back_as_its_value_and_bad_text_is_refused() {
+        let v = json!({"a": [1, 2.5, "x"], "b": {"c": null}});
+        let text = serde_json::to_string(&v).unwrap();
+        let bytes = postcard::to_allocvec(&JsonText(&text)).unwrap();
+        let back: JsonTree = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!(back, JsonTree::Text(text));
+        assert_eq!(back.into_value().unwrap(), v);
+        assert!(JsonTree::Text("{\"a\":".into()).into_value().is_err());
     }
 
     #[test]

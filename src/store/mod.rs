@@ -159,6 +159,26 @@ impl WriteOp {
         }))
     }
 
+    /// Writes an unnamed checkpoint of `run_id` at `step_index` whose state is `state`, kept as
+    /// the JSON text it serializes to: no JSON value is built, and it reads back as one.
+    pub fn checkpoint_of_state<T: Serialize + ?Sized>(
+        run_id: &str,
+        step_index: u32,
+        state: &T,
+        created_ms: u64,
+    ) -> Result<WriteOp, StoreError> {
+        let text = serde_json::to_string(state).map_err(|e| StoreError::Encode {
+            table: "checkpoints".to_string(),
+            key: run_id.to_string(),
+            reason: e.to_string(),
+        })?;
+        let cp = stored::CheckpointRef::of_text(run_id, step_index, &text, created_ms);
+        Ok(WriteOp(Op::PutCheckpoint {
+            run_id: run_id.to_string(),
+            bytes: encode("checkpoints", run_id, &cp)?,
+        }))
+    }
+
     /// Writes a terminal run and drops all but its final checkpoint.
     pub fn finish_run(run: &Run) -> Result<WriteOp, StoreError> {
         Ok(WriteOp(Op::FinishRun {

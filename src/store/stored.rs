@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::json::{JsonRef, JsonTree};
+use super::json::{JsonRef, JsonText, JsonTree};
 use crate::record::{ArmChoice, Checkpoint, ExperienceTuple, RunResult, RunState};
 use crate::taxonomy::{ErrorClass, Step};
 
@@ -136,15 +136,30 @@ pub(crate) struct StoredCheckpoint {
 }
 
 /// Write form of [`Checkpoint`]: written as [`StoredCheckpoint`] is, straight from the record
-/// (no JSON tree is built).
+/// or from a state's JSON text (no JSON tree is built).
 #[derive(Serialize)]
 pub(crate) struct CheckpointRef<'a> {
     run_id: &'a str,
     step_index: u32,
     name: Option<&'a str>,
-    state: JsonRef<'a>,
+    state: StateRef<'a>,
     completed_steps: Steps<'a>,
     created_ms: u64,
+}
+
+/// A checkpoint's state as it is written: a value, or JSON text.
+enum StateRef<'a> {
+    Value(JsonRef<'a>),
+    Text(JsonText<'a>),
+}
+
+impl Serialize for StateRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            StateRef::Value(v) => v.serialize(s),
+            StateRef::Text(t) => t.serialize(s),
+        }
+    }
 }
 
 impl<'a> From<&'a Checkpoint> for CheckpointRef<'a> {
@@ -153,9 +168,28 @@ impl<'a> From<&'a Checkpoint> for CheckpointRef<'a> {
             run_id: &c.run_id,
             step_index: c.step_index,
             name: c.name.as_deref(),
-            state: JsonRef(&c.state),
+            state: StateRef::Value(JsonRef(&c.state)),
             completed_steps: Steps(&c.completed_steps),
             created_ms: c.created_ms,
+        }
+    }
+}
+
+impl<'a> CheckpointRef<'a> {
+    /// An unnamed checkpoint without completed steps whose state is the JSON text `state`.
+    pub(crate) fn of_text(
+        run_id: &'a str,
+        step_index: u32,
+        state: &'a str,
+        created_ms: u64,
+    ) -> CheckpointRef<'a> {
+        CheckpointRef {
+            run_id,
+            step_index,
+            name: None,
+            state: StateRef::Text(JsonText(state)),
+            completed_steps: Steps(&[]),
+            created_ms,
         }
     }
 }

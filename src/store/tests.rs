@@ -123,6 +123,19 @@ async fn every_record_type_round_trips() {
     assert_eq!(store.latest_checkpoint("r1").unwrap(), Some(cp.clone()));
     assert_eq!(store.checkpoint_named("r1", "cp2").unwrap(), Some(cp));
     assert_eq!(store.checkpoint_named("r1", "other").unwrap(), None);
+    // A checkpoint written from a state's JSON text reads back as the one with its value.
+    let state = BTreeMap::from([("stage", json!(3)), ("vars", json!({"big": u64::MAX}))]);
+    let write = WriteOp::checkpoint_of_state("r2", 3, &state, 1003).unwrap();
+    store.write_batch(vec![write]).await.unwrap();
+    let from_value = Checkpoint {
+        run_id: "r2".into(),
+        step_index: 3,
+        name: None,
+        state: serde_json::to_value(&state).unwrap(),
+        completed_steps: Vec::new(),
+        created_ms: 1003,
+    };
+    assert_eq!(store.latest_checkpoint("r2").unwrap(), Some(from_value));
 
     let seq = store.append_diary(note(5, "hello")).await.unwrap();
     let tail = store.diary_tail(10).unwrap();

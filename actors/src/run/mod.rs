@@ -227,8 +227,8 @@ pub enum DriveError {
 
 /// Writes the checkpoint of `progress`.
 async fn checkpoint(ctx: &TreeCtx, run_id: &str, progress: &RunProgress) -> Result<(), DriveError> {
-    let cp = RunMachine::checkpoint_of(run_id, progress, now_ms())?;
-    ctx.store.put_checkpoint(&cp).await?;
+    let write = RunMachine::checkpoint_write(run_id, progress, now_ms())?;
+    ctx.store.write_batch(vec![write]).await?;
     Ok(())
 }
 
@@ -300,8 +300,11 @@ async fn drive(
                 checkpoint,
             } => {
                 let checkpoint = if checkpoint {
-                    let cp = RunMachine::checkpoint_of(&run_id, machine.progress(), now_ms())?;
-                    Some(Box::new(cp))
+                    Some(RunMachine::checkpoint_write(
+                        &run_id,
+                        machine.progress(),
+                        now_ms(),
+                    )?)
                 } else {
                     None
                 };

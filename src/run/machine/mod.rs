@@ -20,6 +20,7 @@ use serde_json::Value;
 use crate::learn::bandit::{Arm, StageObservation};
 use crate::learn::first_attempt::settled_steps;
 use crate::learn::planner::PlanError;
+use crate::store::WriteOp;
 use crate::{
     ArmChoice, Checkpoint, ErrorClass, ExperienceTuple, FailureCategory, FailureType,
     RecoveryAction, RunResult, RunState, Step, Task, Trajectory,
@@ -537,6 +538,20 @@ impl RunMachine {
             completed_steps: Vec::new(),
             created_ms,
         })
+    }
+
+    /// The store's write of the checkpoint [`RunMachine::checkpoint_of`] makes, encoded straight
+    /// from `progress` (no JSON value is built on the way; it reads back as that checkpoint).
+    pub fn checkpoint_write(
+        run_id: &str,
+        progress: &RunProgress,
+        created_ms: u64,
+    ) -> Result<WriteOp, RunError> {
+        WriteOp::checkpoint_of_state(run_id, progress.steps.len() as u32, progress, created_ms)
+            .map_err(|e| RunError::Encode {
+                run_id: run_id.to_string(),
+                reason: e.to_string(),
+            })
     }
 
     /// The next command to perform, if any; `None` while the machine waits for an answer (or
