@@ -351,10 +351,7 @@ impl Planner {
         // not overtaken. A stable procedure first, then a candidate procedure on trial, then a
         // stable plan.
         let (stable, candidate) = if self.sops_on {
-            (
-                self.sops.matching_stable_sop(features),
-                self.sops.matching_candidate(features),
-            )
+            self.sops.matching(features)
         } else {
             (None, None)
         };

@@ -605,10 +605,26 @@ impl SopBook {
     /// The stable SOP whose preconditions match `features` (the most specific, then the
     /// newest version).
     pub fn matching_stable_sop(&self, features: &BTreeMap<String, String>) -> Option<&Sop> {
-        self.sops
-            .iter()
-            .filter(|s| s.status == SopStatus::Stable && matches(&s.preconditions, features))
-            .max_by_key(|s| (s.preconditions.len(), s.version))
+        self.matching(features).0
+    }
+
+    /// [`SopBook::matching_stable_sop`] and [`SopBook::matching_candidate`] in one pass over
+    /// the book.
+    pub fn matching(&self, features: &BTreeMap<String, String>) -> (Option<&Sop>, Option<&Sop>) {
+        let rank = |s: &Sop| (s.preconditions.len(), s.version);
+        let (mut stable, mut candidate): (Option<&Sop>, Option<&Sop>) = (None, None);
+        for s in &self.sops {
+            let slot = match s.status {
+                SopStatus::Stable => &mut stable,
+                SopStatus::Candidate if !s.procedure.is_empty() => &mut candidate,
+                _ => continue,
+            };
+            // The last of equal rank, as `max_by_key` keeps.
+            if slot.is_none_or(|b| rank(s) >= rank(b)) && matches(&s.preconditions, features) {
+                *slot = Some(s);
+            }
+        }
+        (stable, candidate)
     }
 
     /// The share of the matching traffic's exploit draws a stable SOP gets from the router (the
@@ -620,14 +636,7 @@ impl SopBook {
 
     /// The candidate procedure on trial whose preconditions match `features`, if any.
     pub fn matching_candidate(&self, features: &BTreeMap<String, String>) -> Option<&Sop> {
-        self.sops
-            .iter()
-            .filter(|s| {
-                s.status == SopStatus::Candidate
-                    && !s.procedure.is_empty()
-                    && matches(&s.preconditions, features)
-            })
-            .max_by_key(|s| (s.preconditions.len(), s.version))
+        self.matching(features).1
     }
 
     /// Stable SOPs.
