@@ -167,7 +167,7 @@ pub fn build(spec: TreeSpec) -> Tree {
         workflow: spec.workflow.clone(),
         config,
         chaos: hook(&spec.faults, crate::chaos::RUN_DRIVER),
-        shared: crate::run::Gate::new(crate::run::SHARED_CALLS_IN_FLIGHT),
+        gates: crate::run::Gates::new(crate::run::SHARED_CALLS_IN_FLIGHT),
         stopping: std::sync::atomic::AtomicBool::new(false),
     });
     let faults = spec.faults;

@@ -44,21 +44,54 @@ pub struct TreeCtx {
     /// Fault injection into the drivers (actor name `run_driver`, one message per driver
     /// start), if any.
     pub chaos: Option<crate::chaos_hook::ChaosHook>,
-    /// Calls from drivers to the tree's shared actors in flight ([`SHARED_CALLS_IN_FLIGHT`]).
-    pub shared: Gate,
+    /// Calls from drivers to each of the tree's shared actors in flight
+    /// ([`SHARED_CALLS_IN_FLIGHT`] each).
+    pub gates: Gates,
     /// Set when the tree is being stopped: a driver whose actors went away then leaves its run
     /// to be resumed at the next start instead of ending it.
     pub stopping: std::sync::atomic::AtomicBool,
 }
 
-/// Calls from run drivers to the tree's shared actors (policy, memory, reflector,
+/// Calls from run drivers to each of the tree's shared actors (policy, memory, reflector,
 /// orchestrator, validator, ReflectRetry) in flight at once. Each of them answers one message
 /// at a time: a burst of drivers (10,000 runs resumed after a crash, a flood of submissions)
 /// would otherwise queue in their mailboxes past the calls' timeouts and end runs failed for
 /// no fault of theirs. A driver waits for its turn here, where no timeout runs; a call's timeout
-/// starts when it is sent. Tool calls and model turns are not gated: they wait on the world,
-/// not on the tree.
+/// starts when it is sent. Each actor has its own gate, so that runs at different steps keep
+/// every actor busy at once (the retrievals of a burst do not hold its choices and transitions
+/// back), and the transitions in flight are written together. Tool calls and model turns are
+/// not gated: they wait on the world, not on the tree.
 pub const SHARED_CALLS_IN_FLIGHT: usize = 64;
+
+/// One [`Gate`] per shared actor a driver calls (see [`SHARED_CALLS_IN_FLIGHT`]).
+pub struct Gates {
+    /// Memory's retrievals.
+    pub memory: Gate,
+    /// The reflector's lessons for a task.
+    pub reflector: Gate,
+    /// The policy's choices.
+    pub policy: Gate,
+    /// The orchestrator's transitions and finishes.
+    pub orchestrator: Gate,
+    /// The validator's checks.
+    pub validator: Gate,
+    /// ReflectRetry's reviews.
+    pub reflect_retry: Gate,
+}
+
+impl Gates {
+    /// Gates that each let `n` calls through at once.
+    pub fn new(n: usize) -> Gates {
+        Gates {
+            memory: Gate::new(n),
+            reflector: Gate::new(n),
+            policy: Gate::new(n),
+            orchestrator: Gate::new(n),
+            validator: Gate::new(n),
+            reflect_retry: Gate::new(n),
+        }
+    }
+}
 
 /// At most so many futures in flight at once; the others wait their turn, first come first
 /// served.
@@ -75,13 +108,6 @@ impl Gate {
         // The semaphore is never closed; were it, the work goes ahead ungated.
         let _turn = self.0.acquire().await.ok();
         work.await
-    }
-}
-
-impl TreeCtx {
-    /// Performs `call` (a call to a shared actor) in its turn among the drivers' calls.
-    pub async fn gated<T>(&self, call: impl std::future::Future<Output = T>) -> T {
-        self.shared.run(call).await
     }
 }
 
@@ -182,7 +208,9 @@ pub fn spawn_driver(ctx: Arc<TreeCtx>, run: Run, task: Task, start: Start) {
             }
         };
         let finished = ctx
-            .gated(ctx.dir.orchestrator.call_with(
+            .gates
+            .orchestrator
+            .run(ctx.dir.orchestrator.call_with(
                 |reply| OrchestratorMsg::Finished {
                     outcome: Box::new(outcome.clone()),
                     reply,
@@ -284,13 +312,15 @@ async fn drive(
         let event = match command {
             Command::Prepare => prepare(ctx, &run_id, &task, forced.take()).await?,
             Command::Choose { base, exclude } => Event::Planned(
-                ctx.gated(ctx.dir.policy.call(|reply| PolicyMsg::Choose {
-                    task: task.clone(),
-                    base: base.clone(),
-                    exclude: exclude.clone(),
-                    reply,
-                }))
-                .await?,
+                ctx.gates
+                    .policy
+                    .run(ctx.dir.policy.call(|reply| PolicyMsg::Choose {
+                        task: task.clone(),
+                        base: base.clone(),
+                        exclude: exclude.clone(),
+                        reply,
+                    }))
+                    .await?,
             ),
             Command::Transition {
                 from,
@@ -309,7 +339,9 @@ async fn drive(
                     None
                 };
                 let answer = ctx
-                    .gated(
+                    .gates
+                    .orchestrator
+                    .run(
                         ctx.dir
                             .orchestrator
                             .call(|reply| OrchestratorMsg::Transition {
@@ -387,12 +419,14 @@ async fn drive(
                 }
             }
             Command::Validate(outputs) => Event::Validated(
-                ctx.gated(ctx.dir.validator.call(|reply| ValidatorMsg::Validate {
-                    task: task.clone(),
-                    outputs: outputs.clone(),
-                    reply,
-                }))
-                .await?,
+                ctx.gates
+                    .validator
+                    .run(ctx.dir.validator.call(|reply| ValidatorMsg::Validate {
+                        task: task.clone(),
+                        outputs: outputs.clone(),
+                        reply,
+                    }))
+                    .await?,
             ),
             Command::LoadCheckpoint(name) => Event::CheckpointLoaded(match name {
                 Some(name) => ctx.store.checkpoint_named(&run_id, &name)?,
@@ -426,11 +460,13 @@ async fn prepare(
     }
     // Memory's retrieval and the lessons of the task's scope, asked of both actors at once.
     let (bundle, context) = tokio::join!(
-        ctx.gated(ctx.dir.memory.call(|reply| MemoryMsg::Retrieve {
-            task: task.clone(),
-            reply,
-        })),
-        ctx.gated(ctx.dir.reflector.call_with_timeout(
+        ctx.gates
+            .memory
+            .run(ctx.dir.memory.call(|reply| MemoryMsg::Retrieve {
+                task: task.clone(),
+                reply,
+            })),
+        ctx.gates.reflector.run(ctx.dir.reflector.call_with_timeout(
             |reply| ReflectorMsg::Context {
                 task: task.clone(),
                 reply,
@@ -459,7 +495,9 @@ async fn prepare(
 /// the run.
 async fn review(ctx: &TreeCtx, report: hindsight::run::RunReport) -> Event {
     let reflect_retry = ctx
-        .gated(ctx.dir.reflect_retry.call_with_timeout(
+        .gates
+        .reflect_retry
+        .run(ctx.dir.reflect_retry.call_with_timeout(
             |reply| PluginMsg::AfterRun(Box::new(report.clone()), reply),
             PLUGIN_TIMEOUT,
         ))
