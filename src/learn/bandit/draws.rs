@@ -30,6 +30,11 @@ pub(super) fn next_version() -> u64 {
     VERSIONS.fetch_add(1, Ordering::Relaxed)
 }
 
+/// Task features whose draws are kept at once: a burst of tasks that differ in every feature
+/// (a user's id among them, say) would otherwise keep a table for each until the policy learns.
+/// Past it, the tables start again (a table is a few kilobytes: its beliefs and buffers).
+pub const MAX_TABLES: usize = 1024;
+
 /// The plans drawn per task features while the policy stays at one version (see the module's
 /// documentation); the caller keeps it next to the policy ([`Policy::choose_tabled`]).
 #[derive(Debug, Clone, Default)]
@@ -53,6 +58,9 @@ impl DrawTables {
             self.tables.clear();
             self.version = policy.version;
         }
+        if self.tables.len() >= MAX_TABLES && !self.tables.contains_key(features) {
+            self.tables.clear();
+        }
         match self.tables.entry(features.clone()) {
             Entry::Occupied(o) => {
                 let table = o.into_mut();
@@ -61,6 +69,14 @@ impl DrawTables {
             }
             Entry::Vacant(v) => v.insert(DrawTable::new(policy, features, first, rng)),
         }
+    }
+}
+
+#[cfg(test)]
+impl DrawTables {
+    /// Task features with a table.
+    pub(super) fn len(&self) -> usize {
+        self.tables.len()
     }
 }
 

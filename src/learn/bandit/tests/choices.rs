@@ -396,3 +396,21 @@ fn choices_from_one_table_are_the_rules_own_and_log_the_probability_they_were_pi
         c.plan_propensity
     );
 }
+
+#[test]
+fn draw_tables_are_kept_for_at_most_max_tables_features() {
+    let p = policy();
+    let mut tables = DrawTables::default();
+    let mut rng = fastrand::Rng::with_seed(8);
+    for i in 0..super::super::draws::MAX_TABLES + 10 {
+        let f = feats(&[("user", &format!("u{i}"))]);
+        p.choose_tabled(&f, Routing::default(), &mut tables, &mut rng);
+        assert!(tables.len() <= super::super::draws::MAX_TABLES);
+    }
+    // Past the cap the tables started again: the last ten features have theirs, and the next
+    // choice for one of them adds to it.
+    assert_eq!(tables.len(), 10);
+    let f = feats(&[("user", &format!("u{}", super::super::draws::MAX_TABLES + 9))]);
+    p.choose_tabled(&f, Routing::default(), &mut tables, &mut rng);
+    assert_eq!(tables.len(), 10);
+}
