@@ -407,26 +407,30 @@ impl OrchestratorState {
                 Start::New(acceptance),
             );
         }
-        let store = self.ctx.store.clone();
-        tokio::spawn(async move {
-            let written = async {
-                let mut ops = vec![
-                    WriteOp::put(TASKS, &task.task_id, &task)?,
-                    WriteOp::run(&run)?,
-                ];
-                if let Some(plan) = &plan {
-                    ops.push(WriteOp::put(FORCED_PLANS, &run.run_id, plan)?);
-                }
-                if let Some(input) = &task.input {
-                    ops.push(WriteOp::put(
-                        TASK_INPUTS,
-                        &task.task_id,
-                        &TaskInput(input.clone()),
-                    )?);
-                }
-                store.write_batch(ops).await.map(|_| ())
+        // Queued now, in the order of the orchestrator's messages: the end of a run whose driver
+        // failed at once is queued after its record, never committed before it.
+        let queued = (|| {
+            let mut ops = vec![
+                WriteOp::put(TASKS, &task.task_id, &task)?,
+                WriteOp::run(&run)?,
+            ];
+            if let Some(plan) = &plan {
+                ops.push(WriteOp::put(FORCED_PLANS, &run.run_id, plan)?);
             }
-            .await;
+            if let Some(input) = &task.input {
+                ops.push(WriteOp::put(
+                    TASK_INPUTS,
+                    &task.task_id,
+                    &TaskInput(input.clone()),
+                )?);
+            }
+            Ok::<_, hindsight::store::StoreError>(self.ctx.store.queue_batch(ops))
+        })();
+        tokio::spawn(async move {
+            let written = match queued {
+                Ok(commit) => commit.await.map(|_| ()),
+                Err(e) => Err(e),
+            };
             let _ = accepted.send(written.as_ref().map(|_| ()).map_err(|e| e.to_string()));
             if let Err(e) = written {
                 // Nothing was acknowledged: the caller learns the task was not accepted.
@@ -495,14 +499,17 @@ impl OrchestratorState {
             run.reason = patch.reason;
         }
         let snapshot = run.clone();
-        let store = self.ctx.store.clone();
+        // Queued now, in the order of the orchestrator's messages (see `submit`).
+        let queued = WriteOp::run(&snapshot).map(|op| {
+            let mut ops = vec![op];
+            ops.extend(checkpoint);
+            self.ctx.store.queue_batch(ops)
+        });
         tokio::spawn(async move {
-            let written = async {
-                let mut ops = vec![WriteOp::run(&snapshot)?];
-                ops.extend(checkpoint);
-                store.write_batch(ops).await
-            }
-            .await;
+            let written = match queued {
+                Ok(commit) => commit.await,
+                Err(e) => Err(e),
+            };
             let answer = match written {
                 Ok(_) => Ok(snapshot),
                 Err(e) => Err(format!("cannot persist run {}: {e}", snapshot.run_id)),
@@ -556,18 +563,22 @@ impl OrchestratorState {
                 forget.push(WriteOp::delete_idempotent(&key));
             }
         }
+        // Queued now, in the order of the orchestrator's messages (see `submit`).
+        let queued = (|| {
+            let text = serde_json::to_string(&outcome)
+                .map_err(|e| format!("cannot encode the outcome of run {run_id}: {e}"))?;
+            let mut ops = vec![
+                WriteOp::put(OUTCOMES, &run_id, &text).map_err(|e| e.to_string())?,
+                WriteOp::finish_run(&run).map_err(|e| e.to_string())?,
+            ];
+            ops.extend(forget);
+            Ok::<_, String>(store.queue_batch(ops))
+        })();
         tokio::spawn(async move {
-            let written = async {
-                let text = serde_json::to_string(&outcome)
-                    .map_err(|e| format!("cannot encode the outcome of run {run_id}: {e}"))?;
-                let mut ops = vec![
-                    WriteOp::put(OUTCOMES, &run_id, &text).map_err(|e| e.to_string())?,
-                    WriteOp::finish_run(&run).map_err(|e| e.to_string())?,
-                ];
-                ops.extend(forget);
-                store.write_batch(ops).await.map_err(|e| e.to_string())
-            }
-            .await;
+            let written = match queued {
+                Ok(commit) => commit.await.map_err(|e| e.to_string()),
+                Err(e) => Err(e),
+            };
             let answer = written
                 .map(|_| ())
                 .map_err(|e| format!("cannot persist the end of run {run_id}: {e}"));
