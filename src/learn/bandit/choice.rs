@@ -223,7 +223,7 @@ impl Policy {
         // stages matched (the product is the plan's), over the draws and the router's coin.
         let mut agree = vec![0.0; chosen.len()];
         for (raw, share) in table.shares() {
-            self.routed_outcomes(raw, &table.greedy, routing, |plan, p| {
+            self.routed_outcomes(raw, &table.greedy, routing, |plan, p, _| {
                 for (s, &a) in chosen.iter().enumerate() {
                     if plan.get(s) != Some(&a) {
                         break;
@@ -322,9 +322,8 @@ impl Policy {
         }
     }
 
-    /// Routes the drawn plan `plan` in place: an arm explored already keeps the greedy arm
-    /// instead (see [`Routing::exploring`]); a plan that is then the greedy one goes to the
-    /// SOP's plan with the SOP's share, else to the ranker's plan.
+    /// Routes the drawn plan `plan` in place: one of [`Policy::routed_outcomes`], by the
+    /// router's coin when there are two.
     fn route(
         &self,
         greedy: &[usize],
@@ -332,40 +331,44 @@ impl Policy {
         rng: &mut fastrand::Rng,
         plan: &mut Vec<usize>,
     ) -> Drawn {
-        self.hold_back_explored(greedy, routing.exploring, plan);
-        if plan.as_slice() != greedy {
-            return Drawn::Policy;
-        }
-        let (to, drawn) = match (routing.sop, routing.ranker) {
-            (Some((sop, s)), _) if rng.f64() < s => (sop, Drawn::Sop),
-            (_, Some(ranker)) => (ranker, Drawn::Ranker),
-            _ => return Drawn::Policy,
+        let mut outcomes: Vec<(Vec<usize>, f64, Drawn)> = Vec::with_capacity(2);
+        self.routed_outcomes(plan, greedy, routing, |to, p, drawn| {
+            outcomes.push((to.to_vec(), p, drawn));
+        });
+        let pick = match outcomes.as_slice() {
+            [(_, first, _), _] if rng.f64() >= *first => 1,
+            _ => 0,
         };
-        plan.clear();
-        plan.extend_from_slice(to);
+        let (to, _, drawn) = outcomes.swap_remove(pick);
+        *plan = to;
         drawn
     }
 
-    /// What [`Policy::route`] makes of the drawn plan `raw`: each plan it may give, with its
-    /// probability, to `outcome`.
+    /// What routing makes of the drawn plan `raw`, each plan it may give with its probability
+    /// and which way it went, to `outcome`: an arm explored already keeps the greedy arm
+    /// instead (see [`Routing::exploring`]); a plan that is then the greedy one goes to the
+    /// SOP's plan with the SOP's share, the rest to the ranker's plan (or stays greedy).
     fn routed_outcomes(
         &self,
         raw: &[usize],
         greedy: &[usize],
         routing: Routing<'_>,
-        mut outcome: impl FnMut(&[usize], f64),
+        mut outcome: impl FnMut(&[usize], f64, Drawn),
     ) {
         let mut plan = raw.to_vec();
         self.hold_back_explored(greedy, routing.exploring, &mut plan);
         if plan.as_slice() != greedy {
-            return outcome(&plan, 1.0);
+            return outcome(&plan, 1.0, Drawn::Policy);
         }
         let mut rest = 1.0;
         if let Some((sop, s)) = routing.sop {
-            outcome(sop, s);
+            outcome(sop, s, Drawn::Sop);
             rest -= s;
         }
-        outcome(routing.ranker.unwrap_or(greedy), rest);
+        match routing.ranker {
+            Some(ranker) => outcome(ranker, rest, Drawn::Ranker),
+            None => outcome(greedy, rest, Drawn::Policy),
+        }
     }
 
     /// Puts the greedy arm back wherever `plan` would explore an arm in `exploring`.
