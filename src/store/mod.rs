@@ -153,10 +153,7 @@ impl WriteOp {
 
     /// Writes a checkpoint, keeping the last K of its run.
     pub fn checkpoint(cp: &Checkpoint) -> Result<WriteOp, StoreError> {
-        Ok(WriteOp(Op::PutCheckpoint {
-            run_id: cp.run_id.clone(),
-            bytes: encode("checkpoints", &cp.run_id, &stored::CheckpointRef::from(cp))?,
-        }))
+        WriteOp::put_checkpoint(&cp.run_id, &stored::CheckpointRef::from(cp))
     }
 
     /// Writes an unnamed checkpoint of `run_id` at `step_index` whose state is `state`, kept as
@@ -173,9 +170,14 @@ impl WriteOp {
             reason: e.to_string(),
         })?;
         let cp = stored::CheckpointRef::of_text(run_id, step_index, &text, created_ms);
+        WriteOp::put_checkpoint(run_id, &cp)
+    }
+
+    /// The write of `cp`, a checkpoint of `run_id` in its storage form.
+    fn put_checkpoint(run_id: &str, cp: &stored::CheckpointRef<'_>) -> Result<WriteOp, StoreError> {
         Ok(WriteOp(Op::PutCheckpoint {
             run_id: run_id.to_string(),
-            bytes: encode("checkpoints", run_id, &cp)?,
+            bytes: encode("checkpoints", run_id, cp)?,
         }))
     }
 
