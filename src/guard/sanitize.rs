@@ -36,15 +36,18 @@ pub fn is_invisible(c: char) -> bool {
 /// no invisible character, so it only loses its control characters.
 pub fn normalize(text: &str) -> String {
     if text.is_ascii() {
-        return text
-            .chars()
-            .filter(|c| !c.is_control() || *c == '\n' || *c == '\t')
-            .collect();
+        return text.chars().filter(|c| kept_control(*c)).collect();
     }
     text.nfkc()
         .filter(|c| !is_invisible(*c))
-        .filter(|c| !c.is_control() || *c == '\n' || *c == '\t')
+        .filter(|c| kept_control(*c))
         .collect()
+}
+
+/// Whether `c` survives [`normalize`]'s removal of control characters (all but newline and
+/// tab go).
+fn kept_control(c: char) -> bool {
+    !c.is_control() || c == '\n' || c == '\t'
 }
 
 /// Role markers (`system:`, `User :`) with no word boundary required before them, so that a
@@ -100,7 +103,7 @@ mod tests {
             let slow: String = text
                 .nfkc()
                 .filter(|c| !is_invisible(*c))
-                .filter(|c| !c.is_control() || *c == '\n' || *c == '\t')
+                .filter(|c| kept_control(*c))
                 .collect();
             assert_eq!(normalize(text), slow);
         }
