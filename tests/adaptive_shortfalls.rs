@@ -444,6 +444,36 @@ fn shortfall_11_retrieval_uses_tools_and_features_not_only_words() {
 }
 
 #[test]
+fn the_goal_words_a_lesson_shares_are_counted_once_across_its_action_and_its_tool() {
+    let mut a = adaptive();
+    fill(&mut a, 2, "pdfminer", 1);
+    let mut snap = a.snapshot();
+    let s = snap.scopes.get_mut(SCOPE).unwrap();
+    s.lessons = vec![
+        // "parse" twice and in capitals, "totals", and its tool "ocr": three of the goal's
+        // five words ("of" is too short to count).
+        lesson("shared", "OCR", "Parse, then PARSE the totals again", &[]),
+        lesson("apart", "camelot", "use lattice mode on ruled tables", &[]),
+    ];
+    let a = AdaptiveStrategies::restore(snap).unwrap();
+    let got = a.relevant(
+        SCOPE,
+        RelevanceQuery {
+            features: &feats(&[]),
+            tools: &[],
+            goal: "parse the totals of ocr output",
+        },
+        5,
+    );
+    let ids: Vec<&str> = got.iter().map(|s| s.lesson.lesson_id.as_str()).collect();
+    assert_eq!(ids, ["shared"]);
+    // (no tool planned, 0.5 for holding everywhere, 0.5 x 4/5 of the goal's words: "the" is
+    // in the action too) x the confidence.
+    let expected = (0.5 + 0.5 * 4.0 / 5.0) * 0.8;
+    assert!((got[0].score - expected).abs() < 1e-12, "{}", got[0].score);
+}
+
+#[test]
 fn unreinforced_lessons_decay_and_are_deleted_below_floor() {
     let mut a = adaptive();
     fill(&mut a, 5, "pdfminer", 1);

@@ -17,6 +17,7 @@ pub mod posterior;
 pub mod procedure;
 pub mod reflector;
 pub mod sop;
+pub mod sop_index;
 pub mod stats;
 
 pub use mechanism::Mechanism;

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::learn::cluster::{cluster_key, key_hash};
 use crate::learn::procedure::Procedure;
+use crate::learn::sop_index::SopIndex;
 use crate::learn::stats::{fisher_exact_greater, mann_whitney_greater, two_proportion_z};
 use crate::record::{ArmChoice, Sop, SopStatus};
 
@@ -124,6 +125,10 @@ pub struct SopBook {
     pub model_rewards: BTreeMap<String, Vec<f64>>,
     /// `sop_id@version` of a candidate -> the rewards of its latest trials.
     pub trial_rewards: BTreeMap<String, Vec<f64>>,
+    /// The SOPs by the preconditions a task's features must have to match them (not stored:
+    /// made again from `sops`).
+    #[serde(skip)]
+    pub index: SopIndex,
 }
 
 /// Rewards kept per cluster (and per candidate) for the test of a procedure's uplift: the
@@ -458,6 +463,7 @@ impl SopBook {
                 procedure: Vec::new(),
             };
             self.sops.push(sop.clone());
+            self.index.extend(&self.sops);
             events.push(SopEvent::Promoted(sop));
         }
         self.consolidate_procedures(now_ms, &mut events);
@@ -598,6 +604,7 @@ impl SopBook {
                 procedure,
             };
             self.sops.push(sop.clone());
+            self.index.extend(&self.sops);
             events.push(SopEvent::Proposed(sop));
         }
     }
@@ -613,7 +620,8 @@ impl SopBook {
     pub fn matching(&self, features: &BTreeMap<String, String>) -> (Option<&Sop>, Option<&Sop>) {
         let rank = |s: &Sop| (s.preconditions.len(), s.version);
         let (mut stable, mut candidate): (Option<&Sop>, Option<&Sop>) = (None, None);
-        for s in &self.sops {
+        for i in self.index.candidates(&self.sops, features) {
+            let Some(s) = self.sops.get(i) else { continue };
             let slot = match s.status {
                 SopStatus::Stable => &mut stable,
                 SopStatus::Candidate if !s.procedure.is_empty() => &mut candidate,
@@ -658,7 +666,8 @@ impl SopBook {
     }
 
     /// A book from a snapshot.
-    pub fn restore(snapshot: SopBook) -> SopBook {
+    pub fn restore(mut snapshot: SopBook) -> SopBook {
+        snapshot.index.extend(&snapshot.sops);
         snapshot
     }
 }

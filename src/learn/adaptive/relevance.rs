@@ -8,11 +8,13 @@ use crate::record::Lesson;
 
 /// Lowercased words of a text, for the minor word-overlap signal.
 fn word_set(text: &str) -> BTreeSet<String> {
-    text.to_lowercase()
-        .split(|c: char| !c.is_alphanumeric())
+    words(&text.to_lowercase()).map(str::to_string).collect()
+}
+
+/// The words of lowercased `text` that relevance counts (longer than two bytes).
+fn words(text: &str) -> impl Iterator<Item = &str> {
+    text.split(|c: char| !c.is_alphanumeric())
         .filter(|w| w.len() > 2)
-        .map(str::to_string)
-        .collect()
 }
 
 impl AdaptiveStrategies {
@@ -29,7 +31,8 @@ impl AdaptiveStrategies {
     ) -> Vec<ScoredLesson> {
         let cfg = &self.state.config;
         let goal_words = word_set(query.goal);
-        let mut scored: Vec<ScoredLesson> = self
+        let mut shared: Vec<&str> = Vec::new();
+        let mut scored: Vec<(f64, &Lesson)> = self
             .lessons(scope)
             .iter()
             .filter(|l| l.superseded_by.is_none())
@@ -58,31 +61,36 @@ impl AdaptiveStrategies {
                 } else {
                     matched as f64 / l.preconditions.len() as f64
                 };
-                let mut lesson_words = word_set(&l.action);
-                if let Some(t) = &l.tool {
-                    lesson_words.extend(word_set(t));
+                // The share of the goal's words the lesson (its action and its tool) speaks
+                // of (a long lesson is not diluted by its own length).
+                let action = l.action.to_lowercase();
+                let tool = l.tool.as_deref().map(str::to_lowercase);
+                shared.clear();
+                for w in words(&action).chain(tool.iter().flat_map(|t| words(t))) {
+                    if let Some(g) = goal_words.get(w)
+                        && !shared.contains(&g.as_str())
+                    {
+                        shared.push(g);
+                    }
                 }
-                // The share of the goal's words the lesson speaks of (a long lesson is not
-                // diluted by its own length).
-                let inter = goal_words.intersection(&lesson_words).count() as f64;
+                let inter = shared.len() as f64;
                 let word_score = 0.5 * inter / goal_words.len().max(1) as f64;
                 // Something must tie the lesson to the task: its tool, a precondition that
                 // holds, or a word of the goal.
                 let tied = tool_score > 0.0 || matched > 0 || inter > 0.0;
                 let raw = tool_score + feature_score + word_score;
-                (tied && raw > 0.0).then(|| ScoredLesson {
-                    lesson: l.clone(),
-                    score: raw * l.confidence,
-                })
+                (tied && raw > 0.0).then_some((raw * l.confidence, l))
             })
             .collect();
-        scored.sort_by(|a, b| {
-            b.score
-                .total_cmp(&a.score)
-                .then(a.lesson.lesson_id.cmp(&b.lesson.lesson_id))
-        });
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.lesson_id.cmp(&b.1.lesson_id)));
         scored.truncate(cfg.top_k);
         scored
+            .into_iter()
+            .map(|(score, l)| ScoredLesson {
+                lesson: l.clone(),
+                score,
+            })
+            .collect()
     }
 
     /// The fenced `<strategy_context>` block for a task (see [`render_strategy_context`]).
