@@ -128,7 +128,7 @@ pub struct SopBook {
     /// The SOPs by the preconditions a task's features must have to match them (not stored:
     /// made again from `sops`).
     #[serde(skip)]
-    pub index: SopIndex,
+    pub(crate) index: SopIndex,
 }
 
 /// Rewards kept per cluster (and per candidate) for the test of a procedure's uplift: the
@@ -195,7 +195,8 @@ fn live_key(sop_id: &str, version: u32) -> String {
     format!("{sop_id}@{version}")
 }
 
-fn matches(pre: &BTreeMap<String, String>, features: &BTreeMap<String, String>) -> bool {
+/// Whether every precondition in `pre` holds in `features`.
+pub(crate) fn matches(pre: &BTreeMap<String, String>, features: &BTreeMap<String, String>) -> bool {
     pre.iter().all(|(k, v)| features.get(k) == Some(v))
 }
 

@@ -133,12 +133,7 @@ mod tests {
     /// The SOPs of `sops` that match `f`, read one by one.
     fn matching_by_reading(sops: &[Sop], f: &BTreeMap<String, String>) -> Vec<usize> {
         (0..sops.len())
-            .filter(|&i| {
-                sops[i]
-                    .preconditions
-                    .iter()
-                    .all(|(k, v)| f.get(k) == Some(v))
-            })
+            .filter(|&i| crate::learn::sop::matches(&sops[i].preconditions, f))
             .collect()
     }
 
