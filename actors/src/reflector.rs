@@ -160,10 +160,10 @@ pub struct ReflectorState {
     verifier: Option<Arc<dyn Verifier>>,
     chaos: Option<ChaosHook>,
     ablate: BTreeSet<Mechanism>,
-    /// The strategies (the adaptive lessons of each scope) as last handed to memory, and the
-    /// memory actor they were handed to: a consolidation sends only those of the scopes
-    /// written since (`unsent`) that changed, unless memory has started again since (then all
-    /// of them).
+    /// The strategies (the adaptive lessons of each scope) as last written to the lessons
+    /// table and handed to memory, and the memory actor they were handed to: a consolidation
+    /// writes and sends only those of the scopes written since (`unsent`) that changed, and
+    /// sends all of them to a memory that has started again since.
     sent: BTreeMap<String, Vec<Lesson>>,
     sent_to: Option<ractor::ActorId>,
     /// Scopes written since the last consolidation.
@@ -216,7 +216,7 @@ impl Actor for ReflectorActor {
                 p.applied,
             ))
         });
-        let (reflector, adaptive, applied) = match restored {
+        let (reflector, adaptive, applied, sent) = match restored {
             Some((mut reflector, mut adaptive, applied)) => {
                 // The lessons come back; the configuration is the one in force now.
                 adaptive.set_config(args.adaptive.clone())?;
@@ -226,7 +226,8 @@ impl Actor for ReflectorActor {
                 if inline_buckets {
                     reflector.note_all_buckets_changed();
                 }
-                (reflector, adaptive, applied)
+                let sent = lessons_on_disk(&args.store, &adaptive);
+                (reflector, adaptive, applied, sent)
             }
             None => {
                 // Rebuilt from the log: the scopes and buckets of a snapshot that cannot be used
@@ -247,6 +248,7 @@ impl Actor for ReflectorActor {
                     Reflector::new(ReflectorConfig::default()),
                     AdaptiveStrategies::new(args.adaptive.clone())?,
                     Applied::default(),
+                    BTreeMap::new(),
                 )
             }
         };
@@ -263,7 +265,7 @@ impl Actor for ReflectorActor {
             verifier: args.verifier,
             chaos: args.chaos,
             ablate: args.ablate,
-            sent: BTreeMap::new(),
+            sent,
             sent_to: None,
             unsent: BTreeSet::new(),
         };
@@ -544,14 +546,13 @@ impl ReflectorState {
             .filter_map(|id| self.reflector.lesson(id).cloned())
             .collect();
         let mut ops = self.snapshot_ops()?;
-        // The strategies that changed since they were last sent, in the scopes written since,
-        // unless memory has started again since (it may have lost what it was sent after its
-        // last snapshot): then all of them.
+        // The strategies that changed since they were last written, in the scopes written
+        // since, are written and sent to memory; a memory that has started again since (it
+        // may have lost what it was sent after its last snapshot) is sent all of them.
         let memory_now = self.memory.current().map(|a| a.get_id());
         let all = memory_now.is_none() || memory_now != self.sent_to;
         let unsent = std::mem::take(&mut self.unsent);
         let scopes: Vec<String> = if all {
-            self.sent.clear();
             self.adaptive.scopes().map(str::to_string).collect()
         } else {
             unsent.into_iter().collect()
@@ -559,10 +560,17 @@ impl ReflectorState {
         // The lessons that left force since memory last heard: the reflection's superseded
         // ones, and those gone from the scopes written since.
         let mut gone: Vec<String> = report.superseded.clone();
+        let mut resent: Vec<Lesson> = Vec::new();
         for scope in scopes {
             let now_lessons = self.adaptive.lessons(&scope);
             let before = self.sent.get(&scope).map(Vec::as_slice).unwrap_or(&[]);
-            fresh.extend(now_lessons.iter().filter(|l| !before.contains(l)).cloned());
+            for l in now_lessons {
+                if !before.contains(l) {
+                    fresh.push(l.clone());
+                } else if all {
+                    resent.push(l.clone());
+                }
+            }
             gone.extend(
                 before
                     .iter()
@@ -575,6 +583,7 @@ impl ReflectorState {
         for l in &fresh {
             ops.push(WriteOp::put(LESSONS, &l.lesson_id, &LessonRecord::from(l))?);
         }
+        fresh.append(&mut resent);
         // Committed by the group-commit writer in the order queued (before anything memory
         // writes for these lessons); the actor does not wait for it.
         write_behind(&self.store, ops, "the reflector's consolidation");
@@ -720,6 +729,36 @@ pub enum StoredLessonsError {
         "table `reflector` key `state`: there is none (start and stop a tree on the store first)"
     )]
     Missing,
+}
+
+/// The strategies of each scope that the lessons table holds as they are, read at start: the
+/// first consolidation then writes only what changed since, while memory (which may have lost
+/// what it was sent after its last snapshot) is still sent them all. A table that cannot be
+/// read counts as holding none (all are written again).
+fn lessons_on_disk(store: &Store, adaptive: &AdaptiveStrategies) -> BTreeMap<String, Vec<Lesson>> {
+    let rows = match store.scan::<LessonRecord>(LESSONS) {
+        Ok(rows) => rows,
+        Err(e) => {
+            tracing::warn!(error = %e, "the lessons table cannot be read; every lesson is written again");
+            return BTreeMap::new();
+        }
+    };
+    let stored: std::collections::HashMap<String, Lesson> = rows
+        .into_iter()
+        .filter_map(|(id, r)| Some((id, r.ok()?.lesson)))
+        .collect();
+    adaptive
+        .scopes()
+        .map(|scope| {
+            let held = adaptive
+                .lessons(scope)
+                .iter()
+                .filter(|l| stored.get(&l.lesson_id) == Some(*l))
+                .cloned()
+                .collect();
+            (scope.to_string(), held)
+        })
+        .collect()
 }
 
 /// Adds lessons to the stored adaptive strategies, for a store prepared offline (an import, or

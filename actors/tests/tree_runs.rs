@@ -892,16 +892,32 @@ async fn damaged_snapshots_are_rebuilt_from_the_experience_log() {
     rt.shutdown().await;
 }
 
-/// The SOPs in force, from the policy.
-async fn stable_sops(rt: &Runtime) -> Vec<hindsight::Sop> {
+/// Every SOP version of the policy's book, in book order.
+async fn book(rt: &Runtime) -> Vec<hindsight::Sop> {
     rt.ctx()
         .dir
         .policy
         .call(|reply| PolicyMsg::Sops { reply })
         .await
         .unwrap()
+}
+
+/// The SOPs in force, from the policy.
+async fn stable_sops(rt: &Runtime) -> Vec<hindsight::Sop> {
+    book(rt)
+        .await
         .into_iter()
         .filter(|s| s.status == hindsight::SopStatus::Stable)
+        .collect()
+}
+
+/// The SOP table's rows, in key order.
+fn sop_table(store: &hindsight::store::Store) -> Vec<hindsight::Sop> {
+    store
+        .scan::<hindsight::Sop>(hindsight_actors::policy::SOPS)
+        .unwrap()
+        .into_iter()
+        .map(|(_, s)| s.unwrap())
         .collect()
 }
 
@@ -974,15 +990,20 @@ async fn a_promoted_sop_is_indexed_in_memory_and_survives_a_lost_memory_snapshot
         "{} not in {found:?}",
         sop.sop_id
     );
+    let before = book(&rt).await;
     rt.shutdown().await;
 
     let store = hindsight::store::Store::open(dir.path(), Default::default()).unwrap();
+    // The book as it was persisted at shutdown: the SOP table holds it, row for row.
+    assert_eq!(sop_table(&store), before);
     store
         .overwrite_raw("kv.memory", "state", &[1, 0xFF])
         .unwrap();
     drop(store);
     let rt = Runtime::start(opts()).await.unwrap();
     let found = sops_in_memory(&rt, &sop).await;
+    // The policy reads the same book back from the table, in the same order.
+    assert_eq!(book(&rt).await, before);
     rt.shutdown().await;
     assert!(
         found.contains(&sop.sop_id),
@@ -1237,4 +1258,75 @@ async fn a_driver_that_panics_fails_its_run_and_answers_at_once() {
         .unwrap();
     assert!(third.state.is_terminal() && third.tool_calls > 0);
     rt.shutdown().await;
+}
+
+/// A restart writes back no lesson that has not changed since it was written (its first
+/// consolidation once wrote every lesson again: 10,000 rows in one commit on a store in use),
+/// while a memory that lost its snapshot is still sent every lesson in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_writes_back_only_changed_lessons_and_memory_is_sent_them_all() {
+    use hindsight::store::WriteOp;
+    use hindsight_actors::reflector::{LESSONS, LessonRecord, add_stored_lessons};
+    let dir = tempfile::tempdir().unwrap();
+    let env = env();
+    let rt = Runtime::start(options(dir.path())).await.unwrap();
+    workload::run_tasks(&rt, &env, 5, 30, 1, |_| {})
+        .await
+        .unwrap();
+    rt.shutdown().await;
+    // A start that learns the log's tail and consolidates it: the next start replays nothing.
+    let rt = Runtime::start(options(dir.path())).await.unwrap();
+    rt.shutdown().await;
+    let tool = env.stages()[0].arms[0].tool.clone();
+    let lesson = hindsight::Lesson {
+        lesson_id: "stored-0".into(),
+        preconditions: [("doc_kind".to_string(), "ledger".to_string())].into(),
+        tool: Some(tool.clone()),
+        action: format!("For a ledger, check the arguments {tool} expects before calling it"),
+        confidence: 0.6,
+        evidence: vec!["run-elsewhere".into()],
+        source: "correction".into(),
+        scope: "user:elsewhere".into(),
+        created_ms: 1,
+        reinforced_ms: 1,
+        superseded_by: None,
+    };
+    let store = hindsight::store::Store::open(dir.path(), Default::default()).unwrap();
+    add_stored_lessons(&store, std::slice::from_ref(&lesson))
+        .await
+        .unwrap();
+    store
+        .overwrite_raw("kv.memory", "state", &[1, 0xFF])
+        .unwrap();
+    drop(store);
+
+    let rt = Runtime::start(options(dir.path())).await.unwrap();
+    // The lesson's row changed behind the reflector's back after it started: a consolidation
+    // that wrote the (unchanged) lesson again would put it back.
+    let mut marked = lesson.clone();
+    marked.action = "marker".into();
+    rt.store()
+        .write_batch(vec![
+            WriteOp::put(LESSONS, "stored-0", &LessonRecord::from(&marked)).unwrap(),
+        ])
+        .await
+        .unwrap();
+    // 30 runs in another scope: at least one consolidation (every 25 experiences).
+    workload::run_tasks(&rt, &env, 5, 30, 1, |_| {})
+        .await
+        .unwrap();
+    // Past the reflector's consolidation, and past its writes (committed in the order queued).
+    all_lessons(&rt).await;
+    rt.store()
+        .write_batch(vec![WriteOp::put(LESSONS, "flush", &0u8).unwrap()])
+        .await
+        .unwrap();
+    let row: LessonRecord = rt.store().get(LESSONS, "stored-0").unwrap().unwrap();
+    assert_eq!(
+        row.lesson.action, "marker",
+        "an unchanged lesson was written again"
+    );
+    let found = cited_in_memory(&rt, &lesson.action, lesson.preconditions.clone(), "lesson").await;
+    rt.shutdown().await;
+    assert!(found.contains(&"stored-0".to_string()), "{found:?}");
 }

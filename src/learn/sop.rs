@@ -666,6 +666,22 @@ impl SopBook {
         self.clone()
     }
 
+    /// The persistent state without its SOPs, for an owner that stores each SOP apart (and
+    /// puts them back in book order before [`SopBook::restore`]).
+    pub fn snapshot_without_sops(&self) -> SopBook {
+        SopBook {
+            config: self.config.clone(),
+            plans: self.plans.clone(),
+            clusters: self.clusters.clone(),
+            sops: Vec::new(),
+            live: self.live.clone(),
+            proposals: self.proposals.clone(),
+            model_rewards: self.model_rewards.clone(),
+            trial_rewards: self.trial_rewards.clone(),
+            index: SopIndex::default(),
+        }
+    }
+
     /// A book from a snapshot.
     pub fn restore(mut snapshot: SopBook) -> SopBook {
         snapshot.index.extend(&snapshot.sops);

@@ -23,11 +23,15 @@ use crate::chaos_hook::ChaosHook;
 use crate::directory::Slot;
 use crate::memory::MemoryMsg;
 
+mod sop_rows;
+use sop_rows::SopRows;
+
 pub use hindsight::learn::planner::{IN_FLIGHT_CHOICES, observation_of};
 
 /// The table of the policy's snapshot.
 pub const POLICY: KvTable = KvTable::new("policy");
-/// Every SOP version, keyed `sop_id@version` (what the API and reports read).
+/// Every SOP version of the policy's book, keyed by its place in the book (what the API and
+/// reports read; see [`sop_rows`]).
 pub const SOPS: KvTable = KvTable::new("sops");
 
 /// How many of these SOP versions were promoted (every one that is not a candidate).
@@ -46,6 +50,9 @@ pub enum StoredPolicyError {
     /// The snapshot decoded but is not a policy this build can restore.
     #[error("table `policy` key `snapshot`: {0}")]
     Restore(#[from] hindsight::learn::bandit::PolicyError),
+    /// The SOP book's rows could not be read back.
+    #[error(transparent)]
+    SopRows(#[from] sop_rows::SopRowsError),
     /// The store holds no policy snapshot.
     #[error(
         "table `policy` key `snapshot`: there is none (start and stop a tree on the store first)"
@@ -66,22 +73,16 @@ pub fn stored_policy(store: &Store) -> Result<Option<Policy>, StoredPolicyError>
 pub use hindsight::run::{PlanChoice, parse_sop_plan_id, sop_plan_id};
 
 /// Adds SOPs to the stored policy, for a store prepared offline (an import, or the overhead
-/// bench's): each joins the SOP book of the persisted snapshot and the SOP table, in one
-/// transaction; the policy (and memory's index) read them at the next start. Fails when the
-/// store holds no policy snapshot (start and stop a tree on it first).
+/// bench's): each joins the end of the SOP book of the persisted snapshot (a row of the SOP
+/// table), in one transaction; the policy (and memory's index) read them at the next start.
+/// Fails when the store holds no policy snapshot (start and stop a tree on it first).
 pub async fn add_stored_sops(store: &Store, sops: &[Sop]) -> Result<(), StoredPolicyError> {
     let Some(mut persisted) = store.get::<Persisted>(POLICY, SNAPSHOT_KEY)? else {
         return Err(StoredPolicyError::Missing);
     };
-    let mut ops = Vec::with_capacity(sops.len() + 1);
-    for sop in sops {
-        ops.push(hindsight::store::WriteOp::put(
-            SOPS,
-            &format!("{}@{}", sop.sop_id, sop.version),
-            sop,
-        )?);
-    }
-    persisted.sops.sops.extend_from_slice(sops);
+    let (mut rows, mut book) = SopRows::load(store, std::mem::take(&mut persisted.sops.sops))?;
+    book.extend_from_slice(sops);
+    let mut ops = rows.writes(&book)?;
     ops.push(hindsight::store::WriteOp::put(
         POLICY,
         SNAPSHOT_KEY,
@@ -89,6 +90,22 @@ pub async fn add_stored_sops(store: &Store, sops: &[Sop]) -> Result<(), StoredPo
     )?);
     store.write_batch(ops).await?;
     Ok(())
+}
+
+/// The policy's snapshot with its SOP book's rows read back into it, and what the table holds
+/// of them; `None` (logged) when either cannot be read: the policy then rebuilds from the log.
+fn read_persisted(store: &Store) -> Option<(Persisted, SopRows)> {
+    let mut p: Persisted = read_snapshot(store, POLICY, SNAPSHOT_KEY)?;
+    match SopRows::load(store, std::mem::take(&mut p.sops.sops)) {
+        Ok((rows, sops)) => {
+            p.sops.sops = sops;
+            Some((p, rows))
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "the SOP book cannot be read back; rebuilding the policy from the experience log");
+            None
+        }
+    }
 }
 
 const SNAPSHOT_KEY: &str = "snapshot";
@@ -256,6 +273,8 @@ pub struct PolicyArgs {
 pub struct PolicyState {
     store: Store,
     memory: Arc<Slot<MemoryMsg>>,
+    /// What the SOP table holds of the planner's book.
+    sop_rows: SopRows,
     planner: Planner,
     since_snapshot: u64,
     snapshot_every: u64,
@@ -283,9 +302,10 @@ impl Actor for PolicyActor {
         myself: ActorRef<Self::Msg>,
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let stored: Option<Persisted> = read_snapshot(&args.store, POLICY, SNAPSHOT_KEY);
-        let (policy, sops, watermark, applied, first_attempts) = match stored {
-            Some(p) if p.policy.stages == args.initial.stages() => {
+        let stored =
+            read_persisted(&args.store).filter(|(p, _)| p.policy.stages == args.initial.stages());
+        let (policy, sops, watermark, applied, first_attempts, sop_rows) = match stored {
+            Some((p, sop_rows)) => {
                 // The evidence comes back; the configuration is the one in force now (a changed
                 // setting or reward takes effect at the next start, not at the next relearn).
                 let mut policy = Policy::restore(p.policy)?;
@@ -300,14 +320,22 @@ impl Actor for PolicyActor {
                         FirstAttempts::default()
                     }
                 };
-                (policy, sops, p.watermark, p.applied, first_attempts)
+                (
+                    policy,
+                    sops,
+                    p.watermark,
+                    p.applied,
+                    first_attempts,
+                    sop_rows,
+                )
             }
-            _ => (
+            None => (
                 args.initial,
                 SopBook::new(args.sop),
                 0,
                 BTreeSet::new(),
                 FirstAttempts::default(),
+                SopRows::fresh(&args.store),
             ),
         };
         // A configuration out of range (from an embedder that skipped `Runtime::start`'s check)
@@ -341,6 +369,7 @@ impl Actor for PolicyActor {
         let mut state = PolicyState {
             store: args.store,
             memory: args.memory,
+            sop_rows,
             planner: {
                 let planner = Planner::new(
                     policy,
@@ -587,8 +616,12 @@ impl PolicyState {
         let (ops, told) = self.snapshot_writes()?;
         let written = self.store.queue_batch(ops);
         let memory = self.memory.clone();
+        let failed = self.sop_rows.on_failure();
         Ok(async move {
-            written.await?;
+            if let Err(e) = written.await {
+                failed.store(true, std::sync::atomic::Ordering::SeqCst);
+                return Err(e);
+            }
             for msg in told {
                 memory.tell(msg);
             }
@@ -602,9 +635,10 @@ impl PolicyState {
         &mut self,
     ) -> Result<(Vec<hindsight::store::WriteOp>, Vec<MemoryMsg>), hindsight::store::StoreError>
     {
-        // SOP changes go to their own table (and a diary note) in the same transaction as the
-        // snapshot, so the API and reports see exactly what the planner uses.
-        let mut ops = Vec::new();
+        // The SOPs that changed go to their own table (and each event to the diary) in the
+        // same transaction as the snapshot, so the API and reports see exactly what the planner
+        // uses.
+        let mut ops = self.sop_rows.writes(&self.planner.sops.sops)?;
         let events = self.planner.take_sop_events();
         for event in &events {
             let (sop, what) = match &event {
@@ -612,11 +646,6 @@ impl PolicyState {
                 SopEvent::RolledBack(s) => (s, "rolled back"),
                 SopEvent::Proposed(s) => (s, "proposed"),
             };
-            ops.push(hindsight::store::WriteOp::put(
-                SOPS,
-                &format!("{}@{}", sop.sop_id, sop.version),
-                sop,
-            )?);
             ops.push(hindsight::store::WriteOp::diary(
                 &hindsight::store::NewDiaryEntry {
                     time_ms: now_ms(),
@@ -658,7 +687,7 @@ impl PolicyState {
         }
         let p = Persisted {
             policy: self.planner.policy.snapshot(),
-            sops: self.planner.sops.snapshot(),
+            sops: self.planner.sops.snapshot_without_sops(),
             watermark: self.planner.watermark(),
             applied: self.planner.applied().clone(),
         };
