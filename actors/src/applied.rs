@@ -25,6 +25,17 @@ pub fn read_snapshot<T: DeserializeOwned>(store: &Store, table: KvTable, key: &s
     }
 }
 
+/// Waits until the writes queued before now are committed: an actor that writes behind itself
+/// calls it at the top of its start, so that a restarted one reads its records after all that
+/// its predecessor queued before dying (not between two of its reads, which would give it a
+/// snapshot of one moment and rows or counters of another). A store that cannot be waited on is
+/// logged; the reads that follow say what they can.
+pub async fn after_queued_writes(store: &Store, actor: &'static str) {
+    if let Err(e) = store.settled().await {
+        tracing::warn!(error = %e, actor, "the writes queued before this start could not be waited for");
+    }
+}
+
 /// Queues `ops` to the store's group-commit writer without waiting (they commit in the order
 /// queued, so after anything queued before); a failure is logged as `what` was not written.
 pub fn write_behind(store: &Store, ops: Vec<WriteOp>, what: &'static str) {

@@ -170,6 +170,7 @@ impl Actor for MemoryActor {
         myself: ActorRef<Self::Msg>,
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
+        crate::applied::after_queued_writes(&args.store, "memory").await;
         let stored: Option<Persisted> = read_snapshot(&args.store, MEMORY, SNAPSHOT_KEY);
         let (memory, applied, rebuilt) = restore(&args.store, stored)?;
         let mut state = MemoryState {

@@ -191,6 +191,7 @@ impl Actor for Orchestrator {
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         let ctx = args.ctx;
+        crate::applied::after_queued_writes(&ctx.store, "orchestrator").await;
         // Only the unfinished runs, from the store's index of them: a finished run stays on
         // disk (the store answers for it), and a start costs what is under way, not history.
         let mut runs = HashMap::new();

@@ -180,6 +180,7 @@ impl Actor for ReflectorActor {
         myself: ActorRef<Self::Msg>,
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
+        crate::applied::after_queued_writes(&args.store, "reflector").await;
         let stored: Option<Persisted> = read_snapshot(&args.store, REFLECTOR, SNAPSHOT_KEY);
         let rows = args.store.scan::<ScopeState>(SCOPES)?;
         let keys: Vec<String> = rows.iter().map(|(k, _)| k.clone()).collect();

@@ -614,6 +614,14 @@ impl Store {
         self.submit(ops.into_iter().map(|o| o.0).collect()).await
     }
 
+    /// Waits until every write queued before this call has been committed (or has failed): the
+    /// writer commits in the order queued, so an empty request's acknowledgement comes after
+    /// theirs. An actor that restarts calls it before reading its records back, so that it reads
+    /// them after whatever its predecessor queued without waiting, not in the middle of it.
+    pub async fn settled(&self) -> Result<(), StoreError> {
+        self.submit(Vec::new()).await.map(drop)
+    }
+
     /// Queues `ops` as one transaction now, without waiting: batches queued one after another
     /// are committed in that order (an actor can hand over its snapshots and go on serving).
     /// The future answers once they are committed.

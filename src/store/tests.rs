@@ -234,6 +234,30 @@ async fn concurrent_writers_are_all_acked_and_all_present() {
 }
 
 #[tokio::test]
+async fn settled_returns_after_every_write_queued_before_it_is_committed() {
+    const T: KvTable = KvTable::new("queued");
+    let dir = tempfile::tempdir().unwrap();
+    // One commit per request, each synced: the writer is far behind the queue.
+    let options = StoreOptions {
+        durability: Durability::Immediate,
+        ..StoreOptions::default()
+    };
+    let store = Store::open_with_batch_limit(dir.path(), options, 1).unwrap();
+    for i in 0..100u64 {
+        // Queued and not waited for, as an actor writes behind itself.
+        drop(store.queue_batch(vec![WriteOp::put(T, &format!("{i:03}"), &i).unwrap()]));
+    }
+    store.settled().await.unwrap();
+    let keys: Vec<String> = store
+        .scan::<u64>(T)
+        .unwrap()
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(keys.len(), 100, "every queued write is on disk");
+}
+
+#[tokio::test]
 async fn a_batch_commits_together_and_reports_sequence_numbers() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path(), opts()).unwrap();

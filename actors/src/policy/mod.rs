@@ -302,6 +302,7 @@ impl Actor for PolicyActor {
         myself: ActorRef<Self::Msg>,
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
+        crate::applied::after_queued_writes(&args.store, "policy").await;
         let stored =
             read_persisted(&args.store).filter(|(p, _)| p.policy.stages == args.initial.stages());
         let (policy, sops, watermark, applied, first_attempts, sop_rows) = match stored {
