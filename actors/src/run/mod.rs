@@ -9,7 +9,8 @@ mod finish;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use hindsight::run::{Command, Event, PluginAnswer, RunError, RunMachine, RunProgress};
+use hindsight::learn::planner::PlanError;
+use hindsight::run::{Command, Event, PlanChoice, PluginAnswer, RunError, RunMachine, RunProgress};
 use hindsight::store::{KvTable, Store};
 use hindsight::{Run, Task, now_ms};
 
@@ -300,7 +301,7 @@ async fn drive(
         };
         // Retrieval and planning go on while a new run's record is written; nothing else
         // (a transition, a call, a checkpoint, a notice) before it is on disk.
-        if !matches!(command, Command::Prepare | Command::Choose { .. })
+        if !matches!(command, Command::Prepare { .. } | Command::Choose { .. })
             && let Some(acceptance) = acceptance.take()
         {
             acceptance
@@ -310,18 +311,12 @@ async fn drive(
                 .map_err(DriveError::NotAccepted)?;
         }
         let event = match command {
-            Command::Prepare => prepare(ctx, &run_id, &task, forced.take()).await?,
-            Command::Choose { base, exclude } => Event::Planned(
-                ctx.gates
-                    .policy
-                    .run(ctx.dir.policy.call(|reply| PolicyMsg::Choose {
-                        task: task.clone(),
-                        base: base.clone(),
-                        exclude: exclude.clone(),
-                        reply,
-                    }))
-                    .await?,
-            ),
+            Command::Prepare { choose } => {
+                prepare(ctx, &run_id, &task, forced.take(), choose).await?
+            }
+            Command::Choose { base, exclude } => {
+                Event::Planned(self::choose(ctx, &task, base, exclude).await?)
+            }
             Command::Transition {
                 from,
                 next,
@@ -439,14 +434,36 @@ async fn drive(
     }
 }
 
-/// Announces the run to ReflectRetry and the plugins, retrieves what memory holds for the task
-/// with the lessons of its scope, and looks up a plan given with the task (`forced`, when the
-/// driver was given it; else in the store).
+/// Asks the policy for a plan (`base: None`), or to repair `base` without the arms `exclude`
+/// rules out.
+async fn choose(
+    ctx: &TreeCtx,
+    task: &Arc<Task>,
+    base: Option<Vec<hindsight::ArmChoice>>,
+    exclude: Vec<(String, String, String)>,
+) -> Result<Result<PlanChoice, PlanError>, DriveError> {
+    Ok(ctx
+        .gates
+        .policy
+        .run(ctx.dir.policy.call(|reply| PolicyMsg::Choose {
+            task: task.clone(),
+            base: base.clone(),
+            exclude: exclude.clone(),
+            reply,
+        }))
+        .await?)
+}
+
+/// Announces the run to ReflectRetry and the plugins, looks up a plan given with the task
+/// (`forced`, when the driver was given it; else in the store), and retrieves what memory holds
+/// for the task with the lessons of its scope; when the machine asks to `choose` and no plan
+/// was given, the policy chooses the first plan at the same time.
 async fn prepare(
     ctx: &TreeCtx,
     run_id: &str,
     task: &Arc<Task>,
     forced: Option<Option<Vec<hindsight::ArmChoice>>>,
+    choose: bool,
 ) -> Result<Event, DriveError> {
     let _ = ctx
         .dir
@@ -458,8 +475,15 @@ async fn prepare(
             .slot
             .tell(PluginMsg::BeforeRun(Box::new((**task).clone())));
     }
-    // Memory's retrieval and the lessons of the task's scope, asked of both actors at once.
-    let (bundle, context) = tokio::join!(
+    // A plan given with the task (the API's `/execute`) is run as given.
+    let forced = match forced {
+        Some(forced) => forced,
+        None => ctx.store.get(crate::orchestrator::FORCED_PLANS, run_id)?,
+    };
+    let choose = choose && forced.is_none();
+    // Memory's retrieval, the lessons of the task's scope and the policy's choice, asked of
+    // the three actors at once.
+    let (bundle, context, planned) = tokio::join!(
         ctx.gates
             .memory
             .run(ctx.dir.memory.call(|reply| MemoryMsg::Retrieve {
@@ -472,21 +496,23 @@ async fn prepare(
                 reply,
             },
             PLUGIN_TIMEOUT,
-        ))
+        )),
+        async {
+            match choose {
+                true => self::choose(ctx, task, None, Vec::new()).await.map(Some),
+                false => Ok(None),
+            }
+        }
     );
     let mut bundle = bundle?;
     // The lessons of the task's scope, fenced, join the retrieval (a reflector that cannot
     // answer leaves the run without them rather than failing it).
     bundle.strategy_context = context.ok().flatten();
-    // A plan given with the task (the API's `/execute`) is run as given.
-    let forced = match forced {
-        Some(forced) => forced,
-        None => ctx.store.get(crate::orchestrator::FORCED_PLANS, run_id)?,
-    };
     Ok(Event::Prepared {
         citations: bundle.citations(),
         guidance: bundle.guidance(),
         forced,
+        planned: planned?,
     })
 }
 
