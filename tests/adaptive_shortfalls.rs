@@ -906,3 +906,77 @@ fn a_lesson_a_run_bears_out_is_not_decayed_away() {
     assert!((confidence(&a) - 0.8).abs() < 1e-9);
     assert!(a.confirm(SCOPE, &here, &passed, 7).is_empty(), "unchanged");
 }
+
+/// The view runs read: published whole the first time, then only the scopes that changed, and
+/// replaced whole by a restored owner (a scope it does not hold leaves the view); a task's
+/// block from it is the owner's own.
+#[test]
+fn the_published_view_gives_each_task_the_owners_block_and_follows_its_changes() {
+    let mut a = adaptive();
+    fill(&mut a, 7, "pdfminer", 1);
+    a.synthesise_offline(SCOPE, "w", 2).unwrap();
+    assert!(!a.lessons(SCOPE).is_empty());
+    let tools = vec!["pdfminer".to_string(), "camelot".to_string()];
+    let task = Task {
+        task_id: "t".into(),
+        goal: "extract the statement".into(),
+        user_id: Some("alice".into()),
+        features: feats(&[("filetype", "pdf"), ("bank", "acme")]),
+        ..Task::default()
+    };
+    let owners = |a: &AdaptiveStrategies, now: u64| {
+        a.context_for(
+            SCOPE,
+            RelevanceQuery {
+                features: &task.features,
+                tools: &tools,
+                goal: &task.goal,
+            },
+            now,
+        )
+    };
+    let mut view = LessonView::default();
+    assert!(
+        view.context_for(&task, 3).is_none(),
+        "nothing published yet"
+    );
+    assert!(a.has_unpublished());
+    a.publish(&mut view, &tools);
+    assert!(!a.has_unpublished());
+    let block = view.context_for(&task, 3);
+    assert!(block.as_deref().is_some_and(|b| b.contains("pdfminer")));
+    assert_eq!(block, owners(&a, 3));
+    // A change in another scope is published alone; alice's block is as it was.
+    let mut other = strategy_failure(99, "camelot");
+    other.features.insert("bank".into(), "acme".into());
+    a.record_failure("user:bob", &other, 4);
+    assert!(a.has_unpublished());
+    a.publish(&mut view, &tools);
+    assert_eq!(view.context_for(&task, 5), owners(&a, 5));
+    // A lesson that expires leaves the view when it is published.
+    let mut cfg = a.config().clone();
+    cfg.strategy_ttl_ms = 10;
+    a.set_config(cfg).unwrap();
+    a.publish(&mut view, &tools);
+    a.expire(1_000);
+    assert!(a.lessons(SCOPE).is_empty());
+    assert!(a.has_unpublished());
+    a.publish(&mut view, &tools);
+    assert!(view.lessons(SCOPE).is_empty());
+    assert!(view.context_for(&task, 1_000).is_none());
+    // An owner restored from a snapshot without alice's scope replaces the view whole.
+    let mut fresh = adaptive();
+    fresh.record_failure("user:bob", &other, 4);
+    let mut restored = AdaptiveStrategies::restore(fresh.snapshot()).unwrap();
+    let mut view = LessonView::default();
+    a = adaptive();
+    fill(&mut a, 7, "pdfminer", 1);
+    a.synthesise_offline(SCOPE, "w", 2).unwrap();
+    a.publish(&mut view, &tools);
+    assert!(!view.lessons(SCOPE).is_empty());
+    restored.publish(&mut view, &tools);
+    assert!(
+        view.lessons(SCOPE).is_empty(),
+        "the restored owner holds no lesson of alice's"
+    );
+}

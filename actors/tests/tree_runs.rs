@@ -1330,3 +1330,76 @@ async fn a_restart_writes_back_only_changed_lessons_and_memory_is_sent_them_all(
     rt.shutdown().await;
     assert!(found.contains(&"stored-0".to_string()), "{found:?}");
 }
+
+/// Runs read the lessons of their scope from what the reflector published, not by asking it:
+/// a stored lesson is in a task's block from the start, and still is while the reflector is
+/// killed and restarted (a run's lessons never wait behind it, nor go missing while it is down).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_read_the_published_lessons_of_their_scope_while_the_reflector_restarts() {
+    use hindsight_actors::reflector::add_stored_lessons;
+    let dir = tempfile::tempdir().unwrap();
+    let env = env();
+    // A reflector snapshot to add the lesson to (written at its first consolidation).
+    let rt = Runtime::start(options(dir.path())).await.unwrap();
+    workload::run_tasks(&rt, &env, 5, 30, 1, |_| {})
+        .await
+        .unwrap();
+    rt.shutdown().await;
+    let tool = env.stages()[0].arms[0].tool.clone();
+    let action = format!("Check the arguments {tool} expects before calling it");
+    let lesson = hindsight::Lesson {
+        lesson_id: "stored-0".into(),
+        preconditions: Default::default(),
+        tool: Some(tool.clone()),
+        action: action.clone(),
+        confidence: 0.6,
+        evidence: vec!["run-elsewhere".into()],
+        source: "correction".into(),
+        scope: "user:reader".into(),
+        created_ms: hindsight::now_ms(),
+        reinforced_ms: hindsight::now_ms(),
+        superseded_by: None,
+    };
+    let store = hindsight::store::Store::open(dir.path(), Default::default()).unwrap();
+    add_stored_lessons(&store, std::slice::from_ref(&lesson))
+        .await
+        .unwrap();
+    drop(store);
+    let rt = Runtime::start(options(dir.path())).await.unwrap();
+    let task = hindsight::Task {
+        user_id: Some("reader".into()),
+        ..workload::sim_task(&env, 3, 1)
+    };
+    let other = hindsight::Task {
+        user_id: Some("someone-else".into()),
+        ..task.clone()
+    };
+    let lessons = &rt.ctx().dir.lessons;
+    let block = lessons.context_for(&task).unwrap_or_default();
+    assert!(block.contains(&action), "{block}");
+    assert_eq!(lessons.context_for(&other), None, "another user's scope");
+    let reflector = rt.ctx().dir.reflector.current().unwrap();
+    reflector.kill();
+    assert!(
+        lessons
+            .context_for(&task)
+            .is_some_and(|b| b.contains(&action)),
+        "the lessons are read while the reflector is down"
+    );
+    let out = rt.orchestrate(task).await.unwrap();
+    assert!(out.state.is_terminal());
+    assert!(
+        lessons
+            .context_for(&rt_task_again(&env))
+            .is_some_and(|b| b.contains(&action)),
+        "and after it started again"
+    );
+    rt.shutdown().await;
+}
+
+fn rt_task_again(env: &SimEnv) -> hindsight::Task {
+    hindsight::Task {
+        user_id: Some("reader".into()),
+        ..workload::sim_task(env, 3, 2)
+    }
+}

@@ -19,7 +19,6 @@ use crate::memory::MemoryMsg;
 use crate::orchestrator::OrchestratorMsg;
 use crate::plugin::{PLUGIN_TIMEOUT, PluginMsg, Verdict};
 use crate::policy::PolicyMsg;
-use crate::reflector::ReflectorMsg;
 use crate::tree::{Directory, TreeConfig};
 use crate::validator::ValidatorMsg;
 use hindsight::run::Workflow;
@@ -68,8 +67,6 @@ pub const SHARED_CALLS_IN_FLIGHT: usize = 64;
 pub struct Gates {
     /// Memory's retrievals.
     pub memory: Gate,
-    /// The reflector's lessons for a task.
-    pub reflector: Gate,
     /// The policy's choices.
     pub policy: Gate,
     /// The orchestrator's transitions and finishes.
@@ -85,7 +82,6 @@ impl Gates {
     pub fn new(n: usize) -> Gates {
         Gates {
             memory: Gate::new(n),
-            reflector: Gate::new(n),
             policy: Gate::new(n),
             orchestrator: Gate::new(n),
             validator: Gate::new(n),
@@ -481,33 +477,25 @@ async fn prepare(
         None => ctx.store.get(crate::orchestrator::FORCED_PLANS, run_id)?,
     };
     let choose = choose && forced.is_none();
-    // Memory's retrieval, the lessons of the task's scope and the policy's choice, asked of
-    // the three actors at once.
-    let (bundle, context, planned) = tokio::join!(
+    // Memory's retrieval and the policy's choice, asked of both actors at once; the lessons
+    // of the task's scope, fenced, are read from what the reflector published meanwhile.
+    let (bundle, planned, context) = tokio::join!(
         ctx.gates
             .memory
             .run(ctx.dir.memory.call(|reply| MemoryMsg::Retrieve {
                 task: task.clone(),
                 reply,
             })),
-        ctx.gates.reflector.run(ctx.dir.reflector.call_with_timeout(
-            |reply| ReflectorMsg::Context {
-                task: task.clone(),
-                reply,
-            },
-            PLUGIN_TIMEOUT,
-        )),
         async {
             match choose {
                 true => self::choose(ctx, task, None, Vec::new()).await.map(Some),
                 false => Ok(None),
             }
-        }
+        },
+        async { ctx.dir.lessons.context_for(task) }
     );
     let mut bundle = bundle?;
-    // The lessons of the task's scope, fenced, join the retrieval (a reflector that cannot
-    // answer leaves the run without them rather than failing it).
-    bundle.strategy_context = context.ok().flatten();
+    bundle.strategy_context = context;
     Ok(Event::Prepared {
         citations: bundle.citations(),
         guidance: bundle.guidance(),
