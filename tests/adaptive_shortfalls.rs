@@ -953,6 +953,11 @@ fn the_published_view_gives_each_task_the_owners_block_and_follows_its_changes()
     assert!(a.has_unpublished());
     a.publish(&mut view, &tools);
     assert_eq!(view.context_for(&task, 5), owners(&a, 5));
+    // A failure that changes no lesson publishes nothing.
+    a.record_failure(SCOPE, &strategy_failure(100, "pdfminer"), 5);
+    assert!(a.has_unpublished());
+    assert!(matches!(a.publication(&view, &tools), Publication::Scopes(s) if s.is_empty()));
+    assert!(!a.has_unpublished());
     // A lesson that expires leaves the view when it is published.
     let mut cfg = a.config().clone();
     cfg.strategy_ttl_ms = 10;

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use hindsight::learn::Mechanism;
 use hindsight::learn::adaptive::{
     AdaptiveConfig, AdaptiveSnapshot, AdaptiveStrategies, Correction, CorrectionError,
-    FailureObservation, LessonDraft, LessonView, OfflineVerifier, PreparedCorrection, ScopeState,
-    SynthesisJob, Synthesiser, Verdict, Verifier,
+    FailureObservation, LessonDraft, LessonView, OfflineVerifier, PreparedCorrection, Publication,
+    ScopeState, SynthesisJob, Synthesiser, Verdict, Verifier,
 };
 use hindsight::learn::reflector::{Bucket, Reflector, ReflectorConfig, ReflectorSnapshot};
 use hindsight::store::{KvTable, Store, WriteOp};
@@ -151,15 +151,26 @@ impl PublishedLessons {
             .context_for(task, now_ms())
     }
 
-    /// Publishes what changed in `adaptive` since it was last published.
+    /// Publishes what changed in `adaptive` since it was last published: built while runs
+    /// go on reading, then put in force under the lock (the reflector is the only writer).
     fn publish(&self, adaptive: &mut AdaptiveStrategies, tools: &[String]) {
-        if adaptive.has_unpublished() {
-            let mut view = self
-                .0
-                .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            adaptive.publish(&mut view, tools);
+        if !adaptive.has_unpublished() {
+            return;
         }
+        let publication = adaptive.publication(
+            &self
+                .0
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+            tools,
+        );
+        if matches!(&publication, Publication::Scopes(s) if s.is_empty()) {
+            return;
+        }
+        self.0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .apply(publication);
     }
 }
 

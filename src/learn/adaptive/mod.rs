@@ -33,7 +33,7 @@ pub use synth::{
     LessonDraft, ModelSynthesiser, OfflineSynthesiser, SynthesisInput, Synthesiser, VetRejection,
     vet_lesson,
 };
-pub use view::LessonView;
+pub use view::{LessonView, Publication};
 
 use crate::record::Lesson;
 use crate::taxonomy::{ErrorClassification, FailureCategory};

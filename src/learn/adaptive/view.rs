@@ -43,20 +43,50 @@ impl LessonView {
     }
 }
 
+/// What publishing changes in a view: the whole of it, or some scopes' lessons (`None`: the
+/// scope is gone).
+#[derive(Debug)]
+pub enum Publication {
+    /// The view as a whole (the first time, and after a new configuration).
+    Whole(LessonView),
+    /// The lessons of the scopes that changed since the view was published.
+    Scopes(Vec<(String, Option<Arc<[Lesson]>>)>),
+}
+
+impl LessonView {
+    /// Puts `publication` in force.
+    pub fn apply(&mut self, publication: Publication) {
+        match publication {
+            Publication::Whole(view) => *self = view,
+            Publication::Scopes(scopes) => {
+                for (scope, lessons) in scopes {
+                    match lessons {
+                        Some(lessons) => self.scopes.insert(scope, lessons),
+                        None => self.scopes.remove(&scope),
+                    };
+                }
+            }
+        }
+    }
+}
+
 impl AdaptiveStrategies {
-    /// Whether a scope changed (or the configuration) since the last [`Self::publish`].
+    /// Whether a scope changed (or the configuration) since the last publication.
     pub fn has_unpublished(&self) -> bool {
         !self.published || !self.unpublished.is_empty()
     }
 
-    /// Brings `view` up to date: the scopes changed since the last call, or every scope (and
-    /// the configuration, and `tools`, the workflow's tool names the lessons are ranked
-    /// against) the first time and after [`Self::set_config`], when the view is replaced
-    /// whole, so that a view an earlier owner published keeps nothing this one does not hold.
-    pub fn publish(&mut self, view: &mut LessonView, tools: &[String]) {
+    /// What brings `view` up to date, and forgets it: the lessons of the scopes that changed
+    /// since the last call and differ from the view's; or, the first time and after
+    /// [`Self::set_config`], the whole view (the configuration, `tools`, the workflow's tool
+    /// names the lessons are ranked against, and every scope), so that a view an earlier
+    /// owner published keeps nothing this one does not hold. Built from `view` as read, to be
+    /// applied by its only writer ([`LessonView::apply`]).
+    pub fn publication(&mut self, view: &LessonView, tools: &[String]) -> Publication {
         let scopes = std::mem::take(&mut self.unpublished);
         if !self.published {
-            *view = LessonView {
+            self.published = true;
+            return Publication::Whole(LessonView {
                 config: self.state.config.clone(),
                 tools: tools.to_vec(),
                 scopes: self
@@ -65,15 +95,24 @@ impl AdaptiveStrategies {
                     .iter()
                     .map(|(k, s)| (k.clone(), Arc::from(s.lessons.as_slice())))
                     .collect(),
-            };
-            self.published = true;
-            return;
+            });
         }
-        for scope in scopes {
-            match self.state.scopes.get(&scope) {
-                Some(s) => view.scopes.insert(scope, Arc::from(s.lessons.as_slice())),
-                None => view.scopes.remove(&scope),
-            };
-        }
+        Publication::Scopes(
+            scopes
+                .into_iter()
+                .filter_map(|scope| match self.state.scopes.get(&scope) {
+                    // A scope whose failures changed and lessons did not stays as it is.
+                    Some(s) if view.lessons(&scope) == s.lessons.as_slice() => None,
+                    Some(s) => Some((scope, Some(Arc::from(s.lessons.as_slice())))),
+                    None => Some((scope, None)),
+                })
+                .collect(),
+        )
+    }
+
+    /// Brings `view` up to date ([`Self::publication`], applied).
+    pub fn publish(&mut self, view: &mut LessonView, tools: &[String]) {
+        let publication = self.publication(view, tools);
+        view.apply(publication);
     }
 }
