@@ -161,11 +161,10 @@ fn drive_planned(
             panic!("the machine stalled");
         };
         let event = match command {
-            Command::Prepare { .. } => Event::Prepared {
+            Command::Prepare => Event::Prepared {
                 citations: Vec::new(),
                 guidance: context.map(str::to_string),
                 forced: None,
-                planned: None,
             },
             Command::Choose { exclude, .. } => {
                 let taken = |v: &str| exclude.iter().any(|(_, _, s)| s == v);
@@ -617,11 +616,10 @@ fn until(m: &mut RunMachine, stop: impl Fn(&Command) -> bool) -> Command {
             return command;
         }
         let event = match command {
-            Command::Prepare { .. } => Event::Prepared {
+            Command::Prepare => Event::Prepared {
                 citations: Vec::new(),
                 guidance: None,
                 forced: None,
-                planned: None,
             },
             Command::Choose { .. } => Event::Planned(Ok(plan("v1"))),
             Command::Transition { next, .. } => Event::Transitioned(next),

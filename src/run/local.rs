@@ -104,11 +104,10 @@ impl LocalRunner {
                 return Err(RunError::Stalled(run_id));
             };
             let event = match command {
-                Command::Prepare { choose } => Event::Prepared {
+                Command::Prepare => Event::Prepared {
                     citations: Vec::new(),
                     guidance: None,
                     forced: None,
-                    planned: choose.then(|| self.planner.choose(&task, None, &[])),
                 },
                 Command::Choose { base, exclude } => {
                     Event::Planned(self.planner.choose(&task, base, &exclude))

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::learn::planner::PlanError;
 use crate::tools::sim::RewardConfig;
 use crate::tools::{CallContext, Tool, ToolError, ToolFuture, ToolRegistry, ToolSpec};
 use crate::{ArmChoice, Checkpoint, ErrorClass, FailureCategory, RunState, Task};
@@ -160,65 +159,7 @@ fn prepared() -> Event {
         citations: vec!["lesson:1".into()],
         guidance: Some("from memory".into()),
         forced: None,
-        planned: None,
     }
-}
-
-/// A first plan chosen alongside the preparation starts the attempt as one chosen after it
-/// would, with no choice asked for again; a plan given with the task is run rather than it, and
-/// a choice that failed ends the round failed, as a failed [`Command::Choose`] does.
-#[test]
-fn a_plan_chosen_alongside_the_preparation_is_taken_without_a_choice_of_its_own() {
-    let mut m = machine();
-    let mut seen = Vec::new();
-    assert_eq!(m.poll(), Some(Command::Prepare { choose: true }));
-    m.handle(Event::Prepared {
-        citations: Vec::new(),
-        guidance: None,
-        forced: None,
-        planned: Some(Ok(plan("search"))),
-    })
-    .unwrap();
-    let Command::Call(call) = through_transitions(&mut m, &mut seen) else {
-        panic!("the first call")
-    };
-    assert_eq!(call.tool, "search");
-    assert!(
-        !seen.iter().any(|c| matches!(c, Command::Choose { .. })),
-        "no choice asked for: {seen:?}"
-    );
-    assert_eq!(m.progress().plan.as_ref().map(|p| p.arms.len()), Some(2));
-    // A plan given with the task wins over a choice made alongside.
-    let mut m = machine();
-    m.poll();
-    let given = plan("scrape").arms;
-    m.handle(Event::Prepared {
-        citations: Vec::new(),
-        guidance: None,
-        forced: Some(given.clone()),
-        planned: Some(Ok(plan("search"))),
-    })
-    .unwrap();
-    let Command::Call(call) = through_transitions(&mut m, &mut Vec::new()) else {
-        panic!("the first call")
-    };
-    assert_eq!(call.tool, "scrape");
-    // No plan could be chosen: the round fails.
-    let mut m = machine();
-    m.poll();
-    m.handle(Event::Prepared {
-        citations: Vec::new(),
-        guidance: None,
-        forced: None,
-        planned: Some(Err(PlanError::MissingStage {
-            stage: "fetch".into(),
-        })),
-    })
-    .unwrap();
-    let Command::Review(report) = through_transitions(&mut m, &mut Vec::new()) else {
-        panic!("the failed round's review")
-    };
-    assert!(!report.passed);
 }
 
 /// A new run, prepared and given the plan `search` then `post`.
@@ -236,7 +177,7 @@ fn planned() -> (RunMachine, Vec<Command>) {
 fn a_clean_run_plans_calls_validates_is_reviewed_and_ends() {
     let mut m = machine();
     let mut seen = Vec::new();
-    assert_eq!(m.poll(), Some(Command::Prepare { choose: true }));
+    assert_eq!(m.poll(), Some(Command::Prepare));
     assert_eq!(m.poll(), None, "it waits for the preparation");
     m.handle(prepared()).unwrap();
     assert!(matches!(
@@ -415,11 +356,7 @@ fn a_first_call_not_idempotent_is_checkpointed_with_the_transition_to_executing(
     // The process dies during the call: the resumed run does not call again.
     let mut m = RunMachine::resume("run-t#1", task(), wf, rules, written).unwrap();
     let mut seen = Vec::new();
-    assert_eq!(
-        m.poll(),
-        Some(Command::Prepare { choose: false }),
-        "its plan was checkpointed: none is to be chosen"
-    );
+    m.poll();
     m.handle(prepared()).unwrap();
     let mut c = through_transitions(&mut m, &mut seen);
     while !matches!(c, Command::Finish(_)) {

@@ -9,8 +9,7 @@ mod finish;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use hindsight::learn::planner::PlanError;
-use hindsight::run::{Command, Event, PlanChoice, PluginAnswer, RunError, RunMachine, RunProgress};
+use hindsight::run::{Command, Event, PluginAnswer, RunError, RunMachine, RunProgress};
 use hindsight::store::{KvTable, Store};
 use hindsight::{Run, Task, now_ms};
 
@@ -297,7 +296,7 @@ async fn drive(
         };
         // Retrieval and planning go on while a new run's record is written; nothing else
         // (a transition, a call, a checkpoint, a notice) before it is on disk.
-        if !matches!(command, Command::Prepare { .. } | Command::Choose { .. })
+        if !matches!(command, Command::Prepare | Command::Choose { .. })
             && let Some(acceptance) = acceptance.take()
         {
             acceptance
@@ -307,12 +306,18 @@ async fn drive(
                 .map_err(DriveError::NotAccepted)?;
         }
         let event = match command {
-            Command::Prepare { choose } => {
-                prepare(ctx, &run_id, &task, forced.take(), choose).await?
-            }
-            Command::Choose { base, exclude } => {
-                Event::Planned(self::choose(ctx, &task, base, exclude).await?)
-            }
+            Command::Prepare => prepare(ctx, &run_id, &task, forced.take()).await?,
+            Command::Choose { base, exclude } => Event::Planned(
+                ctx.gates
+                    .policy
+                    .run(ctx.dir.policy.call(|reply| PolicyMsg::Choose {
+                        task: task.clone(),
+                        base: base.clone(),
+                        exclude: exclude.clone(),
+                        reply,
+                    }))
+                    .await?,
+            ),
             Command::Transition {
                 from,
                 next,
@@ -430,36 +435,14 @@ async fn drive(
     }
 }
 
-/// Asks the policy for a plan (`base: None`), or to repair `base` without the arms `exclude`
-/// rules out.
-async fn choose(
-    ctx: &TreeCtx,
-    task: &Arc<Task>,
-    base: Option<Vec<hindsight::ArmChoice>>,
-    exclude: Vec<(String, String, String)>,
-) -> Result<Result<PlanChoice, PlanError>, DriveError> {
-    Ok(ctx
-        .gates
-        .policy
-        .run(ctx.dir.policy.call(|reply| PolicyMsg::Choose {
-            task: task.clone(),
-            base: base.clone(),
-            exclude: exclude.clone(),
-            reply,
-        }))
-        .await?)
-}
-
-/// Announces the run to ReflectRetry and the plugins, looks up a plan given with the task
-/// (`forced`, when the driver was given it; else in the store), and retrieves what memory holds
-/// for the task with the lessons of its scope; when the machine asks to `choose` and no plan
-/// was given, the policy chooses the first plan at the same time.
+/// Announces the run to ReflectRetry and the plugins, retrieves what memory holds for the task
+/// with the lessons of its scope, and looks up a plan given with the task (`forced`, when the
+/// driver was given it; else in the store).
 async fn prepare(
     ctx: &TreeCtx,
     run_id: &str,
     task: &Arc<Task>,
     forced: Option<Option<Vec<hindsight::ArmChoice>>>,
-    choose: bool,
 ) -> Result<Event, DriveError> {
     let _ = ctx
         .dir
@@ -471,36 +454,28 @@ async fn prepare(
             .slot
             .tell(PluginMsg::BeforeRun(Box::new((**task).clone())));
     }
-    // A plan given with the task (the API's `/execute`) is run as given.
-    let forced = match forced {
-        Some(forced) => forced,
-        None => ctx.store.get(crate::orchestrator::FORCED_PLANS, run_id)?,
-    };
-    let choose = choose && forced.is_none();
-    // Memory's retrieval and the policy's choice, asked of both actors at once; the lessons
-    // of the task's scope, fenced, are read from what the reflector published meanwhile.
-    let (bundle, planned, context) = tokio::join!(
+    // Memory's retrieval; the lessons of the task's scope, fenced, are read from what the
+    // reflector published meanwhile.
+    let (bundle, context) = tokio::join!(
         ctx.gates
             .memory
             .run(ctx.dir.memory.call(|reply| MemoryMsg::Retrieve {
                 task: task.clone(),
                 reply,
             })),
-        async {
-            match choose {
-                true => self::choose(ctx, task, None, Vec::new()).await.map(Some),
-                false => Ok(None),
-            }
-        },
         async { ctx.dir.lessons.context_for(task) }
     );
     let mut bundle = bundle?;
     bundle.strategy_context = context;
+    // A plan given with the task (the API's `/execute`) is run as given.
+    let forced = match forced {
+        Some(forced) => forced,
+        None => ctx.store.get(crate::orchestrator::FORCED_PLANS, run_id)?,
+    };
     Ok(Event::Prepared {
         citations: bundle.citations(),
         guidance: bundle.guidance(),
         forced,
-        planned: planned?,
     })
 }
 

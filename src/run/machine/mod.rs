@@ -107,13 +107,7 @@ pub struct PluginAnswer {
 pub enum Command {
     /// Announce the run to the plugins, retrieve what memory holds for it and look up a plan
     /// given with the task; answered by [`Event::Prepared`].
-    Prepare {
-        /// Whether the run has no plan yet, so that its first is to be chosen: the choice
-        /// (`base: None`) does not depend on what is retrieved, so the interpreter may ask for
-        /// it alongside and answer it in [`Event::Prepared::planned`] (when no plan was given
-        /// with the task), instead of waiting for [`Command::Choose`].
-        choose: bool,
-    },
+    Prepare,
     /// Choose a plan (`base: None`), or repair `base` by replacing its arms that `exclude` rules
     /// out (stage, tool, strategy); answered by [`Event::Planned`].
     Choose {
@@ -188,9 +182,6 @@ pub enum Event {
         guidance: Option<String>,
         /// A plan given with the task, to be run as given.
         forced: Option<Vec<ArmChoice>>,
-        /// The first plan, when it was chosen alongside (see [`Command::Prepare::choose`]):
-        /// taken as [`Event::Planned`] would be, so that no [`Command::Choose`] follows.
-        planned: Option<Result<PlanChoice, PlanError>>,
     },
     /// The answer to [`Command::Choose`].
     Planned(Result<PlanChoice, PlanError>),
@@ -568,9 +559,7 @@ impl RunMachine {
     pub fn poll(&mut self) -> Option<Command> {
         if matches!(self.phase, Phase::Idle) {
             self.phase = Phase::Preparing;
-            self.out.push_back(Command::Prepare {
-                choose: self.st.plan.is_none(),
-            });
+            self.out.push_back(Command::Prepare);
         }
         self.out.pop_front()
     }
@@ -590,7 +579,6 @@ impl RunMachine {
                     citations,
                     guidance,
                     forced,
-                    planned,
                 },
             ) => {
                 self.st.citations = citations;
@@ -604,15 +592,22 @@ impl RunMachine {
                     self.st.first_arms = plan.arms.clone();
                     self.st.first_plan_id = plan.plan_id.clone();
                     self.st.plan = Some(plan);
-                } else if let Some(choice) = planned
-                    && self.st.plan.is_none()
-                {
-                    self.planned(choice);
-                    return Ok(());
                 }
                 self.attempt_start();
             }
-            (Phase::Planning, Event::Planned(choice)) => self.planned(choice),
+            (Phase::Planning, Event::Planned(choice)) => match choice {
+                Ok(plan) => {
+                    if self.st.first_arms.is_empty() {
+                        self.st.first_arms = plan.arms.clone();
+                        self.st.explored = !plan.greedy;
+                        self.st.first_greedy = plan.greedy_arms.clone();
+                        self.st.first_plan_id = plan.plan_id.clone();
+                    }
+                    self.st.plan = Some(plan);
+                    self.attempt_start();
+                }
+                Err(reason) => self.round_end(RunState::Failed, Some(reason.to_string())),
+            },
             (Phase::Repairing { old, stage }, Event::Planned(choice)) => match choice {
                 Ok(plan) => {
                     self.st.plan = Some(plan);
@@ -758,23 +753,6 @@ impl RunMachine {
     }
 
     /// An attempt begins (or goes on after a resume): a plan, then its transitions.
-    /// Takes an attempt's first plan (or why there is none) and starts the attempt with it.
-    fn planned(&mut self, choice: Result<PlanChoice, PlanError>) {
-        match choice {
-            Ok(plan) => {
-                if self.st.first_arms.is_empty() {
-                    self.st.first_arms = plan.arms.clone();
-                    self.st.explored = !plan.greedy;
-                    self.st.first_greedy = plan.greedy_arms.clone();
-                    self.st.first_plan_id = plan.plan_id.clone();
-                }
-                self.st.plan = Some(plan);
-                self.attempt_start();
-            }
-            Err(reason) => self.round_end(RunState::Failed, Some(reason.to_string())),
-        }
-    }
-
     fn attempt_start(&mut self) {
         let Some(plan) = self.st.plan.clone() else {
             self.wait(
