@@ -10,7 +10,7 @@ use std::sync::Arc;
 use hindsight::learn::Mechanism;
 use hindsight::learn::adaptive::{
     AdaptiveConfig, AdaptiveSnapshot, AdaptiveStrategies, Correction, CorrectionError,
-    FailureObservation, LessonDraft, LessonView, OfflineVerifier, PreparedCorrection, Publication,
+    FailureObservation, LessonDraft, OfflineVerifier, PreparedCorrection, RelevanceQuery,
     ScopeState, SynthesisJob, Synthesiser, Verdict, Verifier,
 };
 use hindsight::learn::reflector::{Bucket, Reflector, ReflectorConfig, ReflectorSnapshot};
@@ -63,6 +63,13 @@ pub enum ReflectorMsg {
         experience: Arc<ExperienceTuple>,
         /// The task (its scope: user, tenant, session).
         task: Arc<Task>,
+    },
+    /// The fenced strategy context to inject before a task runs, if any.
+    Context {
+        /// The task.
+        task: Arc<Task>,
+        /// The context.
+        reply: RpcReplyPort<Option<String>>,
     },
     /// A human correction from an authenticated principal; answered once it is on disk.
     Feedback {
@@ -131,47 +138,6 @@ pub struct ReflectorArgs {
     /// Learning mechanisms switched off: `Lessons` (failures are kept as evidence, but no
     /// lesson is synthesised from them) and `Corrections` (every correction is refused).
     pub ablate: BTreeSet<Mechanism>,
-    /// Where it publishes each scope's lessons for runs to read.
-    pub lessons: Arc<PublishedLessons>,
-}
-
-/// The reflector's lessons of each scope as it last published them, which runs and the API
-/// read without asking it ([`LessonView`]): a run's lessons never wait behind a consolidation
-/// or a synthesis, and are still read while the reflector restarts (which publishes its state
-/// whole again). Published after every message that changed a scope.
-#[derive(Debug, Default)]
-pub struct PublishedLessons(std::sync::RwLock<LessonView>);
-
-impl PublishedLessons {
-    /// The fenced `<strategy_context>` block of `task`'s relevant lessons, if any.
-    pub fn context_for(&self, task: &Task) -> Option<String> {
-        self.0
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .context_for(task, now_ms())
-    }
-
-    /// Publishes what changed in `adaptive` since it was last published: built while runs
-    /// go on reading, then put in force under the lock (the reflector is the only writer).
-    fn publish(&self, adaptive: &mut AdaptiveStrategies, tools: &[String]) {
-        if !adaptive.has_unpublished() {
-            return;
-        }
-        let publication = adaptive.publication(
-            &self
-                .0
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-            tools,
-        );
-        if matches!(&publication, Publication::Scopes(s) if s.is_empty()) {
-            return;
-        }
-        self.0
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .apply(publication);
-    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -194,7 +160,6 @@ pub struct ReflectorState {
     verifier: Option<Arc<dyn Verifier>>,
     chaos: Option<ChaosHook>,
     ablate: BTreeSet<Mechanism>,
-    lessons: Arc<PublishedLessons>,
     /// The strategies (the adaptive lessons of each scope) as last written to the lessons
     /// table and handed to memory, and the memory actor they were handed to: a consolidation
     /// writes and sends only those of the scopes written since (`unsent`) that changed, and
@@ -301,7 +266,6 @@ impl Actor for ReflectorActor {
             verifier: args.verifier,
             chaos: args.chaos,
             ablate: args.ablate,
-            lessons: args.lessons,
             sent,
             sent_to: None,
             unsent: BTreeSet::new(),
@@ -331,7 +295,6 @@ impl Actor for ReflectorActor {
         if replayed > 0 {
             state.consolidate(false).await?;
         }
-        state.lessons.publish(&mut state.adaptive, &state.tools);
         args.slot.publish(myself);
         Ok(state)
     }
@@ -345,20 +308,6 @@ impl Actor for ReflectorActor {
         if let Some(chaos) = &state.chaos {
             chaos.on_message();
         }
-        let handled = state.dispatch(myself, msg).await;
-        // What the message changed is what runs read next.
-        state.lessons.publish(&mut state.adaptive, &state.tools);
-        handled
-    }
-}
-
-impl ReflectorState {
-    async fn dispatch(
-        &mut self,
-        myself: ActorRef<ReflectorMsg>,
-        msg: ReflectorMsg,
-    ) -> Result<(), ActorProcessingErr> {
-        let state = self;
         match msg {
             ReflectorMsg::Consolidate {
                 seq,
@@ -380,6 +329,25 @@ impl ReflectorState {
                     state.since_consolidation = 0;
                     state.consolidate(true).await?;
                 }
+            }
+            ReflectorMsg::Context { task, reply } => {
+                let context = state
+                    .adaptive
+                    .config()
+                    .scope_of(&task)
+                    .ok()
+                    .and_then(|scope| {
+                        state.adaptive.context_for(
+                            &scope,
+                            RelevanceQuery {
+                                features: &task.features,
+                                tools: &state.tools,
+                                goal: &task.goal,
+                            },
+                            now_ms(),
+                        )
+                    });
+                let _ = reply.send(context);
             }
             ReflectorMsg::Feedback {
                 principal,

@@ -19,7 +19,7 @@ use crate::orchestrator::{Orchestrator, OrchestratorArgs, OrchestratorMsg};
 use crate::plugin::{PluginFactory, PluginMsg, PluginSlot, PluginSpec, host_child};
 use crate::policy::{PolicyActor, PolicyArgs, PolicyMsg};
 use crate::reflect_retry::{ReflectRetry, ReflectRetryConfig, RunValidator};
-use crate::reflector::{PublishedLessons, ReflectorActor, ReflectorArgs, ReflectorMsg};
+use crate::reflector::{ReflectorActor, ReflectorArgs, ReflectorMsg};
 use crate::run::{LiveRuns, TreeCtx};
 use crate::supervisor::{ChildSpec, Strategy, SupervisorOptions};
 use crate::validator::{Validator, ValidatorArgs, ValidatorMsg};
@@ -43,8 +43,6 @@ pub struct Directory {
     pub reflect_retry: Arc<Slot<PluginMsg>>,
     /// The hosts of the embedder's plugins, in the order they were given.
     pub plugins: Vec<PluginSlot>,
-    /// The reflector's lessons of each scope, which runs read without asking it.
-    pub lessons: Arc<PublishedLessons>,
 }
 
 impl Default for Directory {
@@ -58,7 +56,6 @@ impl Default for Directory {
             reflector: Arc::new(Slot::new("reflector")),
             reflect_retry: Arc::new(Slot::new("reflect_retry")),
             plugins: Vec::new(),
-            lessons: Arc::default(),
         }
     }
 }
@@ -247,7 +244,6 @@ pub fn build(spec: TreeSpec) -> Tree {
         let synthesiser = spec.synthesiser.clone();
         let verifier = spec.verifier.clone();
         let ablate = spec.ablate.clone();
-        let lessons = ctx.dir.lessons.clone();
         children.push(ChildSpec::actor("reflector", None, move || {
             (
                 ReflectorActor,
@@ -261,7 +257,6 @@ pub fn build(spec: TreeSpec) -> Tree {
                     verifier: verifier.clone(),
                     chaos: chaos.clone(),
                     ablate: ablate.clone(),
-                    lessons: lessons.clone(),
                 },
             )
         }));

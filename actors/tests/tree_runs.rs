@@ -1266,18 +1266,35 @@ async fn a_driver_that_panics_fails_its_run_and_answers_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_writes_back_only_changed_lessons_and_memory_is_sent_them_all() {
     use hindsight::store::WriteOp;
-    use hindsight_actors::reflector::{LESSONS, LessonRecord};
+    use hindsight_actors::reflector::{LESSONS, LessonRecord, add_stored_lessons};
     let dir = tempfile::tempdir().unwrap();
     let env = env();
+    let rt = Runtime::start(options(dir.path())).await.unwrap();
+    workload::run_tasks(&rt, &env, 5, 30, 1, |_| {})
+        .await
+        .unwrap();
+    rt.shutdown().await;
+    // A start that learns the log's tail and consolidates it: the next start replays nothing.
+    let rt = Runtime::start(options(dir.path())).await.unwrap();
+    rt.shutdown().await;
     let tool = env.stages()[0].arms[0].tool.clone();
-    let mut lesson = stored_lesson(
-        &tool,
-        format!("For a ledger, check the arguments {tool} expects before calling it"),
-        "user:elsewhere",
-    );
-    lesson.preconditions = [("doc_kind".to_string(), "ledger".to_string())].into();
-    (lesson.created_ms, lesson.reinforced_ms) = (1, 1);
-    let store = store_with_lesson(dir.path(), &env, &lesson).await;
+    let lesson = hindsight::Lesson {
+        lesson_id: "stored-0".into(),
+        preconditions: [("doc_kind".to_string(), "ledger".to_string())].into(),
+        tool: Some(tool.clone()),
+        action: format!("For a ledger, check the arguments {tool} expects before calling it"),
+        confidence: 0.6,
+        evidence: vec!["run-elsewhere".into()],
+        source: "correction".into(),
+        scope: "user:elsewhere".into(),
+        created_ms: 1,
+        reinforced_ms: 1,
+        superseded_by: None,
+    };
+    let store = hindsight::store::Store::open(dir.path(), Default::default()).unwrap();
+    add_stored_lessons(&store, std::slice::from_ref(&lesson))
+        .await
+        .unwrap();
     store
         .overwrite_raw("kv.memory", "state", &[1, 0xFF])
         .unwrap();
@@ -1312,87 +1329,4 @@ async fn a_restart_writes_back_only_changed_lessons_and_memory_is_sent_them_all(
     let found = cited_in_memory(&rt, &lesson.action, lesson.preconditions.clone(), "lesson").await;
     rt.shutdown().await;
     assert!(found.contains(&"stored-0".to_string()), "{found:?}");
-}
-
-/// Runs read the lessons of their scope from what the reflector published, not by asking it:
-/// a stored lesson is in a task's block from the start, and still is while the reflector is
-/// killed and restarted (a run's lessons never wait behind it, nor go missing while it is down).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn runs_read_the_published_lessons_of_their_scope_while_the_reflector_restarts() {
-    let dir = tempfile::tempdir().unwrap();
-    let env = env();
-    let tool = env.stages()[0].arms[0].tool.clone();
-    let action = format!("Check the arguments {tool} expects before calling it");
-    let lesson = stored_lesson(&tool, action.clone(), "user:reader");
-    drop(store_with_lesson(dir.path(), &env, &lesson).await);
-    let rt = Runtime::start(options(dir.path())).await.unwrap();
-    let reader = |index| hindsight::Task {
-        user_id: Some("reader".into()),
-        ..workload::sim_task(&env, 3, index)
-    };
-    let task = reader(1);
-    let other = hindsight::Task {
-        user_id: Some("someone-else".into()),
-        ..task.clone()
-    };
-    let lessons = &rt.ctx().dir.lessons;
-    let block = lessons.context_for(&task).unwrap_or_default();
-    assert!(block.contains(&action), "{block}");
-    assert_eq!(lessons.context_for(&other), None, "another user's scope");
-    let reflector = rt.ctx().dir.reflector.current().unwrap();
-    reflector.kill();
-    assert!(
-        lessons
-            .context_for(&task)
-            .is_some_and(|b| b.contains(&action)),
-        "the lessons are read while the reflector is down"
-    );
-    let out = rt.orchestrate(task).await.unwrap();
-    assert!(out.state.is_terminal());
-    assert!(
-        lessons
-            .context_for(&reader(2))
-            .is_some_and(|b| b.contains(&action)),
-        "and after it started again"
-    );
-    rt.shutdown().await;
-}
-
-/// A lesson about `tool` in `scope`, as an import would store it (no preconditions, fresh).
-fn stored_lesson(tool: &str, action: String, scope: &str) -> hindsight::Lesson {
-    hindsight::Lesson {
-        lesson_id: "stored-0".into(),
-        preconditions: Default::default(),
-        tool: Some(tool.to_string()),
-        action,
-        confidence: 0.6,
-        evidence: vec!["run-elsewhere".into()],
-        source: "correction".into(),
-        scope: scope.into(),
-        created_ms: hindsight::now_ms(),
-        reinforced_ms: hindsight::now_ms(),
-        superseded_by: None,
-    }
-}
-
-/// The store on `dir` after 30 runs and a start that learned and consolidated their tail (so
-/// that the reflector has a snapshot and the next start replays nothing), with `lesson` added
-/// to the stored lessons.
-async fn store_with_lesson(
-    dir: &std::path::Path,
-    env: &SimEnv,
-    lesson: &hindsight::Lesson,
-) -> hindsight::store::Store {
-    let rt = Runtime::start(options(dir)).await.unwrap();
-    workload::run_tasks(&rt, env, 5, 30, 1, |_| {})
-        .await
-        .unwrap();
-    rt.shutdown().await;
-    let rt = Runtime::start(options(dir)).await.unwrap();
-    rt.shutdown().await;
-    let store = hindsight::store::Store::open(dir, Default::default()).unwrap();
-    hindsight_actors::reflector::add_stored_lessons(&store, std::slice::from_ref(lesson))
-        .await
-        .unwrap();
-    store
 }

@@ -18,6 +18,7 @@ use crate::memory::MemoryMsg;
 use crate::orchestrator::OrchestratorMsg;
 use crate::plugin::{PLUGIN_TIMEOUT, PluginMsg, Verdict};
 use crate::policy::PolicyMsg;
+use crate::reflector::ReflectorMsg;
 use crate::tree::{Directory, TreeConfig};
 use crate::validator::ValidatorMsg;
 use hindsight::run::Workflow;
@@ -66,6 +67,8 @@ pub const SHARED_CALLS_IN_FLIGHT: usize = 64;
 pub struct Gates {
     /// Memory's retrievals.
     pub memory: Gate,
+    /// The reflector's lessons for a task.
+    pub reflector: Gate,
     /// The policy's choices.
     pub policy: Gate,
     /// The orchestrator's transitions and finishes.
@@ -81,6 +84,7 @@ impl Gates {
     pub fn new(n: usize) -> Gates {
         Gates {
             memory: Gate::new(n),
+            reflector: Gate::new(n),
             policy: Gate::new(n),
             orchestrator: Gate::new(n),
             validator: Gate::new(n),
@@ -454,8 +458,7 @@ async fn prepare(
             .slot
             .tell(PluginMsg::BeforeRun(Box::new((**task).clone())));
     }
-    // Memory's retrieval; the lessons of the task's scope, fenced, are read from what the
-    // reflector published meanwhile.
+    // Memory's retrieval and the lessons of the task's scope, asked of both actors at once.
     let (bundle, context) = tokio::join!(
         ctx.gates
             .memory
@@ -463,10 +466,18 @@ async fn prepare(
                 task: task.clone(),
                 reply,
             })),
-        async { ctx.dir.lessons.context_for(task) }
+        ctx.gates.reflector.run(ctx.dir.reflector.call_with_timeout(
+            |reply| ReflectorMsg::Context {
+                task: task.clone(),
+                reply,
+            },
+            PLUGIN_TIMEOUT,
+        ))
     );
     let mut bundle = bundle?;
-    bundle.strategy_context = context;
+    // The lessons of the task's scope, fenced, join the retrieval (a reflector that cannot
+    // answer leaves the run without them rather than failing it).
+    bundle.strategy_context = context.ok().flatten();
     // A plan given with the task (the API's `/execute`) is run as given.
     let forced = match forced {
         Some(forced) => forced,

@@ -334,7 +334,7 @@ impl AdaptiveStrategies {
             }
         }
         if !changed.is_empty() {
-            self.mark_changed(scope);
+            self.changed.insert(scope.to_string());
         }
         changed
     }

@@ -13,7 +13,6 @@ pub mod failure;
 pub mod limiter;
 mod relevance;
 pub mod synth;
-mod view;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -33,7 +32,6 @@ pub use synth::{
     LessonDraft, ModelSynthesiser, OfflineSynthesiser, SynthesisInput, Synthesiser, VetRejection,
     vet_lesson,
 };
-pub use view::{LessonView, Publication};
 
 use crate::record::Lesson;
 use crate::taxonomy::{ErrorClassification, FailureCategory};
@@ -158,10 +156,6 @@ pub struct AdaptiveStrategies {
     state: AdaptiveSnapshot,
     /// Scopes changed since the last [`AdaptiveStrategies::take_scope_changes`].
     changed: BTreeSet<String>,
-    /// Scopes changed since the last [`AdaptiveStrategies::publish`].
-    unpublished: BTreeSet<String>,
-    /// Whether the whole state (and the configuration in force) was published.
-    published: bool,
 }
 
 /// Equal when the states are (what is still to persist aside).
@@ -185,8 +179,6 @@ impl AdaptiveStrategies {
                 next_id: 1,
             },
             changed: BTreeSet::new(),
-            unpublished: BTreeSet::new(),
-            published: false,
         })
     }
 
@@ -203,7 +195,6 @@ impl AdaptiveStrategies {
         self.state.limiter.limit = config.corrections_per_window;
         self.state.limiter.window_ms = config.correction_window_ms;
         self.state.config = config;
-        self.published = false;
         Ok(())
     }
 
@@ -256,25 +247,15 @@ impl AdaptiveStrategies {
         Ok(AdaptiveStrategies {
             state: snapshot,
             changed: BTreeSet::new(),
-            unpublished: BTreeSet::new(),
-            published: false,
         })
     }
 
     /// A scope's state to change (created empty when it has none), noted as changed.
     fn scope_mut(&mut self, scope: &str) -> &mut ScopeState {
-        self.mark_changed(scope);
-        self.state.scopes.entry(scope.to_string()).or_default()
-    }
-
-    /// Notes `scope` as changed, to be persisted and published.
-    fn mark_changed(&mut self, scope: &str) {
         if !self.changed.contains(scope) {
             self.changed.insert(scope.to_string());
         }
-        if !self.unpublished.contains(scope) {
-            self.unpublished.insert(scope.to_string());
-        }
+        self.state.scopes.entry(scope.to_string()).or_default()
     }
 
     /// The state of one scope, if it has any.
@@ -341,7 +322,6 @@ impl AdaptiveStrategies {
         if ttl == 0 {
             return removed;
         }
-        let mut expired = Vec::new();
         for (scope, s) in self.state.scopes.iter_mut() {
             let before = removed.len();
             s.lessons.retain(|l| {
@@ -352,11 +332,8 @@ impl AdaptiveStrategies {
                 keep
             });
             if removed.len() > before {
-                expired.push(scope.clone());
+                self.changed.insert(scope.clone());
             }
-        }
-        for scope in expired {
-            self.mark_changed(&scope);
         }
         removed
     }

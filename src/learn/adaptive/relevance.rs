@@ -3,9 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{
-    AdaptiveConfig, AdaptiveStrategies, RelevanceQuery, ScoredLesson, render_strategy_context,
-};
+use super::{AdaptiveStrategies, RelevanceQuery, ScoredLesson, render_strategy_context};
 use crate::record::Lesson;
 
 /// Lowercased words of a text, for the minor word-overlap signal.
@@ -20,14 +18,79 @@ fn words(text: &str) -> impl Iterator<Item = &str> {
 }
 
 impl AdaptiveStrategies {
-    /// The most relevant active lessons of a scope for a task, best first (see [`rank`]).
+    /// The most relevant active lessons of a scope for a task, best first (at most `top_k`).
+    /// Relevance comes from the task's tools (a lesson about a planned tool), its features (a
+    /// lesson whose preconditions hold; a lesson with a contradicted precondition is never
+    /// returned) and, weakly, the goal's words; it is multiplied by the confidence. Lessons
+    /// below the floor, expired or superseded are never returned.
     pub fn relevant(
         &self,
         scope: &str,
         query: RelevanceQuery<'_>,
         now_ms: u64,
     ) -> Vec<ScoredLesson> {
-        rank(&self.state.config, self.lessons(scope), query, now_ms)
+        let cfg = &self.state.config;
+        let goal_words = word_set(query.goal);
+        let mut shared: Vec<&str> = Vec::new();
+        let mut scored: Vec<(f64, &Lesson)> = self
+            .lessons(scope)
+            .iter()
+            .filter(|l| l.superseded_by.is_none())
+            .filter(|l| l.confidence >= cfg.min_confidence - 1e-9)
+            .filter(|l| {
+                cfg.strategy_ttl_ms == 0
+                    || now_ms.saturating_sub(l.reinforced_ms) <= cfg.strategy_ttl_ms
+            })
+            .filter_map(|l| {
+                let mut matched = 0usize;
+                for (k, v) in &l.preconditions {
+                    match query.features.get(k) {
+                        Some(x) if x == v => matched += 1,
+                        Some(_) => return None,
+                        None => {}
+                    }
+                }
+                let tool_score = match &l.tool {
+                    Some(t) if query.tools.iter().any(|q| q == t) => 2.0,
+                    _ => 0.0,
+                };
+                // A lesson that holds everywhere is half as specific as one whose
+                // preconditions all hold here.
+                let feature_score = if l.preconditions.is_empty() {
+                    0.5
+                } else {
+                    matched as f64 / l.preconditions.len() as f64
+                };
+                // The share of the goal's words the lesson (its action and its tool) speaks
+                // of (a long lesson is not diluted by its own length).
+                let action = l.action.to_lowercase();
+                let tool = l.tool.as_deref().map(str::to_lowercase);
+                shared.clear();
+                for w in words(&action).chain(tool.iter().flat_map(|t| words(t))) {
+                    if let Some(g) = goal_words.get(w)
+                        && !shared.contains(&g.as_str())
+                    {
+                        shared.push(g);
+                    }
+                }
+                let inter = shared.len() as f64;
+                let word_score = 0.5 * inter / goal_words.len().max(1) as f64;
+                // Something must tie the lesson to the task: its tool, a precondition that
+                // holds, or a word of the goal.
+                let tied = tool_score > 0.0 || matched > 0 || inter > 0.0;
+                let raw = tool_score + feature_score + word_score;
+                (tied && raw > 0.0).then_some((raw * l.confidence, l))
+            })
+            .collect();
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.lesson_id.cmp(&b.1.lesson_id)));
+        scored.truncate(cfg.top_k);
+        scored
+            .into_iter()
+            .map(|(score, l)| ScoredLesson {
+                lesson: l.clone(),
+                score,
+            })
+            .collect()
     }
 
     /// The fenced `<strategy_context>` block for a task (see [`render_strategy_context`]).
@@ -37,93 +100,11 @@ impl AdaptiveStrategies {
         query: RelevanceQuery<'_>,
         now_ms: u64,
     ) -> Option<String> {
-        context_among(&self.state.config, self.lessons(scope), query, now_ms)
+        let lessons: Vec<Lesson> = self
+            .relevant(scope, query, now_ms)
+            .into_iter()
+            .map(|s| s.lesson)
+            .collect();
+        render_strategy_context(&lessons)
     }
-}
-
-/// The fenced `<strategy_context>` block of the lessons among `lessons` that [`rank`] keeps.
-pub(super) fn context_among(
-    cfg: &AdaptiveConfig,
-    lessons: &[Lesson],
-    query: RelevanceQuery<'_>,
-    now_ms: u64,
-) -> Option<String> {
-    let lessons: Vec<Lesson> = rank(cfg, lessons, query, now_ms)
-        .into_iter()
-        .map(|s| s.lesson)
-        .collect();
-    render_strategy_context(&lessons)
-}
-
-/// The most relevant active lessons among a scope's `lessons` for a task, best first (at most
-/// `top_k`). Relevance comes from the task's tools (a lesson about a planned tool), its
-/// features (a lesson whose preconditions hold; a lesson with a contradicted precondition is
-/// never returned) and, weakly, the goal's words; it is multiplied by the confidence. Lessons
-/// below the floor, expired or superseded are never returned.
-fn rank(
-    cfg: &AdaptiveConfig,
-    lessons: &[Lesson],
-    query: RelevanceQuery<'_>,
-    now_ms: u64,
-) -> Vec<ScoredLesson> {
-    let goal_words = word_set(query.goal);
-    let mut shared: Vec<&str> = Vec::new();
-    let mut scored: Vec<(f64, &Lesson)> = lessons
-        .iter()
-        .filter(|l| l.superseded_by.is_none())
-        .filter(|l| l.confidence >= cfg.min_confidence - 1e-9)
-        .filter(|l| {
-            cfg.strategy_ttl_ms == 0
-                || now_ms.saturating_sub(l.reinforced_ms) <= cfg.strategy_ttl_ms
-        })
-        .filter_map(|l| {
-            let mut matched = 0usize;
-            for (k, v) in &l.preconditions {
-                match query.features.get(k) {
-                    Some(x) if x == v => matched += 1,
-                    Some(_) => return None,
-                    None => {}
-                }
-            }
-            let tool_score = match &l.tool {
-                Some(t) if query.tools.iter().any(|q| q == t) => 2.0,
-                _ => 0.0,
-            };
-            // A lesson that holds everywhere is half as specific as one whose
-            // preconditions all hold here.
-            let feature_score = if l.preconditions.is_empty() {
-                0.5
-            } else {
-                matched as f64 / l.preconditions.len() as f64
-            };
-            // The share of the goal's words the lesson (its action and its tool) speaks
-            // of (a long lesson is not diluted by its own length).
-            let action = l.action.to_lowercase();
-            let tool = l.tool.as_deref().map(str::to_lowercase);
-            shared.clear();
-            for w in words(&action).chain(tool.iter().flat_map(|t| words(t))) {
-                if let Some(g) = goal_words.get(w)
-                    && !shared.contains(&g.as_str())
-                {
-                    shared.push(g);
-                }
-            }
-            let inter = shared.len() as f64;
-            let word_score = 0.5 * inter / goal_words.len().max(1) as f64;
-            // Something must tie the lesson to the task: its tool, a precondition that
-            // holds, or a word of the goal.
-            let tied = tool_score > 0.0 || matched > 0 || inter > 0.0;
-            let raw = tool_score + feature_score + word_score;
-            (tied && raw > 0.0).then_some((raw * l.confidence, l))
-        })
-        .collect();
-    scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.lesson_id.cmp(&b.1.lesson_id)));
-    scored.truncate(cfg.top_k);
-    scored
-        .into_iter()
-        .map(|(score, l)| ScoredLesson {
-            lesson: l.clone(),
-            score,
-        })
-        .collect()
 }
