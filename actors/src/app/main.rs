@@ -7,6 +7,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// The binary's allocator: glibc's malloc grows and trims its heap under the tree's churn of
+/// short-lived messages and records (see docs/benchmarks.md, "The allocator").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The command line of `hindsight`.
 #[derive(Debug, Parser)]
 #[command(
