@@ -2,15 +2,20 @@
 
 use super::*;
 
-/// First choices of arm 1 ("later") among the last 50 of `tasks` tasks, summed over seeds
-/// 21-30 (of 500), one stage of three arms in one cluster: "leader" succeeds 80% of the time,
+/// First choices of arm 1 ("later") among the last 50 of `tasks` tasks, summed over `seeds`
+/// (of 50 per seed), one stage of three arms in one cluster: "leader" succeeds 80% of the time,
 /// "later" 30% until task 400 and 98% from then on, "middle" 50%. A failed call is followed by
 /// fallbacks (as the tree does), and every call is learned.
-fn upward_drift_share(config: PolicyConfig, tune: impl Fn(&mut Tuning), tasks: usize) -> usize {
+fn upward_drift_share(
+    config: PolicyConfig,
+    tune: impl Fn(&mut Tuning),
+    tasks: usize,
+    seeds: std::ops::RangeInclusive<u64>,
+) -> usize {
     let stages = search_stage(&["leader", "later", "middle"]);
     let f = feats(&[("topic", "news")]);
     let mut later_first = 0;
-    for seed in 21..=30 {
+    for seed in seeds {
         let mut p = tuned(config.clone(), stages.clone(), &tune);
         let mut rng = fastrand::Rng::with_seed(seed);
         for t in 0..tasks {
@@ -42,36 +47,34 @@ fn an_arm_long_written_off_is_taken_up_when_it_becomes_the_best() {
     // default tenth of Thompson sampling's choices (489); 50 to 100 tasks after, it is taken
     // up in some seeds and not yet in others (282 of 500 under information-directed sampling
     // alone).
-    let ids = upward_drift_share(ids_alone(), |_| {}, 550);
+    let ids = upward_drift_share(ids_alone(), |_| {}, 550, 21..=30);
     assert!(ids >= 400, "information-directed: {ids} of 500");
-    let mixed = upward_drift_share(PolicyConfig::default(), |_| {}, 550);
+    let mixed = upward_drift_share(PolicyConfig::default(), |_| {}, 550, 21..=30);
     assert!(mixed >= 400, "with the Thompson share: {mixed} of 500");
     // The detectors compared under Thompson sampling with fallbacks drawn from the posterior,
     // 50 to 100 tasks after the change: a detector as strict upward as downward takes the arm
-    // up far later (46 of 500, against 266). A fallback by upper bound (the default) looks at
-    // the arm written off whatever the detector says (178).
+    // up about half as often. Over seeds 1-100 (5,000 first choices), 3,492 against 1,705 with
+    // the polar method's normal variates and 3,253 against 1,735 with the ziggurat's; blocks
+    // of ten seeds range from 1.3 to 5.8 times, so the comparison takes thirty. (Fallbacks by
+    // upper bound, the default, did not take the arm up sooner under the symmetric detector
+    // over those 100 seeds: 1,518 and 1,247.)
     let symmetric = PolicyConfig {
         change_threshold_up: 10.0,
         ..thompson()
     };
-    let now = upward_drift_share(thompson(), |t| t.fallback_upper_sd = 0.0, 500);
+    let now = upward_drift_share(thompson(), |t| t.fallback_upper_sd = 0.0, 500, 1..=30);
     let symmetric_drawn = upward_drift_share(
-        symmetric.clone(),
+        symmetric,
         |t| {
             t.fallback_upper_sd = 0.0;
             t.change_keep_up = 2.0;
         },
         500,
+        1..=30,
     );
     assert!(
-        now >= 200 && now > 3 * symmetric_drawn,
-        "now {now} of 500, symmetric {symmetric_drawn}"
-    );
-    let symmetric_bound = upward_drift_share(symmetric, |t| t.change_keep_up = 2.0, 500);
-    assert!(
-        symmetric_bound > 2 * symmetric_drawn,
-        "symmetric detector, fallbacks by upper bound: {symmetric_bound} of 500, drawn \
-         {symmetric_drawn}"
+        now >= 600 && 2 * now > 3 * symmetric_drawn,
+        "now {now} of 1,500, symmetric {symmetric_drawn}"
     );
 }
 
