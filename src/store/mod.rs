@@ -232,15 +232,6 @@ impl WriteOp {
         }))
     }
 
-    /// The encoded record a generic put writes (`None` for any other write): for an owner
-    /// that writes a record again only when its bytes changed.
-    pub fn put_bytes(&self) -> Option<&[u8]> {
-        match &self.0 {
-            Op::Put { bytes, .. } => Some(bytes),
-            _ => None,
-        }
-    }
-
     /// Deletes a generic record (no error if absent).
     pub fn delete(table: KvTable, key: &str) -> WriteOp {
         WriteOp(Op::Delete {
