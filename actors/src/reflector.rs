@@ -35,6 +35,24 @@ pub const SCOPES: KvTable = KvTable::new("reflector_scopes");
 /// The reflection's outcome statistics, a row per bucket (the snapshot holds the lessons).
 pub const BUCKETS: KvTable = KvTable::new("reflector_buckets");
 const SNAPSHOT_KEY: &str = "state";
+/// Runs between two consolidations (lessons made from the statistics and handed to memory).
+const CONSOLIDATE_EVERY: u64 = 25;
+/// Experiences between two snapshots written unasked: a restart replays at most this many from
+/// the log. A snapshot is also written when a synthesis starts or ends, a correction is
+/// accepted, and the actor stops.
+const PERSIST_EVERY: u64 = 500;
+
+/// Whom a consolidation hands its lessons to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tell {
+    /// Memory, waiting for one that is restarting.
+    Memory,
+    /// Memory if it is up, without waiting (at start, where the memory's own restart may be
+    /// waiting for this actor's).
+    MemoryIfUp,
+    /// No one (at a stop: the memory of the next start is sent every lesson in force).
+    Nobody,
+}
 
 /// Why a human correction was not accepted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -156,6 +174,13 @@ pub struct ReflectorState {
     tools: Vec<String>,
     memory: Arc<Slot<MemoryMsg>>,
     since_consolidation: u64,
+    /// Experiences learned since the last snapshot.
+    since_persist: u64,
+    /// Scopes changed since the last snapshot, as they were at the last consolidation (the
+    /// snapshot writes them as they are then).
+    unwritten_scopes: BTreeSet<String>,
+    /// Lessons made or changed since the last snapshot, as last handed to memory.
+    unwritten_lessons: BTreeMap<String, Lesson>,
     synthesiser: Option<Arc<dyn Synthesiser>>,
     verifier: Option<Arc<dyn Verifier>>,
     chaos: Option<ChaosHook>,
@@ -262,6 +287,9 @@ impl Actor for ReflectorActor {
             tools,
             memory: args.memory,
             since_consolidation: 0,
+            since_persist: 0,
+            unwritten_scopes: BTreeSet::new(),
+            unwritten_lessons: BTreeMap::new(),
             synthesiser: args.synthesiser,
             verifier: args.verifier,
             chaos: args.chaos,
@@ -293,7 +321,7 @@ impl Actor for ReflectorActor {
         // What the log taught since the snapshot becomes lessons now, as it would have at its
         // consolidation, rather than after the next 25 runs (or never, if none come).
         if replayed > 0 {
-            state.consolidate(false).await?;
+            state.consolidate(Tell::MemoryIfUp, true).await?;
         }
         args.slot.publish(myself);
         Ok(state)
@@ -319,15 +347,17 @@ impl Actor for ReflectorActor {
                 }
                 let changed = state.learn(seq, &experience, &task, Some(&myself));
                 state.since_consolidation += 1;
-                if changed || state.since_consolidation >= 25 {
+                state.since_persist += 1;
+                if changed || state.since_consolidation >= CONSOLIDATE_EVERY {
                     state.since_consolidation = 0;
-                    state.consolidate(true).await?;
+                    let persist = changed || state.since_persist >= PERSIST_EVERY;
+                    state.consolidate(Tell::Memory, persist).await?;
                 }
             }
             ReflectorMsg::Synthesised { job, drafts } => {
                 if state.finish_synthesis(&job, drafts) {
                     state.since_consolidation = 0;
-                    state.consolidate(true).await?;
+                    state.consolidate(Tell::Memory, true).await?;
                 }
             }
             ReflectorMsg::Context { task, reply } => {
@@ -425,9 +455,30 @@ impl Actor for ReflectorActor {
         }
         Ok(())
     }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        state.persist_at_stop().await?;
+        Ok(())
+    }
 }
 
 impl ReflectorState {
+    /// At a stop: what was learned since the last consolidation becomes lessons, and what
+    /// changed since the last snapshot is written (awaited, before the store closes).
+    async fn persist_at_stop(&mut self) -> Result<(), hindsight::store::StoreError> {
+        if self.since_persist == 0 {
+            return Ok(());
+        }
+        self.since_consolidation = 0;
+        self.consolidate(Tell::Nobody, false).await?;
+        let ops = self.snapshot_ops()?;
+        self.store.write_batch(ops).await.map(drop)
+    }
+
     /// Learns an experience; true when lessons were added or removed (a lesson the run bore
     /// out is reinforced at once, and persisted with the next consolidation: until then the log
     /// replays it). A synthesis that falls due runs offline, or, with a model and `myself`
@@ -530,12 +581,15 @@ impl ReflectorState {
         }
     }
 
-    /// Turns statistics into lessons, drops the adaptive lessons past their TTL, persists
-    /// everything, and hands the new lessons to memory (and tells it which are in force):
-    /// waiting for a memory that is restarting when `wait` (never at start, where the memory's
-    /// own restart may be waiting for this actor's; each consolidation re-sends the strategies
-    /// and the lessons in force).
-    async fn consolidate(&mut self, wait: bool) -> Result<(), hindsight::store::StoreError> {
+    /// Turns statistics into lessons, drops the adaptive lessons past their TTL, and hands the
+    /// new lessons to memory as `tell` says (and tells it which are in force; a memory that
+    /// started again since is sent every lesson in force). Everything changed since the last
+    /// snapshot is written when `persist`; until then the log replays it.
+    async fn consolidate(
+        &mut self,
+        tell: Tell,
+        persist: bool,
+    ) -> Result<(), hindsight::store::StoreError> {
         let now = now_ms();
         let report = self.reflector.consolidate(now);
         // Lessons past their TTL in scopes that no synthesis has run in since.
@@ -546,10 +600,14 @@ impl ReflectorState {
             .chain(&report.updated)
             .filter_map(|id| self.reflector.lesson(id).cloned())
             .collect();
-        let mut ops = self.snapshot_ops()?;
-        // The strategies that changed since they were last written, in the scopes written
-        // since, are written and sent to memory; a memory that has started again since (it
-        // may have lost what it was sent after its last snapshot) is sent all of them.
+        // The strategies that changed since they were last sent, in the scopes changed since,
+        // are sent to memory (and written with the next snapshot); a memory that has started
+        // again since (it may have lost what it was sent after its last snapshot) is sent all
+        // of them.
+        for (scope, _) in self.adaptive.take_scope_changes() {
+            self.unsent.insert(scope.clone());
+            self.unwritten_scopes.insert(scope);
+        }
         let memory_now = self.memory.current().map(|a| a.get_id());
         let all = memory_now.is_none() || memory_now != self.sent_to;
         let unsent = std::mem::take(&mut self.unsent);
@@ -582,12 +640,16 @@ impl ReflectorState {
         }
         self.sent_to = memory_now;
         for l in &fresh {
-            ops.push(WriteOp::put(LESSONS, &l.lesson_id, &LessonRecord::from(l))?);
+            self.unwritten_lessons
+                .insert(l.lesson_id.clone(), l.clone());
         }
         fresh.append(&mut resent);
-        // Committed by the group-commit writer in the order queued (before anything memory
-        // writes for these lessons); the actor does not wait for it.
-        write_behind(&self.store, ops, "the reflector's consolidation");
+        if persist {
+            // Committed by the group-commit writer in the order queued (before anything memory
+            // writes for these lessons); the actor does not wait for it.
+            let ops = self.snapshot_ops()?;
+            write_behind(&self.store, ops, "the reflector's snapshot");
+        }
         let index = (!fresh.is_empty()).then(|| MemoryMsg::IndexLessons(fresh));
         // A memory that started again since hears every lesson in force (the reflection's not
         // superseded, and every scope's strategies), so that it drops what left force while it
@@ -609,23 +671,34 @@ impl ReflectorState {
             (!gone.is_empty()).then(|| MemoryMsg::ForgetLessons(gone))
         };
         for msg in index.into_iter().chain(retain) {
-            if wait {
-                let _ = self.memory.cast(msg).await;
-            } else {
-                self.memory.tell(msg);
+            match tell {
+                Tell::Memory => {
+                    let _ = self.memory.cast(msg).await;
+                }
+                Tell::MemoryIfUp => self.memory.tell(msg),
+                Tell::Nobody => {}
             }
         }
         Ok(())
     }
 
-    /// The writes of a snapshot: the scopes changed since the last one, and the rest of the
-    /// state (one batch, so that what is on disk is always one snapshot's).
+    /// The writes of a snapshot: the scopes, buckets and lessons changed since the last one,
+    /// and the rest of the state (one batch, so that what is on disk is always one snapshot's).
     fn snapshot_ops(&mut self) -> Result<Vec<WriteOp>, hindsight::store::StoreError> {
         let mut ops = Vec::new();
-        for (scope, state) in self.adaptive.take_scope_changes() {
-            ops.push(WriteOp::put(SCOPES, &scope, &state)?);
-            self.unsent.insert(scope);
+        for (scope, _) in self.adaptive.take_scope_changes() {
+            self.unsent.insert(scope.clone());
+            self.unwritten_scopes.insert(scope);
         }
+        for scope in std::mem::take(&mut self.unwritten_scopes) {
+            if let Some(state) = self.adaptive.scope(&scope) {
+                ops.push(WriteOp::put(SCOPES, &scope, state)?);
+            }
+        }
+        for (id, lesson) in std::mem::take(&mut self.unwritten_lessons) {
+            ops.push(WriteOp::put(LESSONS, &id, &LessonRecord::from(&lesson))?);
+        }
+        self.since_persist = 0;
         for (key, bucket) in self.reflector.take_bucket_changes() {
             ops.push(WriteOp::put(BUCKETS, &key, &bucket)?);
         }

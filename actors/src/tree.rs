@@ -221,7 +221,7 @@ pub fn build(spec: TreeSpec) -> Tree {
                     store: store.clone(),
                     initial: initial.clone(),
                     seed,
-                    snapshot_every: 50,
+                    snapshot_every: 500,
                     sop: sop.clone(),
                     sops,
                     distill: distill.clone(),
