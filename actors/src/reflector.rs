@@ -176,8 +176,7 @@ pub struct ReflectorState {
     since_consolidation: u64,
     /// Experiences learned since the last snapshot.
     since_persist: u64,
-    /// Scopes changed since the last snapshot, as they were at the last consolidation (the
-    /// snapshot writes them as they are then).
+    /// Scopes changed since the last snapshot (which writes each as it is then).
     unwritten_scopes: BTreeSet<String>,
     /// Lessons made or changed since the last snapshot, as last handed to memory.
     unwritten_lessons: BTreeMap<String, Lesson>,
@@ -480,7 +479,7 @@ impl ReflectorState {
     }
 
     /// Learns an experience; true when lessons were added or removed (a lesson the run bore
-    /// out is reinforced at once, and persisted with the next consolidation: until then the log
+    /// out is reinforced at once, and persisted with the next snapshot: until then the log
     /// replays it). A synthesis that falls due runs offline, or, with a model and `myself`
     /// (live, not in a replay), on the model in the background: its lease keeps the scope to
     /// this one synthesis until it comes back.
@@ -604,10 +603,7 @@ impl ReflectorState {
         // are sent to memory (and written with the next snapshot); a memory that has started
         // again since (it may have lost what it was sent after its last snapshot) is sent all
         // of them.
-        for (scope, _) in self.adaptive.take_scope_changes() {
-            self.unsent.insert(scope.clone());
-            self.unwritten_scopes.insert(scope);
-        }
+        self.note_scope_changes();
         let memory_now = self.memory.current().map(|a| a.get_id());
         let all = memory_now.is_none() || memory_now != self.sent_to;
         let unsent = std::mem::take(&mut self.unsent);
@@ -682,14 +678,20 @@ impl ReflectorState {
         Ok(())
     }
 
+    /// Notes the scopes changed since this was last called: to be looked at by the next
+    /// consolidation (their lessons sent to memory) and written by the next snapshot.
+    fn note_scope_changes(&mut self) {
+        for scope in self.adaptive.take_changed_scopes() {
+            self.unsent.insert(scope.clone());
+            self.unwritten_scopes.insert(scope);
+        }
+    }
+
     /// The writes of a snapshot: the scopes, buckets and lessons changed since the last one,
     /// and the rest of the state (one batch, so that what is on disk is always one snapshot's).
     fn snapshot_ops(&mut self) -> Result<Vec<WriteOp>, hindsight::store::StoreError> {
         let mut ops = Vec::new();
-        for (scope, _) in self.adaptive.take_scope_changes() {
-            self.unsent.insert(scope.clone());
-            self.unwritten_scopes.insert(scope);
-        }
+        self.note_scope_changes();
         for scope in std::mem::take(&mut self.unwritten_scopes) {
             if let Some(state) = self.adaptive.scope(&scope) {
                 ops.push(WriteOp::put(SCOPES, &scope, state)?);

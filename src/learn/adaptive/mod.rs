@@ -220,13 +220,20 @@ impl AdaptiveStrategies {
     /// The scopes changed since the last call, each once with its state as it is now, and
     /// forgets them.
     pub fn take_scope_changes(&mut self) -> Vec<(String, ScopeState)> {
-        std::mem::take(&mut self.changed)
+        self.take_changed_scopes()
             .into_iter()
             .filter_map(|k| {
                 let s = self.state.scopes.get(&k)?.clone();
                 Some((k, s))
             })
             .collect()
+    }
+
+    /// The names of the scopes changed since the last call (or the last
+    /// [`AdaptiveStrategies::take_scope_changes`]), and forgets them: for an owner that writes
+    /// them later, as they are then ([`AdaptiveStrategies::scope`]).
+    pub fn take_changed_scopes(&mut self) -> BTreeSet<String> {
+        std::mem::take(&mut self.changed)
     }
 
     /// Notes `scope` as changed, so that the next [`AdaptiveStrategies::take_scope_changes`]
