@@ -38,7 +38,7 @@ const SNAPSHOT_KEY: &str = "state";
 /// Runs between two consolidations (lessons made from the statistics and handed to memory).
 const CONSOLIDATE_EVERY: u64 = 25;
 /// Experiences between two snapshots written unasked: a restart replays at most this many from
-/// the log. A snapshot is also written when a synthesis starts or ends, a correction is
+/// the log. A snapshot is also written when a synthesis changes the lessons, a correction is
 /// accepted, and the actor stops.
 const PERSIST_EVERY: u64 = 500;
 
