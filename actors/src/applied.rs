@@ -8,6 +8,11 @@ use hindsight::store::{KvTable, Store, WriteOp};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+/// Experiences between two snapshots an event-sourced learner (memory, the policy, the
+/// reflector) writes unasked: a snapshot only bounds the log a restart replays, and each one is
+/// a large commit that the runs' own writes queue behind, so it is written seldom.
+pub const SNAPSHOT_EVERY: u64 = 500;
+
 /// An event-sourced actor's snapshot from `table` under `key`, if there is one and it can be
 /// read. One that cannot (a corrupt record, a read error) is logged and treated as absent: the
 /// actor rebuilds its state from the experience log instead of failing to start.

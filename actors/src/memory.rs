@@ -256,7 +256,7 @@ impl Actor for MemoryActor {
                 let note = diary_note(seq, &experience);
                 let salient = state.ingest(seq, &experience);
                 let mut ops = vec![WriteOp::diary(&note)?];
-                if salient || state.since_snapshot >= 500 {
+                if salient || state.since_snapshot >= crate::applied::SNAPSHOT_EVERY {
                     ops.extend(state.snapshot_ops()?);
                     state.since_snapshot = 0;
                 }

@@ -19,7 +19,7 @@ use hindsight::{ExperienceTuple, Lesson, Task, now_ms};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 
-use crate::applied::{Applied, read_snapshot, write_behind};
+use crate::applied::{Applied, SNAPSHOT_EVERY, read_snapshot, write_behind};
 use crate::chaos_hook::ChaosHook;
 use crate::directory::Slot;
 use crate::memory::MemoryMsg;
@@ -37,10 +37,6 @@ pub const BUCKETS: KvTable = KvTable::new("reflector_buckets");
 const SNAPSHOT_KEY: &str = "state";
 /// Runs between two consolidations (lessons made from the statistics and handed to memory).
 const CONSOLIDATE_EVERY: u64 = 25;
-/// Experiences between two snapshots written unasked: a restart replays at most this many from
-/// the log. A snapshot is also written when a synthesis changes the lessons, a correction is
-/// accepted, and the actor stops.
-const PERSIST_EVERY: u64 = 500;
 
 /// Whom a consolidation hands its lessons to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -349,7 +345,9 @@ impl Actor for ReflectorActor {
                 state.since_persist += 1;
                 if changed || state.since_consolidation >= CONSOLIDATE_EVERY {
                     state.since_consolidation = 0;
-                    let persist = changed || state.since_persist >= PERSIST_EVERY;
+                    // A snapshot every `SNAPSHOT_EVERY` experiences, and when the lessons
+                    // changed, a correction is accepted (`settle_feedback`) or the actor stops.
+                    let persist = changed || state.since_persist >= SNAPSHOT_EVERY;
                     state.consolidate(Tell::Memory, persist).await?;
                 }
             }
@@ -700,7 +698,6 @@ impl ReflectorState {
         for (id, lesson) in std::mem::take(&mut self.unwritten_lessons) {
             ops.push(WriteOp::put(LESSONS, &id, &LessonRecord::from(&lesson))?);
         }
-        self.since_persist = 0;
         for (key, bucket) in self.reflector.take_bucket_changes() {
             ops.push(WriteOp::put(BUCKETS, &key, &bucket)?);
         }
@@ -713,6 +710,7 @@ impl ReflectorState {
                 applied: self.applied.clone(),
             },
         )?);
+        self.since_persist = 0;
         Ok(ops)
     }
 

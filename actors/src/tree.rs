@@ -221,7 +221,7 @@ pub fn build(spec: TreeSpec) -> Tree {
                     store: store.clone(),
                     initial: initial.clone(),
                     seed,
-                    snapshot_every: 500,
+                    snapshot_every: crate::applied::SNAPSHOT_EVERY,
                     sop: sop.clone(),
                     sops,
                     distill: distill.clone(),

@@ -523,8 +523,8 @@ impl PolicyState {
     }
 
     /// Starts fitting and evaluating a ranker when one is due, on the newest experiences of
-    /// the log, on a thread of its own at the lowest CPU priority: choices go on with the ranker in force until
-    /// [`PolicyState::finish_refit`] puts the new one in force.
+    /// the log, on a thread of its own at the lowest CPU priority: choices go on with the
+    /// ranker in force until [`PolicyState::finish_refit`] puts the new one in force.
     fn maybe_distill(&mut self) {
         if self.refit.is_some() {
             return;

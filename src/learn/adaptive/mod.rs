@@ -150,11 +150,11 @@ pub struct RelevanceQuery<'a> {
 
 /// Adaptive strategies over all scopes (a pure struct: the actor owns it and persists its
 /// [`AdaptiveSnapshot`], whole or as [`AdaptiveStrategies::snapshot_without_scopes`] with each
-/// scope changed since the last [`AdaptiveStrategies::take_scope_changes`] apart).
+/// scope changed since it was last taken apart: [`AdaptiveStrategies::take_changed_scopes`]).
 #[derive(Debug, Clone)]
 pub struct AdaptiveStrategies {
     state: AdaptiveSnapshot,
-    /// Scopes changed since the last [`AdaptiveStrategies::take_scope_changes`].
+    /// Scopes changed since they were last taken ([`AdaptiveStrategies::take_changed_scopes`]).
     changed: BTreeSet<String>,
 }
 
@@ -204,7 +204,7 @@ impl AdaptiveStrategies {
     }
 
     /// The persisted state but the scopes, which the owner persists one by one as they change
-    /// ([`AdaptiveStrategies::take_scope_changes`]) and puts back into it before
+    /// ([`AdaptiveStrategies::take_changed_scopes`]) and puts back into it before
     /// [`AdaptiveStrategies::restore`]: what a consolidation writes stays small however many
     /// users' scopes there are.
     pub fn snapshot_without_scopes(&self) -> AdaptiveSnapshot {
@@ -236,7 +236,7 @@ impl AdaptiveStrategies {
         std::mem::take(&mut self.changed)
     }
 
-    /// Notes `scope` as changed, so that the next [`AdaptiveStrategies::take_scope_changes`]
+    /// Notes `scope` as changed, so that the next [`AdaptiveStrategies::take_changed_scopes`]
     /// hands it over: for an owner that must write a scope again (one it read from a snapshot
     /// that held its scopes inline).
     pub fn note_changed(&mut self, scope: &str) {
