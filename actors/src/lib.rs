@@ -8,7 +8,6 @@
 pub mod agent_tool;
 pub mod app;
 pub mod applied;
-pub mod background;
 pub mod call;
 pub mod chaos;
 pub mod chaos_hook;

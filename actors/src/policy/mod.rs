@@ -283,9 +283,9 @@ pub struct PolicyState {
     distiller_dirty: bool,
     /// Diary notes of the distiller's decisions, written with the next snapshot.
     distill_notes: Vec<hindsight::store::NewDiaryEntry>,
-    /// A ranker refit running on a thread of its own at the lowest CPU priority (it reads the
-    /// log and fits: tens of milliseconds that choices would otherwise wait behind), if one is.
-    refit: Option<tokio::task::JoinHandle<Result<RefitResult, String>>>,
+    /// A ranker refit running on a blocking thread (it reads the log and fits: tens of
+    /// milliseconds that choices would otherwise wait behind), if one is.
+    refit: Option<tokio::task::JoinHandle<RefitResult>>,
 }
 
 /// What a refit returns: the distiller after it and what it decided, or why the log could not
@@ -523,8 +523,8 @@ impl PolicyState {
     }
 
     /// Starts fitting and evaluating a ranker when one is due, on the newest experiences of
-    /// the log, on a thread of its own at the lowest CPU priority: choices go on with the
-    /// ranker in force until [`PolicyState::finish_refit`] puts the new one in force.
+    /// the log, on a blocking thread: choices go on with the ranker in force until
+    /// [`PolicyState::finish_refit`] puts the new one in force.
     fn maybe_distill(&mut self) {
         if self.refit.is_some() {
             return;
@@ -534,18 +534,15 @@ impl PolicyState {
         };
         let job = self.planner.refit_job();
         let store = self.store.clone();
-        self.refit = Some(crate::background::spawn_lowest_priority(
-            "hindsight-refit",
-            move || {
-                let log: Vec<ExperienceTuple> = store
-                    .experience_since(from)
-                    .map_err(|e| e.to_string())?
-                    .into_iter()
-                    .filter_map(|(_, e)| e.ok())
-                    .collect();
-                Ok(job.run(&log))
-            },
-        ));
+        self.refit = Some(tokio::task::spawn_blocking(move || {
+            let log: Vec<ExperienceTuple> = store
+                .experience_since(from)
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .filter_map(|(_, e)| e.ok())
+                .collect();
+            Ok(job.run(&log))
+        }));
     }
 
     /// Waits for the refit under way, if any, and puts its distiller in force (persisted with
@@ -554,9 +551,7 @@ impl PolicyState {
         let Some(refit) = self.refit.take() else {
             return;
         };
-        // A thread that could not start or panicked, or a task that could not be joined: the
-        // refit did not finish.
-        match refit.await.map_err(|e| e.to_string()).and_then(|r| r) {
+        match refit.await {
             Ok(Ok((distiller, outcome))) => {
                 self.planner.install(distiller);
                 self.distiller_dirty = true;
