@@ -12,6 +12,23 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// mimalloc's `mi_option_purge_decommits` (the sixth option of `mi_option_e` in `mimalloc.h`,
+/// which `libmimalloc-sys` does not name).
+const PURGE_DECOMMITS: libmimalloc_sys::mi_option_t = 5;
+
+/// Memory mimalloc has held unused for a second is handed back to the kernel to take when it
+/// needs it (`MADV_FREE`) instead of being decommitted: decommitted pages were faulted in and
+/// zeroed again by the next burst of runs, a fifth of the process's system time in `bench
+/// overhead` (docs/benchmarks.md, "The allocator"). `MIMALLOC_PURGE_DECOMMITS` in the
+/// environment still decides when it is set.
+fn purge_lazily() {
+    if std::env::var_os("MIMALLOC_PURGE_DECOMMITS").is_none() {
+        // SAFETY: mimalloc's options may not be set while other threads allocate; this runs
+        // first in `main`, before any thread is started.
+        unsafe { libmimalloc_sys::mi_option_set(PURGE_DECOMMITS, 0) };
+    }
+}
+
 /// The command line of `hindsight`.
 #[derive(Debug, Parser)]
 #[command(
@@ -78,6 +95,7 @@ async fn dispatch(global: cli::Global, command: Command) -> Result<(), cli::Fail
 }
 
 fn main() -> ExitCode {
+    purge_lazily();
     let cli = Cli::parse();
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
