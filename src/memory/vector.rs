@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::MemoryError;
-use super::codes::Codes;
+use super::codes::{Codes, Query};
 use crate::model::embed::DEFAULT_DIMENSION;
 
 /// What an indexed item is.
@@ -263,9 +263,10 @@ impl VectorIndex {
         };
         // The exact scores of the items the codes cannot rule out: each scope's k best are
         // among its candidates, so the k best of all are among theirs together.
+        let coded = Query::new(query, query_norm, self.dimension);
         let mut scored: Vec<(&String, &VectorItem, f32)> = groups
             .into_iter()
-            .flat_map(|codes| codes.candidates(query, query_norm, k, kinds))
+            .flat_map(|codes| codes.candidates(coded.as_ref(), k, kinds))
             .filter_map(|key| self.items.get_key_value(key))
             .map(|(key, it)| {
                 let score = if query_norm == 0.0 || it.norm == 0.0 {

@@ -1,0 +1,157 @@
+//! Memory's search, which every run's retrieval makes: the `k` items most like the task among
+//! the shared items (SOPs, postmortems) and those of the task's own scopes, in an index shaped
+//! like `hindsight bench overhead`'s (10,000 lessons in 500 users' scopes, 1,000 SOPs and 200
+//! postmortems shared). Against the same search done by scoring every item the task may read on
+//! its full vector (the baseline, in the same run); both give the same items.
+
+use std::hint::black_box;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use hindsight::memory::{ItemKind, Scopes, VectorIndex, VectorItem};
+use hindsight::model::cosine;
+use hindsight::model::embed::embed_one;
+
+const TOOLS: [&str; 6] = [
+    "ocr_v3",
+    "pdfminer",
+    "tabula",
+    "strict_table",
+    "csv_writer",
+    "validator",
+];
+const STRATEGIES: [&str; 5] = ["chunk_1mb", "whole_file", "lenient", "strict", "retry_3"];
+const FEATURES: [&str; 7] = [
+    "filetype=pdf",
+    "filetype=png",
+    "size_bucket=0-10MB",
+    "size_bucket=10-50MB",
+    "size_bucket=50-100MB",
+    "tenant=A",
+    "tenant=B",
+];
+
+fn pick<'a>(rng: &mut fastrand::Rng, of: &[&'a str]) -> &'a str {
+    of[rng.usize(..of.len())]
+}
+
+fn item(kind: ItemKind, id: String, text: String, scope: Option<String>) -> VectorItem {
+    VectorItem {
+        kind,
+        id,
+        vector: embed_one(&text),
+        text,
+        cluster: None,
+        time_ms: 0,
+        scope,
+    }
+}
+
+/// The index, and every item's (scope, vector) for the baseline.
+fn index() -> (VectorIndex, Vec<VectorItem>) {
+    let mut rng = fastrand::Rng::with_seed(7);
+    let mut items = Vec::new();
+    for u in 0..500 {
+        for l in 0..20 {
+            let text = format!(
+                "for {}, {} {} with {}: {} failed with Timeout on large files",
+                pick(&mut rng, &FEATURES),
+                pick(&mut rng, &FEATURES),
+                pick(&mut rng, &TOOLS),
+                pick(&mut rng, &STRATEGIES),
+                pick(&mut rng, &TOOLS),
+            );
+            items.push(item(
+                ItemKind::Lesson,
+                format!("lesson-{u}-{l}"),
+                text,
+                Some(format!("user:u{u}")),
+            ));
+        }
+    }
+    for s in 0..1_000 {
+        let plan: Vec<String> = ["extract", "normalize", "write", "check"]
+            .iter()
+            .map(|stage| {
+                format!(
+                    "{stage} with {}/{}",
+                    pick(&mut rng, &TOOLS),
+                    pick(&mut rng, &STRATEGIES)
+                )
+            })
+            .collect();
+        let text = format!("SOP sop-{s} v1: {}", plan.join(", then "));
+        items.push(item(ItemKind::Sop, format!("sop-{s}"), text, None));
+    }
+    for p in 0..200 {
+        let text = format!(
+            "run-{p} failed: {} with {} returned SchemaMismatch for {}",
+            pick(&mut rng, &TOOLS),
+            pick(&mut rng, &STRATEGIES),
+            pick(&mut rng, &FEATURES),
+        );
+        items.push(item(ItemKind::Postmortem, format!("pm-{p}"), text, None));
+    }
+    let mut index = VectorIndex::new(items[0].vector.len());
+    for it in &items {
+        index.upsert(it.clone()).ok();
+    }
+    (index, items)
+}
+
+/// The baseline: every item the scopes allow scored on its full vector, the `k` best.
+fn exhaustive<'a>(items: &'a [VectorItem], query: &[f32], k: usize, scope: &str) -> Vec<&'a str> {
+    let mut scored: Vec<(f32, &str)> = items
+        .iter()
+        .filter(|it| it.scope.as_deref().is_none_or(|s| s == scope))
+        .map(|it| (cosine(query, &it.vector), it.id.as_str()))
+        .collect();
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(b.1)));
+    scored.into_iter().take(k).map(|(_, id)| id).collect()
+}
+
+fn search(c: &mut Criterion) {
+    let (index, items) = index();
+    let queries: Vec<(Vec<f32>, String)> = (0..64)
+        .map(|i| {
+            let text = format!(
+                "Convert the {} bank statement ({}) of tenant {} to CSV",
+                ["pdf", "png"][i % 2],
+                ["0-10MB", "10-50MB", "50-100MB"][i % 3],
+                ["A", "B"][i % 4 / 2],
+            );
+            (embed_one(&text), format!("user:u{}", i * 7 % 500))
+        })
+        .collect();
+    let k = 15;
+    for (q, scope) in &queries {
+        let scopes = [scope.clone()];
+        let found: Vec<&str> = index
+            .search(q, k, &[], Scopes::Only(&scopes))
+            .into_iter()
+            .map(|(it, _)| it.id.as_str())
+            .collect();
+        assert_eq!(found, exhaustive(&items, q, k, scope), "the same items");
+    }
+    let mut group = c.benchmark_group("memory_search");
+    group.bench_function("index", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % queries.len();
+            let (q, scope) = &queries[i];
+            let scopes = [scope.clone()];
+            black_box(index.search(q, k, &[], Scopes::Only(&scopes)).len())
+        })
+    });
+    group.bench_function("exhaustive", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % queries.len();
+            let (q, scope) = &queries[i];
+            black_box(exhaustive(&items, q, k, scope).len())
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, search);
+criterion_main!(benches);
