@@ -356,3 +356,25 @@ fn consolidating_the_changed_buckets_gives_the_lessons_of_a_full_pass() {
     snapshot.buckets = persisted;
     assert_eq!(Reflector::restore(snapshot).unwrap(), incremental);
 }
+
+#[test]
+fn a_lesson_that_only_decayed_reads_the_same_to_memory() {
+    let l = lesson("use ocr_v3", &[("filetype", "pdf")], &["r1"], 0.8);
+    let mut decayed = l.clone();
+    decayed.confidence = 0.6;
+    decayed.evidence.push("r2".to_string());
+    decayed.reinforced_ms += 1_000;
+    assert!(reads_the_same(&l, &decayed));
+    assert_eq!(describe(&l), describe(&decayed));
+    let mut reworded = l.clone();
+    reworded.action = "use pdfminer".to_string();
+    assert!(!reads_the_same(&l, &reworded));
+    let mut narrowed = l.clone();
+    narrowed
+        .preconditions
+        .insert("tenant".to_string(), "B".to_string());
+    assert!(!reads_the_same(&l, &narrowed));
+    let mut moved = l.clone();
+    moved.scope = "user:u2".to_string();
+    assert!(!reads_the_same(&l, &moved));
+}

@@ -13,7 +13,9 @@ use hindsight::learn::adaptive::{
     FailureObservation, LessonDraft, OfflineVerifier, PreparedCorrection, RelevanceQuery,
     ScopeState, SynthesisJob, Synthesiser, Verdict, Verifier,
 };
-use hindsight::learn::reflector::{Bucket, Reflector, ReflectorConfig, ReflectorSnapshot};
+use hindsight::learn::reflector::{
+    Bucket, Reflector, ReflectorConfig, ReflectorSnapshot, reads_the_same,
+};
 use hindsight::store::{KvTable, Store, WriteOp};
 use hindsight::{ExperienceTuple, Lesson, Task, now_ms};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -613,15 +615,25 @@ impl ReflectorState {
         // The lessons that left force since memory last heard: the reflection's superseded
         // ones, and those gone from the scopes written since.
         let mut gone: Vec<String> = report.superseded.clone();
+        // Memory hears of a strategy's lesson when it reads differently; one that only decayed
+        // or was reinforced is written with the next snapshot and indexed as it was.
         let mut resent: Vec<Lesson> = Vec::new();
         for scope in scopes {
             let now_lessons = self.adaptive.lessons(&scope);
             let before = self.sent.get(&scope).map(Vec::as_slice).unwrap_or(&[]);
             for l in now_lessons {
-                if !before.contains(l) {
-                    fresh.push(l.clone());
-                } else if all {
-                    resent.push(l.clone());
+                let was = before.iter().find(|b| b.lesson_id == l.lesson_id);
+                match was {
+                    Some(b) if b == l => {
+                        if all {
+                            resent.push(l.clone());
+                        }
+                    }
+                    Some(b) if reads_the_same(b, l) && !all => {
+                        self.unwritten_lessons
+                            .insert(l.lesson_id.clone(), l.clone());
+                    }
+                    _ => fresh.push(l.clone()),
                 }
             }
             gone.extend(

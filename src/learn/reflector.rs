@@ -202,6 +202,15 @@ pub fn describe(lesson: &Lesson) -> String {
     format!("for {} {}", when.join(", "), lesson.action)
 }
 
+/// Whether two versions of a lesson read the same to memory: the same [`describe`] text in the
+/// same scope (a lesson whose confidence or evidence alone changed is indexed as it was).
+pub fn reads_the_same(a: &Lesson, b: &Lesson) -> bool {
+    a.lesson_id == b.lesson_id
+        && a.action == b.action
+        && a.preconditions == b.preconditions
+        && a.scope == b.scope
+}
+
 /// The lower bound of the Wilson score interval of `k` successes in `n`.
 pub fn wilson_lower(k: u64, n: u64, z: f64) -> f64 {
     if n == 0 {
