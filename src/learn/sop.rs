@@ -417,11 +417,9 @@ impl SopBook {
                 }
             }
             if let Some((p, plan, tally)) = best {
-                let already = self.sops.iter().any(|s| {
-                    s.status == SopStatus::Stable
-                        && cluster_key(&s.preconditions) == *cluster
-                        && plan_key(&s.plan) == plan_key(plan)
-                });
+                let already = self
+                    .sops_of_cluster(cluster)
+                    .any(|s| s.status == SopStatus::Stable && plan_key(&s.plan) == plan_key(plan));
                 if !already {
                     promote.push((
                         cluster.clone(),
@@ -554,10 +552,9 @@ impl SopBook {
         // Proposals, where no procedure is on trial or in force.
         let mut proposed = Vec::new();
         for (cluster, proposals) in &self.proposals {
-            let taken = self.sops.iter().any(|s| {
+            let taken = self.sops_of_cluster(cluster).any(|s| {
                 !s.procedure.is_empty()
                     && matches!(s.status, SopStatus::Candidate | SopStatus::Stable)
-                    && cluster_key(&s.preconditions) == *cluster
             });
             if taken {
                 continue;
@@ -608,6 +605,16 @@ impl SopBook {
             self.index.extend(&self.sops);
             events.push(SopEvent::Proposed(sop));
         }
+    }
+
+    /// Every version of the SOPs of `cluster` (whose preconditions' cluster key it is), in
+    /// book order: the consolidation asks for each cluster every tenth experience, and the book
+    /// may hold thousands of SOPs.
+    fn sops_of_cluster<'a>(&'a self, cluster: &str) -> impl Iterator<Item = &'a Sop> + 'a {
+        self.index
+            .of_cluster(&self.sops, cluster)
+            .into_iter()
+            .filter_map(|i| self.sops.get(i))
     }
 
     /// The stable SOP whose preconditions match `features` (the most specific, then the

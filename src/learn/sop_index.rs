@@ -1,12 +1,14 @@
-//! sop_index: which SOPs of a book a task's features could match, found without reading every
-//! SOP. Each SOP is filed under one of its preconditions (its anchor): a task can match it only
-//! if the task has that feature with that value, so a lookup reads the SOPs filed under the
-//! task's own features and no other. SOPs are only ever added to a book (a new version is a new
+//! sop_index: which SOPs of a book a task's features could match, and which were made for a
+//! cluster, found without reading every SOP. Each SOP is filed under one of its preconditions
+//! (its anchor): a task can match it only if the task has that feature with that value, so a
+//! lookup reads the SOPs filed under the task's own features and no other; and under its
+//! preconditions' cluster key. SOPs are only ever added to a book (a new version is a new
 //! SOP, a retired one keeps its place), so the index covers a prefix of the book and the SOPs
 //! added since it was last brought up to date are read one by one.
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::learn::cluster::cluster_key;
 use crate::record::Sop;
 
 /// An index of a book's first SOPs by anchor (see the module's documentation).
@@ -18,6 +20,8 @@ pub struct SopIndex {
     anchored: HashMap<String, HashMap<String, Vec<usize>>>,
     /// SOPs without preconditions (they match every task), in book order.
     unconditioned: Vec<usize>,
+    /// The cluster key of the SOPs' preconditions -> the SOPs, in book order.
+    by_cluster: HashMap<String, Vec<usize>>,
 }
 
 /// An index is derived from its book's SOPs: two books with the same SOPs are equal whatever
@@ -36,6 +40,10 @@ impl SopIndex {
             *self = SopIndex::default();
         }
         for (i, sop) in sops.iter().enumerate().skip(self.covered) {
+            self.by_cluster
+                .entry(cluster_key(&sop.preconditions))
+                .or_default()
+                .push(i);
             // The anchor: the precondition with the fewest SOPs filed under it so far, so that
             // no lookup reads many SOPs that share a common feature.
             let anchor = sop.preconditions.iter().min_by_key(|(k, v)| {
@@ -78,6 +86,21 @@ impl SopIndex {
         }
         out.sort_unstable();
         out.extend(self.covered..sops.len());
+        out
+    }
+
+    /// The positions in `sops` of the SOPs whose preconditions' cluster key is `cluster`, in
+    /// book order (those added since the index was brought up to date read one by one).
+    pub fn of_cluster(&self, sops: &[Sop], cluster: &str) -> Vec<usize> {
+        let (mut out, unindexed) = if sops.len() < self.covered {
+            (Vec::new(), 0)
+        } else {
+            let filed = self.by_cluster.get(cluster).map_or(&[][..], Vec::as_slice);
+            (filed.to_vec(), self.covered)
+        };
+        out.extend(
+            (unindexed..sops.len()).filter(|&i| cluster_key(&sops[i].preconditions) == cluster),
+        );
         out
     }
 }
@@ -135,6 +158,29 @@ mod tests {
         (0..sops.len())
             .filter(|&i| crate::learn::sop::matches(&sops[i].preconditions, f))
             .collect()
+    }
+
+    #[test]
+    fn a_clusters_sops_are_those_read_one_by_one() {
+        let mut rng = fastrand::Rng::with_seed(5);
+        let mut sops: Vec<Sop> = Vec::new();
+        let mut index = SopIndex::default();
+        for i in 0..400 {
+            sops.push(sop(&mut rng, i));
+            if rng.usize(..4) == 0 {
+                index.extend(&sops);
+            }
+            let cluster = cluster_key(&features(&mut rng, 5));
+            let read: Vec<usize> = (0..sops.len())
+                .filter(|&i| cluster_key(&sops[i].preconditions) == cluster)
+                .collect();
+            assert_eq!(index.of_cluster(&sops, &cluster), read, "{cluster}");
+        }
+        // An index of a longer book (another book's) reads the whole of this one.
+        let short = &sops[..10];
+        let cluster = cluster_key(&short[3].preconditions);
+        assert!(index.of_cluster(short, &cluster).contains(&3));
+        assert!(index.of_cluster(short, &cluster).iter().all(|&i| i < 10));
     }
 
     #[test]
