@@ -2,7 +2,7 @@
 //! fixed dimension (the offline embedder's by default), read scope by scope, so that a run's
 //! search reads its own lessons and never another user's.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -70,7 +70,8 @@ pub enum Scopes<'a> {
 #[derive(Debug, Clone)]
 pub struct VectorIndex {
     dimension: usize,
-    items: BTreeMap<String, Indexed>,
+    /// Items by key (`kind:id`); a search looks up each of its candidates here.
+    items: HashMap<String, Indexed>,
     /// The vectors again as 16-bit integer codes, the search's first pass, by scope.
     codes: BTreeMap<Option<String>, Codes>,
     changed: BTreeSet<String>,
@@ -133,7 +134,7 @@ impl VectorIndex {
     pub fn new(dimension: usize) -> VectorIndex {
         VectorIndex {
             dimension,
-            items: BTreeMap::new(),
+            items: HashMap::new(),
             codes: BTreeMap::new(),
             changed: BTreeSet::new(),
         }
