@@ -393,7 +393,7 @@ fn memory_snapshot_round_trips() {
 #[test]
 fn a_rolled_back_sop_is_forgotten_and_nothing_else() {
     let mut m = Memory::default();
-    let cluster = cluster_key(&feats(&[("filetype", "pdf")]));
+    let cluster = graph_cluster_key(&feats(&[("filetype", "pdf")]));
     for id in ["sop-a", "sop-b"] {
         let text = format!("SOP {id} v1: extract with pdfminer/direct");
         m.index_item(VectorItem {

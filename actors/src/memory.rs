@@ -328,7 +328,7 @@ impl MemoryState {
     /// Indexes an SOP's plan (replacing an earlier version's) and links it to its cluster.
     fn index_sop(&mut self, sop: &Sop) {
         self.sops.insert(sop.sop_id.clone(), sop.clone());
-        let cluster = hindsight::memory::cluster_key(&sop.preconditions);
+        let cluster = hindsight::memory::graph_cluster_key(&sop.preconditions);
         self.memory.link_sop(&sop.sop_id, &cluster);
         let text = format!(
             "SOP {} v{}: {}",

@@ -14,8 +14,10 @@ use crate::taxonomy::{ErrorClass, FailureCategory};
 /// Features that describe the request, not the input; left out of cluster keys.
 const IGNORED_FEATURES: [&str; 1] = ["tools"];
 
-/// The cluster key of a feature map: `k=v,k=v` in key order (the `tools` feature left out).
-pub fn cluster_key(features: &BTreeMap<String, String>) -> String {
+/// The graph's cluster key of a feature map: `k=v,k=v` in key order (the `tools` feature left
+/// out). Not the policy's exact cluster key ([`crate::learn::cluster::cluster_key`], which keeps
+/// every feature and joins them with `|`).
+pub fn graph_cluster_key(features: &BTreeMap<String, String>) -> String {
     features
         .iter()
         .filter(|(k, _)| !IGNORED_FEATURES.contains(&k.as_str()))
@@ -149,7 +151,7 @@ impl KnowledgeGraph {
     /// Updates the graph with a run: per chosen arm, BEST_WITH statistics (success and
     /// latency; infrastructure failures are not counted), FAILS_WITH counts, USES edges.
     pub fn apply(&mut self, exp: &ExperienceTuple) -> GraphDelta {
-        let cluster = cluster_key(&exp.context_features);
+        let cluster = graph_cluster_key(&exp.context_features);
         let outcome = RunOutcome::from_experience(exp);
         let mut delta = GraphDelta::default();
         for st in &outcome.stages {
@@ -257,7 +259,7 @@ impl KnowledgeGraph {
     /// The cluster whose statistics describe `features` best: the exact cluster if known,
     /// else the known cluster sharing the most `k=v` pairs (ties: the larger sample).
     pub fn nearest_cluster(&self, features: &BTreeMap<String, String>) -> Option<String> {
-        let exact = cluster_key(features);
+        let exact = graph_cluster_key(features);
         if self.best_with.contains_key(&exact) {
             return Some(exact);
         }

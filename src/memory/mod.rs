@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-pub use graph::{ArmStats, Edge, FailStats, GraphDelta, KnowledgeGraph, cluster_key};
+pub use graph::{ArmStats, Edge, FailStats, GraphDelta, KnowledgeGraph, graph_cluster_key};
 pub use quantile::P2Quantile;
 pub use retrieve::{Bundle, BundleItem, Citation, CitationKind, RetrievalQuery};
 pub use salience::{SalienceConfig, SalienceDecision, SalienceReason};
@@ -164,7 +164,7 @@ impl Memory {
         candidate: Option<IndexCandidate>,
     ) -> Result<SalienceDecision, MemoryError> {
         let delta = self.graph.apply(exp);
-        let cluster = cluster_key(&exp.context_features);
+        let cluster = graph_cluster_key(&exp.context_features);
         let decision = salience::assess(
             &self.graph,
             &delta,
