@@ -202,13 +202,10 @@ pub fn describe(lesson: &Lesson) -> String {
     format!("for {} {}", when.join(", "), lesson.action)
 }
 
-/// Whether two versions of a lesson read the same to memory: the same [`describe`] text in the
-/// same scope (a lesson whose confidence or evidence alone changed is indexed as it was).
+/// Whether two versions of a lesson read the same to memory, which indexes its [`describe`]
+/// text in its scope (a lesson whose confidence or evidence alone changed is indexed as it was).
 pub fn reads_the_same(a: &Lesson, b: &Lesson) -> bool {
-    a.lesson_id == b.lesson_id
-        && a.action == b.action
-        && a.preconditions == b.preconditions
-        && a.scope == b.scope
+    a.scope == b.scope && describe(a) == describe(b)
 }
 
 /// The lower bound of the Wilson score interval of `k` successes in `n`.
