@@ -8,6 +8,7 @@ use hindsight::FailureType;
 use hindsight::config::ReflectRetryConfig;
 use hindsight::learn::bandit::PolicyConfig;
 use hindsight::learn::distill::{DistillConfig, Distiller};
+use hindsight::learn::ope::{LogRecord, Objective, log_for};
 use hindsight::learn::planner::Planner;
 use hindsight::learn::sop::{SopBook, SopConfig};
 use hindsight::model::Models;
@@ -18,6 +19,10 @@ use hindsight::tools::sim::agent::AgentEnv;
 use hindsight::tools::{ToolRegistry, ToolRunner, VirtualClock};
 
 fn runner(env: &AgentEnv, seed: u64) -> LocalRunner {
+    runner_distilling(env, seed, DistillConfig::default())
+}
+
+fn runner_distilling(env: &AgentEnv, seed: u64, distill: DistillConfig) -> LocalRunner {
     let mut registry = ToolRegistry::new();
     for tool in env.tools() {
         registry.register(tool).unwrap();
@@ -27,7 +32,7 @@ fn runner(env: &AgentEnv, seed: u64) -> LocalRunner {
     let planner = Planner::new(
         workflow.policy(PolicyConfig::default()).unwrap(),
         SopBook::new(SopConfig::default()),
-        Distiller::new(DistillConfig::default()),
+        Distiller::new(distill),
         0,
         Default::default(),
         Default::default(),
@@ -90,4 +95,55 @@ async fn the_simulated_model_works_through_the_run_machine() {
     let steps = &runner.experiences()[0].steps;
     assert!(steps.iter().any(|s| s.action == "model_turn"));
     assert!(steps.iter().any(|s| s.action == "tool_call"));
+}
+
+/// The ranker's fit reads the experience log the first time only: from then on it fits on the
+/// planner's window, which holds exactly the records a read of the log's newest rows gives.
+#[tokio::test]
+async fn the_rankers_fit_reads_the_log_once_then_fits_on_the_planners_window() {
+    let env = AgentEnv::load(std::path::Path::new("config/envs/support_desk.toml"))
+        .unwrap()
+        .with_seed(5);
+    let window = 90;
+    let distill = DistillConfig {
+        every: 30,
+        window,
+        min_rows: 30,
+        ..DistillConfig::default()
+    };
+    let mut runner = runner_distilling(&env, 5, distill);
+    let first = runner.planner().refit_job();
+    assert_eq!(
+        first.reads_from(),
+        Some(0),
+        "nothing was fitted yet: the log is read"
+    );
+    for index in 0..240 {
+        runner.run(env.task(index)).await.unwrap();
+    }
+    let planner = runner.planner();
+    assert!(
+        planner.distiller.fits >= 5,
+        "fits: {}",
+        planner.distiller.fits
+    );
+    assert_eq!(planner.refit_job().reads_from(), None);
+    let from = planner.watermark() - window as u64;
+    let log = runner.experiences();
+    let read = log_for(
+        &log[from as usize..],
+        Objective::FirstAttempt,
+        &planner.policy.config().reward,
+    )
+    .0;
+    let kept: Vec<LogRecord> = planner
+        .fit_window()
+        .after(from)
+        .iter()
+        .map(|r| LogRecord::clone(r))
+        .collect();
+    assert!(!read.is_empty());
+    assert_eq!(kept, read);
+    // Nothing older than the fit's window is kept.
+    assert_eq!(planner.fit_window().len(), read.len());
 }

@@ -489,10 +489,10 @@ impl Distiller {
     /// Fits a ranker on `log` (oldest first; its newest `window` rows are read), evaluates it
     /// against `policy`'s greedy plan and puts it in force or withdraws the one in force.
     /// `rows` is the log's length, for the schedule. `None` when too few rows are usable.
-    pub fn refit(
+    pub fn refit<R: std::borrow::Borrow<LogRecord>>(
         &mut self,
         rows: u64,
-        log: &[LogRecord],
+        log: &[R],
         policy: &Policy,
         rng: &mut fastrand::Rng,
     ) -> Option<DistillOutcome> {
@@ -501,6 +501,7 @@ impl Distiller {
         // The newest `window` usable rows, oldest first.
         let mut usable: Vec<LogRecord> = log
             .iter()
+            .map(R::borrow)
             .rev()
             .filter(|r| r.has_stages(policy.stages()))
             .take(c.window.max(1))

@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod distill;
 pub mod drift;
 pub mod first_attempt;
+pub mod fit_window;
 pub mod ids;
 pub mod mechanism;
 pub mod ope;

@@ -60,6 +60,23 @@ impl LogRecord {
     }
 }
 
+impl LogRecord {
+    /// The record of an experience tuple rewarded under `objective` (`reward` prices a first
+    /// attempt); `None` when it cannot be used (see [`LogRecord::from_experience`] and
+    /// [`first_attempt_reward`]).
+    pub fn for_objective(
+        t: &ExperienceTuple,
+        objective: Objective,
+        reward: &RewardParams,
+    ) -> Option<LogRecord> {
+        let mut r = LogRecord::from_experience(t)?;
+        if objective == Objective::FirstAttempt {
+            r.reward = first_attempt_reward(t, reward)?.clamp(0.0, 1.0);
+        }
+        Some(r)
+    }
+}
+
 /// What a log record's reward measures.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -118,13 +135,7 @@ pub fn log_for(
 ) -> (Vec<LogRecord>, usize) {
     let log: Vec<LogRecord> = tuples
         .iter()
-        .filter_map(|t| {
-            let mut r = LogRecord::from_experience(t)?;
-            if objective == Objective::FirstAttempt {
-                r.reward = first_attempt_reward(t, reward)?.clamp(0.0, 1.0);
-            }
-            Some(r)
-        })
+        .filter_map(|t| LogRecord::for_objective(t, objective, reward))
         .collect();
     let skipped = tuples.len() - log.len();
     (log, skipped)

@@ -5,13 +5,15 @@
 //! order, so both choose alike.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use crate::learn::bandit::{
     DrawTables, Observation, Policy, Routing, StageObservation, UpdateSummary,
 };
 use crate::learn::distill::{DistillOutcome, Distiller};
 use crate::learn::first_attempt::{FirstAttempts, step_observations};
-use crate::learn::ope::{Objective, log_for};
+use crate::learn::fit_window::FitWindow;
+use crate::learn::ope::LogRecord;
 use crate::learn::procedure::{PROCEDURE_KEY, Procedure};
 use crate::learn::sop::{SopBook, SopEvent, SopRun};
 use crate::run::{PlanChoice, parse_sop_plan_id, sop_plan_id};
@@ -71,6 +73,8 @@ pub struct Planner {
     sops_on: bool,
     /// The policy's draws per task features since it last learned, which choices pick from.
     draws: DrawTables,
+    /// The newest experiences as the ranker's fit reads them.
+    window: FitWindow,
 }
 
 /// A ranker refit taken from a [`Planner`] ([`Planner::refit_job`]), to run away from it.
@@ -79,19 +83,49 @@ pub struct RefitJob {
     watermark: u64,
     distiller: Distiller,
     policy: Policy,
+    /// The fit reads the experiences after this one.
+    from: u64,
+    /// Their records, from the planner's window; `None` when the window does not hold them all
+    /// yet (see [`RefitJob::reads_from`]).
+    log: Option<Vec<Arc<LogRecord>>>,
+}
+
+/// What a [`RefitJob`] did, for [`Planner::install`].
+#[derive(Debug, Clone)]
+pub struct Refit {
+    distiller: Distiller,
+    outcome: Option<DistillOutcome>,
+    /// The experiences it read from the log, for the planner's window.
+    read: Option<FitWindow>,
 }
 
 impl RefitJob {
-    /// Fits and evaluates a ranker on `log` (the experiences after [`Planner::distill_from`]),
-    /// rewarded by their first attempt: the distiller after the fit, and what it decided.
-    pub fn run(mut self, log: &[ExperienceTuple]) -> (Distiller, Option<DistillOutcome>) {
-        let reward = self.policy.config().reward.clone();
-        let log = log_for(log, Objective::FirstAttempt, &reward).0;
+    /// The sequence number after which the job must be given the experience log's rows (to
+    /// [`RefitJob::run`]): `None` when the planner's window held them all.
+    pub fn reads_from(&self) -> Option<u64> {
+        self.log.is_none().then_some(self.from)
+    }
+
+    /// Fits and evaluates a ranker on the experiences after [`Planner::distill_from`],
+    /// rewarded by their first attempt: from the planner's window, or from `read` (the log's
+    /// rows after [`RefitJob::reads_from`] with their sequence numbers) when it needs them.
+    pub fn run<'a>(mut self, read: impl IntoIterator<Item = (u64, &'a ExperienceTuple)>) -> Refit {
+        let (log, read) = match self.log.take() {
+            Some(log) => (log, None),
+            None => {
+                let window = FitWindow::read(self.from, read, &self.policy.config().reward);
+                (window.after(self.from), Some(window))
+            }
+        };
         let mut rng = fastrand::Rng::with_seed(self.watermark ^ 0xd157_111e);
         let outcome = self
             .distiller
             .refit(self.watermark, &log, &self.policy, &mut rng);
-        (self.distiller, outcome)
+        Refit {
+            distiller: self.distiller,
+            outcome,
+            read,
+        }
     }
 }
 
@@ -123,6 +157,7 @@ impl Planner {
             learned_at_first_attempt: 0,
             sops_on: true,
             draws: DrawTables::default(),
+            window: FitWindow::default(),
         }
     }
 
@@ -180,6 +215,9 @@ impl Planner {
     /// attempt ended: only the rest now) and records its run for the SOPs. False when it was
     /// learned before.
     pub fn observe(&mut self, seq: u64, exp: &ExperienceTuple) -> bool {
+        if self.distiller.config.every > 0 {
+            self.window.insert(seq, exp, &self.policy.config().reward);
+        }
         if seq <= self.watermark || self.applied.contains(&seq) {
             return false;
         }
@@ -216,6 +254,7 @@ impl Planner {
             }
         }
         self.mark_applied(seq);
+        self.window.start_after(self.fit_from());
         true
     }
 
@@ -253,34 +292,55 @@ impl Planner {
     /// When a ranker fit is due: the sequence number after which the experiences to fit on
     /// start (the newest `window` of them).
     pub fn distill_from(&self) -> Option<u64> {
-        self.distiller.due(self.watermark).then(|| {
-            self.watermark
-                .saturating_sub(self.distiller.config.window as u64)
-        })
+        self.distiller.due(self.watermark).then(|| self.fit_from())
     }
 
-    /// Fits and evaluates a ranker on `log` (the experiences after [`Planner::distill_from`]),
-    /// rewarded by their first attempt.
+    /// The sequence number after which a fit now would read the experiences.
+    fn fit_from(&self) -> u64 {
+        self.watermark
+            .saturating_sub(self.distiller.config.window as u64)
+    }
+
+    /// Fits and evaluates a ranker on the experiences after [`Planner::distill_from`] of `log`
+    /// (the whole experience log, oldest first: experience `i + 1` at index `i`), rewarded by
+    /// their first attempt.
     pub fn refit(&mut self, log: &[ExperienceTuple]) -> Option<DistillOutcome> {
-        let (distiller, outcome) = self.refit_job().run(log);
-        self.install(distiller);
-        outcome
+        let job = self.refit_job();
+        let from = job
+            .reads_from()
+            .map_or(log.len(), |f| usize::try_from(f).unwrap_or(usize::MAX));
+        let read = log.iter().enumerate().skip(from);
+        let refit = job.run(read.map(|(i, e)| (i as u64 + 1, e)));
+        self.install(refit)
     }
 
-    /// [`Planner::refit`] as a job that can run elsewhere (it reads the log and fits, which
-    /// takes a while): the distiller and the policy as they are now. Its distiller is put in
-    /// force by [`Planner::install`].
+    /// [`Planner::refit`] as a job that can run elsewhere (it may read the log, and it fits,
+    /// which takes a while): the distiller, the policy and the window of experiences as they
+    /// are now. What it did is put in force by [`Planner::install`].
     pub fn refit_job(&self) -> RefitJob {
+        let from = self.fit_from();
         RefitJob {
             watermark: self.watermark,
             distiller: self.distiller.clone(),
             policy: self.policy.clone(),
+            from,
+            log: self.window.covers(from).then(|| self.window.after(from)),
         }
     }
 
-    /// Puts in force the distiller a [`RefitJob`] returned.
-    pub fn install(&mut self, distiller: Distiller) {
-        self.distiller = distiller;
+    /// Puts in force the distiller a [`RefitJob`] fitted, and keeps what it read of the log in
+    /// the window of experiences; returns what the fit decided.
+    pub fn install(&mut self, refit: Refit) -> Option<DistillOutcome> {
+        self.distiller = refit.distiller;
+        if let Some(read) = refit.read {
+            self.window.merge(read);
+        }
+        refit.outcome
+    }
+
+    /// The window of the newest experiences that the ranker's fit reads.
+    pub fn fit_window(&self) -> &FitWindow {
+        &self.window
     }
 
     /// A plan for `task`: a new one (`base: None`, [`Planner::route`]), or `base` repaired: each

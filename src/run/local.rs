@@ -207,13 +207,8 @@ impl LocalRunner {
     /// Fits and evaluates a ranker when one is due, as the policy actor does after each
     /// experience.
     fn maybe_distill(&mut self) {
-        let Some(from) = self.planner.distill_from() else {
-            return;
-        };
-        let from = usize::try_from(from)
-            .unwrap_or(usize::MAX)
-            .min(self.log.len());
-        let window = &self.log[from..];
-        self.planner.refit(window);
+        if self.planner.distill_from().is_some() {
+            self.planner.refit(&self.log);
+        }
     }
 }

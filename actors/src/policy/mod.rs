@@ -11,7 +11,7 @@ use std::sync::Arc;
 use hindsight::learn::bandit::{Observation, Policy, PolicySnapshot, StageObservation};
 use hindsight::learn::distill::{DistillConfig, DistillOutcome, Distiller, Promotion};
 use hindsight::learn::first_attempt::FirstAttempts;
-use hindsight::learn::planner::Planner;
+use hindsight::learn::planner::{Planner, Refit};
 use hindsight::learn::sop::{SopBook, SopConfig, SopEvent};
 use hindsight::store::{KvTable, Store};
 use hindsight::{ArmChoice, ExperienceTuple, Sop, SopStatus, Task, now_ms};
@@ -288,9 +288,8 @@ pub struct PolicyState {
     refit: Option<tokio::task::JoinHandle<RefitResult>>,
 }
 
-/// What a refit returns: the distiller after it and what it decided, or why the log could not
-/// be read.
-type RefitResult = Result<(Distiller, Option<DistillOutcome>), String>;
+/// What a refit returns: what it fitted and decided, or why the log could not be read.
+type RefitResult = Result<Refit, String>;
 
 impl Actor for PolicyActor {
     type Msg = PolicyMsg;
@@ -529,19 +528,24 @@ impl PolicyState {
         if self.refit.is_some() {
             return;
         }
-        let Some(from) = self.planner.distill_from() else {
+        if self.planner.distill_from().is_none() {
             return;
-        };
+        }
         let job = self.planner.refit_job();
         let store = self.store.clone();
         self.refit = Some(tokio::task::spawn_blocking(move || {
-            let log: Vec<ExperienceTuple> = store
-                .experience_since(from)
-                .map_err(|e| e.to_string())?
-                .into_iter()
-                .filter_map(|(_, e)| e.ok())
-                .collect();
-            Ok(job.run(&log))
+            // The log is read only while the planner's window does not hold its newest rows
+            // (the first fit after a start).
+            let read: Vec<(u64, ExperienceTuple)> = match job.reads_from() {
+                Some(from) => store
+                    .experience_since(from)
+                    .map_err(|e| e.to_string())?
+                    .into_iter()
+                    .filter_map(|(seq, e)| e.ok().map(|e| (seq, e)))
+                    .collect(),
+                None => Vec::new(),
+            };
+            Ok(job.run(read.iter().map(|(seq, e)| (*seq, e))))
         }));
     }
 
@@ -552,8 +556,8 @@ impl PolicyState {
             return;
         };
         match refit.await {
-            Ok(Ok((distiller, outcome))) => {
-                self.planner.install(distiller);
+            Ok(Ok(refit)) => {
+                let outcome = self.planner.install(refit);
                 self.distiller_dirty = true;
                 if let Some(o) = outcome {
                     self.note_distillation(&o);
