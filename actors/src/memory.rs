@@ -508,12 +508,13 @@ impl MemoryState {
     fn visible(&self, tenant: &str, citation: &Citation) -> bool {
         let id = citation.id.as_str();
         match citation.kind.as_str() {
+            // The scope the lesson was indexed with (a lesson's scope never changes).
             "lesson" => self
-                .store
-                .get::<crate::reflector::LessonRecord>(crate::reflector::LESSONS, id)
-                .ok()
-                .flatten()
-                .is_some_and(|r| scope_in_tenant(tenant, &r.lesson.scope)),
+                .memory
+                .index()
+                .get(ItemKind::Lesson, id)
+                .and_then(|item| item.scope.as_deref())
+                .is_some_and(|scope| scope_in_tenant(tenant, scope)),
             "sop" => self.sops.get(id).is_some_and(|s| sop_in_tenant(tenant, s)),
             "postmortem" => run_in_tenant(tenant, id),
             // Taken from the tenant's own diary notes only (see `retrieve`).

@@ -79,10 +79,36 @@ async fn a_run_reads_nothing_of_another_tenant_from_memory() {
         "{read:?}"
     );
     untenanted.user_id = Some("someone".into());
-    let read = lessons(&retrieve(untenanted).await.items);
+    let read = lessons(&retrieve(untenanted.clone()).await.items);
     assert!(
         read.iter().all(|l| !lessons(&user_u.items).contains(l)),
         "{read:?}"
     );
+    // A shared lesson (an embedder's own, written for every run of its tree) is read by a
+    // task of no tenant and by no tenant's run.
+    let goal = env.task(80).goal;
+    let shared = hindsight::Lesson {
+        lesson_id: "shared-lesson".into(),
+        preconditions: Default::default(),
+        tool: None,
+        action: goal.clone(),
+        confidence: 0.9,
+        evidence: vec!["run-shared".into()],
+        source: "correction".into(),
+        scope: "shared".into(),
+        created_ms: hindsight::now_ms(),
+        reinforced_ms: hindsight::now_ms(),
+        superseded_by: None,
+    };
+    rt.ctx()
+        .dir
+        .memory
+        .cast(MemoryMsg::IndexLessons(vec![shared]))
+        .await
+        .unwrap();
+    let read = lessons(&retrieve(untenanted).await.items);
+    assert!(read.contains(&"shared-lesson".to_string()), "{read:?}");
+    let read = lessons(&retrieve(task(&env, "a", 80)).await.items);
+    assert!(!read.contains(&"shared-lesson".to_string()), "{read:?}");
     rt.shutdown().await;
 }

@@ -94,17 +94,24 @@ mod sparse {
     }
 }
 
-fn fnv(s: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in s.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+/// FNV-1a, fed piece by piece: the hash of a string is that of its pieces fed in order.
+#[derive(Clone, Copy)]
+struct Fnv(u64);
+
+impl Fnv {
+    const START: Fnv = Fnv(0xcbf2_9ce4_8422_2325);
+
+    fn feed(self, s: &str) -> Fnv {
+        Fnv(s.bytes().fold(self.0, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        }))
     }
-    h
 }
 
 /// The hashed features of `(context, stage, arm)`: the arm alone, the arm with each feature,
-/// and the arm with each pair of features.
+/// and the arm with each pair of features. Each is the FNV-1a hash of its text
+/// (`stage|tool/strategy`, then `|key=value` for each feature in it), fed piece by piece
+/// rather than formatted.
 pub fn hashed_features(
     context: &BTreeMap<String, String>,
     stage: &str,
@@ -112,14 +119,22 @@ pub fn hashed_features(
     bits: u32,
 ) -> Vec<usize> {
     let mask = (1u64 << bits.min(30)) - 1;
-    let base = format!("{stage}|{}/{}", arm.tool, arm.strategy);
-    let pairs: Vec<String> = context.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    let mut out = Vec::with_capacity(1 + pairs.len() + pairs.len() * pairs.len() / 2);
-    out.push((fnv(&base) & mask) as usize);
-    for (i, p) in pairs.iter().enumerate() {
-        out.push((fnv(&format!("{base}|{p}")) & mask) as usize);
-        for q in &pairs[i + 1..] {
-            out.push((fnv(&format!("{base}|{p}|{q}")) & mask) as usize);
+    let index = |h: Fnv| (h.0 & mask) as usize;
+    let base = Fnv::START
+        .feed(stage)
+        .feed("|")
+        .feed(&arm.tool)
+        .feed("/")
+        .feed(&arm.strategy);
+    let with = |h: Fnv, (k, v): (&String, &String)| h.feed("|").feed(k).feed("=").feed(v);
+    let n = context.len();
+    let mut out = Vec::with_capacity(1 + n + n * n.saturating_sub(1) / 2);
+    out.push(index(base));
+    for (i, p) in context.iter().enumerate() {
+        let one = with(base, p);
+        out.push(index(one));
+        for q in context.iter().skip(i + 1) {
+            out.push(index(with(one, q)));
         }
     }
     out
@@ -745,6 +760,49 @@ pub fn evaluate_log(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The hashed features as first defined: each feature's text formatted, then hashed.
+    fn formatted_features(
+        context: &BTreeMap<String, String>,
+        stage: &str,
+        arm: &Arm,
+        bits: u32,
+    ) -> Vec<usize> {
+        let fnv = |s: &str| {
+            s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+            })
+        };
+        let mask = (1u64 << bits.min(30)) - 1;
+        let base = format!("{stage}|{}/{}", arm.tool, arm.strategy);
+        let pairs: Vec<String> = context.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let mut out = vec![(fnv(&base) & mask) as usize];
+        for (i, p) in pairs.iter().enumerate() {
+            out.push((fnv(&format!("{base}|{p}")) & mask) as usize);
+            for q in &pairs[i + 1..] {
+                out.push((fnv(&format!("{base}|{p}|{q}")) & mask) as usize);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn hashed_features_are_the_hashes_of_the_formatted_features() {
+        let arm = Arm::new("search", "by_date");
+        for n in 0..5 {
+            let context: BTreeMap<String, String> = (0..n)
+                .map(|i| (format!("k{i}"), format!("v{}", i * 7)))
+                .collect();
+            for bits in [4, 16, 30] {
+                assert_eq!(
+                    hashed_features(&context, "lookup", &arm, bits),
+                    formatted_features(&context, "lookup", &arm, bits),
+                    "{n} features, {bits} bits"
+                );
+            }
+        }
+    }
+
     use crate::learn::ope::{TabularModel, compare};
 
     fn ctx(t: &str) -> BTreeMap<String, String> {
