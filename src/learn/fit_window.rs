@@ -93,3 +93,86 @@ impl FitWindow {
         self.records.is_empty()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{ArmChoice, RunResult, RunState};
+
+    /// Experience `seq`: one stage, valid on its first attempt (a usable record); or, when
+    /// `usable` is false, without arms (not a record).
+    fn experience(seq: u64, usable: bool) -> ExperienceTuple {
+        let mut step = crate::taxonomy::Step::default();
+        for (k, v) in [
+            ("attempt", serde_json::json!(0)),
+            ("stage", serde_json::json!("a")),
+            ("outcome", serde_json::json!("valid")),
+        ] {
+            step.metadata.insert(k.into(), v);
+        }
+        ExperienceTuple {
+            run_id: format!("run-{seq}"),
+            task_id: format!("task-{seq}"),
+            plan_id: "p".into(),
+            user_id: None,
+            context_features: [("k".to_string(), format!("v{seq}"))].into_iter().collect(),
+            arms: if usable {
+                vec![ArmChoice {
+                    stage: "a".into(),
+                    tool: "t".into(),
+                    strategy: "x".into(),
+                    propensity: 0.5,
+                }]
+            } else {
+                Vec::new()
+            },
+            steps: vec![step],
+            result: RunResult {
+                state: RunState::Succeeded,
+                passed: true,
+                output: None,
+                latency_ms: 1.0,
+                cost: 0.0,
+                attempts: 1,
+            },
+            reward: 0.7,
+            user_feedback: None,
+            time_ms: 0,
+        }
+    }
+
+    fn seqs(window: &FitWindow, from: u64) -> Vec<String> {
+        window
+            .after(from)
+            .iter()
+            .map(|r| r.context["k"].clone())
+            .collect()
+    }
+
+    #[test]
+    fn a_window_keeps_the_usable_records_after_its_start_and_is_complete_once_read() {
+        let reward = RewardParams::default();
+        let mut window = FitWindow::default();
+        for seq in 1..=6 {
+            window.insert(seq, &experience(seq, seq != 4), &reward);
+        }
+        assert_eq!(seqs(&window, 0), ["v1", "v2", "v3", "v5", "v6"]);
+        assert!(!window.covers(0), "not read from the log yet");
+        window.start_after(2);
+        assert_eq!(seqs(&window, 0), ["v3", "v5", "v6"]);
+        // Inserting at or before the start keeps nothing.
+        window.insert(2, &experience(2, true), &reward);
+        assert_eq!(window.len(), 3);
+
+        // The log read after 1 (rows 2..=7, the 7th not yet given to the window): what the
+        // window lacks after its own start is taken in; from then on it covers its start.
+        let rows: Vec<(u64, ExperienceTuple)> = (2..=7)
+            .map(|seq| (seq, experience(seq, seq != 4)))
+            .collect();
+        let read = FitWindow::read(1, rows.iter().map(|(s, e)| (*s, e)), &reward);
+        window.merge(read);
+        assert_eq!(seqs(&window, 0), ["v3", "v5", "v6", "v7"]);
+        assert!(window.covers(2) && window.covers(5));
+        assert!(!window.covers(1), "the window starts after 2");
+    }
+}
