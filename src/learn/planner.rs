@@ -1,8 +1,9 @@
 //! planner: what chooses plans and learns from runs, as one value: the contextual bandit, the SOP
-//! book and its A/B router, the ranker distilled from the log, the explorations in flight and
-//! the first attempts learned ahead of their experience. The policy actor owns one and persists
-//! it; the core's run interpreter owns one in memory. Both feed it the same events in the same
-//! order, so both choose alike.
+//! book and its A/B router, the ranker distilled from the log (and the window of the newest
+//! experiences its fit reads), the explorations in flight and the first attempts learned ahead
+//! of their experience. The policy actor owns one and persists it (all but the window, which
+//! is read again from the log at a start); the core's run interpreter owns one in memory. Both
+//! feed it the same events in the same order, so both choose alike.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
