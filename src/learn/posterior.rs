@@ -73,28 +73,64 @@ pub fn sample_normal(rng: &mut fastrand::Rng) -> f64 {
 
 /// A Gamma(shape, 1) variate (Marsaglia-Tsang; boosted for shape < 1).
 pub fn sample_gamma(rng: &mut fastrand::Rng, shape: f64) -> f64 {
-    let shape = if shape.is_finite() && shape > 1e-6 {
-        shape
-    } else {
-        1e-6
-    };
-    if shape < 1.0 {
-        let u = 1.0 - rng.f64();
-        return sample_gamma(rng, shape + 1.0) * u.powf(1.0 / shape);
-    }
-    let d = shape - 1.0 / 3.0;
-    let c = 1.0 / (9.0 * d).sqrt();
-    loop {
-        let x = sample_normal(rng);
-        let v = 1.0 + c * x;
-        if v <= 0.0 {
-            continue;
+    GammaDraw::new(shape).sample(rng)
+}
+
+/// A Gamma(shape, 1) distribution with what [`sample_gamma`] computes of its shape before each
+/// variate computed once, for repeated draws (the same variates from the same stream).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GammaDraw {
+    /// Marsaglia-Tsang's `d` and `c` for the shape (for shape + 1 when boosted).
+    d: f64,
+    c: f64,
+    /// `1 / shape` when the shape is below 1 (the boost's exponent); `None` otherwise.
+    boost: Option<f64>,
+}
+
+impl GammaDraw {
+    /// Gamma(shape, 1); a shape that is not a finite number above 1e-6 is taken as 1e-6.
+    pub fn new(shape: f64) -> GammaDraw {
+        let shape = if shape.is_finite() && shape > 1e-6 {
+            shape
+        } else {
+            1e-6
+        };
+        let (base, boost) = if shape < 1.0 {
+            (shape + 1.0, Some(1.0 / shape))
+        } else {
+            (shape, None)
+        };
+        let d = base - 1.0 / 3.0;
+        GammaDraw {
+            d,
+            c: 1.0 / (9.0 * d).sqrt(),
+            boost,
         }
-        let v = v * v * v;
+    }
+
+    /// A variate.
+    pub fn sample(&self, rng: &mut fastrand::Rng) -> f64 {
+        let Some(inv_shape) = self.boost else {
+            return self.marsaglia_tsang(rng);
+        };
         let u = 1.0 - rng.f64();
-        let x2 = x * x;
-        if u < 1.0 - 0.0331 * x2 * x2 || u.ln() < 0.5 * x2 + d * (1.0 - v + v.ln()) {
-            return d * v;
+        self.marsaglia_tsang(rng) * u.powf(inv_shape)
+    }
+
+    fn marsaglia_tsang(&self, rng: &mut fastrand::Rng) -> f64 {
+        let (d, c) = (self.d, self.c);
+        loop {
+            let x = sample_normal(rng);
+            let v = 1.0 + c * x;
+            if v <= 0.0 {
+                continue;
+            }
+            let v = v * v * v;
+            let u = 1.0 - rng.f64();
+            let x2 = x * x;
+            if u < 1.0 - 0.0331 * x2 * x2 || u.ln() < 0.5 * x2 + d * (1.0 - v + v.ln()) {
+                return d * v;
+            }
         }
     }
 }
@@ -106,16 +142,52 @@ pub const BETA_NORMAL_MIN_SHAPE: f64 = 12.0;
 /// variance when both shapes are at least [`BETA_NORMAL_MIN_SHAPE`], which is much faster and
 /// close enough for Thompson sampling).
 pub fn sample_beta(rng: &mut fastrand::Rng, alpha: f64, beta: f64) -> f64 {
-    if alpha >= BETA_NORMAL_MIN_SHAPE && beta >= BETA_NORMAL_MIN_SHAPE {
-        let n = alpha + beta;
-        let m = alpha / n;
-        let sd = (m * (1.0 - m) / (n + 1.0)).sqrt();
-        return (m + sd * sample_normal(rng)).clamp(0.0, 1.0);
+    BetaDraw::new(alpha, beta).sample(rng)
+}
+
+/// A Beta(alpha, beta) distribution with what [`sample_beta`] computes of its shapes before
+/// each variate computed once, for repeated draws (the same variates from the same stream):
+/// a policy's choice draws each arm's posterior hundreds of times.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum BetaDraw {
+    /// The normal approximation's mean and standard deviation.
+    Normal {
+        /// The mean.
+        mean: f64,
+        /// The standard deviation.
+        sd: f64,
+    },
+    /// The ratio of two gammas.
+    Gammas(GammaDraw, GammaDraw),
+}
+
+impl BetaDraw {
+    /// Beta(alpha, beta).
+    pub fn new(alpha: f64, beta: f64) -> BetaDraw {
+        if alpha >= BETA_NORMAL_MIN_SHAPE && beta >= BETA_NORMAL_MIN_SHAPE {
+            let n = alpha + beta;
+            let mean = alpha / n;
+            BetaDraw::Normal {
+                mean,
+                sd: (mean * (1.0 - mean) / (n + 1.0)).sqrt(),
+            }
+        } else {
+            BetaDraw::Gammas(GammaDraw::new(alpha), GammaDraw::new(beta))
+        }
     }
-    let x = sample_gamma(rng, alpha);
-    let y = sample_gamma(rng, beta);
-    let s = x + y;
-    if s > 0.0 { x / s } else { 0.5 }
+
+    /// A variate.
+    pub fn sample(&self, rng: &mut fastrand::Rng) -> f64 {
+        match self {
+            BetaDraw::Normal { mean, sd } => (mean + sd * sample_normal(rng)).clamp(0.0, 1.0),
+            BetaDraw::Gammas(a, b) => {
+                let x = a.sample(rng);
+                let y = b.sample(rng);
+                let s = x + y;
+                if s > 0.0 { x / s } else { 0.5 }
+            }
+        }
+    }
 }
 
 /// The evidence about one arm in one cluster node.
@@ -208,6 +280,82 @@ impl ArmStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`sample_gamma`] as first written, computing its constants at every variate.
+    fn gamma_as_written(rng: &mut fastrand::Rng, shape: f64) -> f64 {
+        let shape = if shape.is_finite() && shape > 1e-6 {
+            shape
+        } else {
+            1e-6
+        };
+        if shape < 1.0 {
+            let u = 1.0 - rng.f64();
+            return gamma_as_written(rng, shape + 1.0) * u.powf(1.0 / shape);
+        }
+        let d = shape - 1.0 / 3.0;
+        let c = 1.0 / (9.0 * d).sqrt();
+        loop {
+            let x = sample_normal(rng);
+            let v = 1.0 + c * x;
+            if v <= 0.0 {
+                continue;
+            }
+            let v = v * v * v;
+            let u = 1.0 - rng.f64();
+            let x2 = x * x;
+            if u < 1.0 - 0.0331 * x2 * x2 || u.ln() < 0.5 * x2 + d * (1.0 - v + v.ln()) {
+                return d * v;
+            }
+        }
+    }
+
+    /// [`sample_beta`] as first written.
+    fn beta_as_written(rng: &mut fastrand::Rng, alpha: f64, beta: f64) -> f64 {
+        if alpha >= BETA_NORMAL_MIN_SHAPE && beta >= BETA_NORMAL_MIN_SHAPE {
+            let n = alpha + beta;
+            let m = alpha / n;
+            let sd = (m * (1.0 - m) / (n + 1.0)).sqrt();
+            return (m + sd * sample_normal(rng)).clamp(0.0, 1.0);
+        }
+        let x = gamma_as_written(rng, alpha);
+        let y = gamma_as_written(rng, beta);
+        let s = x + y;
+        if s > 0.0 { x / s } else { 0.5 }
+    }
+
+    #[test]
+    fn prepared_draws_are_the_variates_drawn_as_first_written_bit_for_bit() {
+        let shapes = [
+            f64::NAN,
+            -1.0,
+            0.0,
+            1e-7,
+            0.3,
+            0.999,
+            1.0,
+            2.5,
+            11.9,
+            12.0,
+            40.0,
+            1e4,
+            f64::INFINITY,
+        ];
+        for (i, &a) in shapes.iter().enumerate() {
+            for &b in &shapes {
+                let (mut r1, mut r2) = (
+                    fastrand::Rng::with_seed(i as u64),
+                    fastrand::Rng::with_seed(i as u64),
+                );
+                let draw = BetaDraw::new(a, b);
+                for _ in 0..50 {
+                    let (x, y) = (draw.sample(&mut r1), beta_as_written(&mut r2, a, b));
+                    assert_eq!(x.to_bits(), y.to_bits(), "Beta({a}, {b}): {x} against {y}");
+                    let (x, y) = (sample_gamma(&mut r1, a), gamma_as_written(&mut r2, a));
+                    assert_eq!(x.to_bits(), y.to_bits(), "Gamma({a}): {x} against {y}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn the_ziggurat_layers_narrow_to_zero() {

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::learn::cluster::Lattice;
-use crate::learn::posterior::sample_beta;
+use crate::learn::posterior::BetaDraw;
 use crate::record::ArmChoice;
 
 use super::{ModelEvidence, Node, Policy, PolicyConfig, StageArms};
@@ -15,8 +15,8 @@ use super::{ModelEvidence, Node, Policy, PolicyConfig, StageArms};
 #[derive(Debug, Clone)]
 pub(super) struct Eff {
     pub(super) n_nodes: usize,
-    /// Per arm, per level: (cumulative weight, alpha, beta).
-    pub(super) comps: Vec<(f64, f64, f64)>,
+    /// Per arm, per level: (cumulative weight, its Beta).
+    pub(super) comps: Vec<(f64, BetaDraw)>,
     pub(super) mean: Vec<f64>,
     pub(super) var: Vec<f64>,
     pub(super) latency: Vec<f64>,
@@ -39,13 +39,13 @@ impl Eff {
     pub(super) fn sample_plain(&self, j: usize, rng: &mut fastrand::Rng) -> f64 {
         let comps = &self.comps[j * self.n_nodes..(j + 1) * self.n_nodes];
         let u = rng.f64();
-        let (_, a, b) = comps
+        let (_, beta) = comps
             .iter()
             .find(|c| u < c.0)
             .or(comps.last())
             .copied()
-            .unwrap_or((1.0, 1.0, 1.0));
-        sample_beta(rng, a, b)
+            .unwrap_or((1.0, BetaDraw::new(1.0, 1.0)));
+        beta.sample(rng)
     }
 
     pub(super) fn sample_all(&self, rng: &mut fastrand::Rng, p: &mut [f64]) {
@@ -346,7 +346,7 @@ impl Policy {
                 total_w += w;
                 m1 += w * mean;
                 m2 += w * (var + mean * mean);
-                eff.comps.push((total_w, a, b));
+                eff.comps.push((total_w, BetaDraw::new(a, b)));
             }
             for comp in &mut eff.comps[base..] {
                 comp.0 /= total_w;
