@@ -17,9 +17,8 @@ use crate::learn::ope::{LogRecord, Objective};
 #[derive(Debug, Clone, Default)]
 pub struct FitWindow {
     records: BTreeMap<u64, Arc<LogRecord>>,
-    /// Whether it holds every experience of the log after [`FitWindow::from`]: it was filled
-    /// from the log once, and has been given every experience since. Until then a fit reads
-    /// the log.
+    /// Whether it holds every experience of the log after `from`: it was filled from the log
+    /// once, and has been given every experience since. Until then a fit reads the log.
     complete: bool,
     /// The experiences at or before this are dropped.
     from: u64,
@@ -66,9 +65,11 @@ impl FitWindow {
         window
     }
 
-    /// Takes in a window read from the log ([`FitWindow::read`]): its records after this
-    /// window's start that this one lacks; from then on this one is complete.
+    /// Takes in a window read from the log ([`FitWindow::read`]): this one starts where the
+    /// later of the two starts, takes the read's records it lacks, and from then on is
+    /// complete (it holds every experience after its start).
     pub fn merge(&mut self, read: FitWindow) {
+        self.start_after(read.from);
         for (seq, r) in read.records.range(self.from.saturating_add(1)..) {
             self.records.entry(*seq).or_insert_with(|| Arc::clone(r));
         }
@@ -81,16 +82,6 @@ impl FitWindow {
             .range(from.saturating_add(1)..)
             .map(|(_, r)| Arc::clone(r))
             .collect()
-    }
-
-    /// How many records it holds.
-    pub fn len(&self) -> usize {
-        self.records.len()
-    }
-
-    /// Whether it holds no record.
-    pub fn is_empty(&self) -> bool {
-        self.records.is_empty()
     }
 }
 
@@ -162,7 +153,7 @@ mod tests {
         assert_eq!(seqs(&window, 0), ["v3", "v5", "v6"]);
         // Inserting at or before the start keeps nothing.
         window.insert(2, &experience(2, true), &reward);
-        assert_eq!(window.len(), 3);
+        assert_eq!(window.after(0).len(), 3);
 
         // The log read after 1 (rows 2..=7, the 7th not yet given to the window): what the
         // window lacks after its own start is taken in; from then on it covers its start.
