@@ -307,6 +307,9 @@ pub struct WriterStats {
     pub requests: u64,
     /// Transactions that failed (each failed all of its requests).
     pub failed_transactions: u64,
+    /// Transactions synced to disk: those holding a write that asked for it, and the syncs of
+    /// write-behind transactions when the writer fell idle (none with [`Durability::None`]).
+    pub synced: u64,
 }
 
 struct Inner {
@@ -443,6 +446,7 @@ impl Store {
             durability: options.durability,
             checkpoints_per_run: options.checkpoints_per_run,
             max_batch: max_batch.max(1),
+            sync_behind_after: writer::SYNC_BEHIND_AFTER,
         };
         let writer_db = db.clone();
         let counters = Arc::new(writer::Counters::default());
@@ -477,6 +481,7 @@ impl Store {
             transactions: c.transactions.load(Relaxed),
             requests: c.requests.load(Relaxed),
             failed_transactions: c.failed_transactions.load(Relaxed),
+            synced: c.synced.load(Relaxed),
         }
     }
 
@@ -488,15 +493,22 @@ impl Store {
     // ---------------------------------------------------------------- writes
 
     async fn submit(&self, ops: Vec<Op>) -> Result<Vec<Option<u64>>, StoreError> {
-        self.queue(ops)?.await.map_err(|_| StoreError::Closed)?
+        self.queue(ops, true)?
+            .await
+            .map_err(|_| StoreError::Closed)?
     }
 
-    /// Hands `ops` to the writer now; the receiver answers once they are committed.
-    fn queue(&self, ops: Vec<Op>) -> Result<oneshot::Receiver<writer::Ack>, StoreError> {
+    /// Hands `ops` to the writer now; the receiver answers once they are committed (and synced
+    /// to disk, with `sync`).
+    fn queue(
+        &self,
+        ops: Vec<Op>,
+        sync: bool,
+    ) -> Result<oneshot::Receiver<writer::Ack>, StoreError> {
         let (ack, done) = oneshot::channel();
         let guard = self.inner.tx.lock().map_err(|_| StoreError::Closed)?;
         let tx = guard.as_ref().ok_or(StoreError::Closed)?;
-        tx.send(Request { ops, ack })
+        tx.send(Request { ops, ack, sync })
             .map_err(|_| StoreError::Closed)?;
         Ok(done)
     }
@@ -621,7 +633,30 @@ impl Store {
         ops: Vec<WriteOp>,
     ) -> impl std::future::Future<Output = Result<Vec<Option<u64>>, StoreError>> + Send + 'static
     {
-        let queued = self.queue(ops.into_iter().map(|o| o.0).collect());
+        self.queue_ops(ops, true)
+    }
+
+    /// Queues `ops` like [`Store::queue_batch`], as a write behind: the future answers once
+    /// they are committed and readable, not synced to disk; they reach it with the next write
+    /// that is (in the order queued, so a crash keeps a prefix of the writes), or when the
+    /// writer has been idle a moment. For what can be rebuilt after a crash (a learner's
+    /// snapshot, which the experience log replays): the runs' writes do not wait behind its
+    /// sync.
+    pub fn queue_behind(
+        &self,
+        ops: Vec<WriteOp>,
+    ) -> impl std::future::Future<Output = Result<Vec<Option<u64>>, StoreError>> + Send + 'static
+    {
+        self.queue_ops(ops, false)
+    }
+
+    fn queue_ops(
+        &self,
+        ops: Vec<WriteOp>,
+        sync: bool,
+    ) -> impl std::future::Future<Output = Result<Vec<Option<u64>>, StoreError>> + Send + 'static
+    {
+        let queued = self.queue(ops.into_iter().map(|o| o.0).collect(), sync);
         async move { queued?.await.map_err(|_| StoreError::Closed)? }
     }
 }

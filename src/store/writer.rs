@@ -1,9 +1,13 @@
 //! The single writer thread: gathers concurrent write requests into one transaction (group
-//! commit) and acknowledges each only after that transaction committed.
+//! commit) and acknowledges each only after that transaction committed. A transaction is synced
+//! to disk when one of its requests asks for it; one made only of write-behind requests (the
+//! learners' snapshots, which the experience log can rebuild) is not, and reaches the disk with
+//! the next synced one, or when the writer falls idle for [`SYNC_BEHIND_AFTER`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::time::Duration;
 
 use redb::{Database, ReadableTable, TableDefinition, TableHandle, WriteTransaction};
 use tokio::sync::oneshot;
@@ -21,6 +25,11 @@ pub(crate) const MAX_BATCH: usize = 4096;
 /// just-acknowledged callers send their next write into it, and stops after this many yields in
 /// a row that brought nothing (no clock: a caller still arriving keeps the batch open).
 const GATHER_IDLE_YIELDS: u32 = 128;
+
+/// How long the writer waits, idle, before it syncs the write-behind transactions committed
+/// since the last synced one: a crash loses at most what the learners wrote in that time after
+/// the last run's write, which they replay from the experience log at their next start.
+pub(crate) const SYNC_BEHIND_AFTER: Duration = Duration::from_millis(100);
 
 /// One encoded write.
 #[derive(Debug, Clone)]
@@ -98,10 +107,16 @@ pub(crate) type Ack = Result<Vec<Option<u64>>, StoreError>;
 /// failed them all.
 type Outcome = Result<Vec<Vec<Option<u64>>>, StoreError>;
 
+/// [`Outcome`] of a committed transaction, with whether it was synced to disk.
+type Committed = Result<(Vec<Vec<Option<u64>>>, bool), StoreError>;
+
 /// A caller's write request: its ops commit together, and `ack` hears when they did.
 pub(crate) struct Request {
     pub(crate) ops: Vec<Op>,
     pub(crate) ack: oneshot::Sender<Ack>,
+    /// Whether the ack waits for the ops to be synced to disk (with the store's durability);
+    /// a write-behind request's ack only says they are committed and readable.
+    pub(crate) sync: bool,
 }
 
 /// Settings of the writer.
@@ -111,6 +126,8 @@ pub(crate) struct WriterConfig {
     pub(crate) checkpoints_per_run: usize,
     /// At most this many requests per transaction (1 = one commit per request).
     pub(crate) max_batch: usize,
+    /// Idle time after which write-behind transactions are synced ([`SYNC_BEHIND_AFTER`]).
+    pub(crate) sync_behind_after: Duration,
 }
 
 /// Counts of the writer's work, shared with the store.
@@ -119,6 +136,9 @@ pub(crate) struct Counters {
     pub(crate) transactions: AtomicU64,
     pub(crate) requests: AtomicU64,
     pub(crate) failed_transactions: AtomicU64,
+    /// Transactions synced to disk (with the store's durability; the syncs of idle write-behind
+    /// included).
+    pub(crate) synced: AtomicU64,
 }
 
 /// Runs until every sender is gone.
@@ -131,11 +151,32 @@ pub(crate) fn run(
     // How many requests the previous transaction held: the callers it just acknowledged are
     // likely to write again at once, so the next batch waits for them a little.
     let mut previous = 0;
-    while let Ok(first) = rx.recv() {
+    // Whether write-behind transactions were committed since the last synced one.
+    let mut unsynced = false;
+    loop {
+        let first = if unsynced {
+            match rx.recv_timeout(config.sync_behind_after) {
+                Ok(first) => first,
+                Err(RecvTimeoutError::Timeout) => {
+                    unsynced = !sync(&db, &counters);
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        } else {
+            match rx.recv() {
+                Ok(first) => first,
+                Err(_) => break,
+            }
+        };
         let (batch, outcome) = gather_and_commit(&db, first, &rx, config, previous);
         previous = batch.len();
         match outcome {
-            Ok(results) => {
+            Ok((results, synced)) => {
+                if synced {
+                    counters.synced.fetch_add(1, Ordering::Relaxed);
+                }
+                unsynced = config.durability == Durability::Immediate && !synced;
                 counters.transactions.fetch_add(1, Ordering::Relaxed);
                 counters
                     .requests
@@ -154,6 +195,33 @@ pub(crate) fn run(
             }
         }
     }
+    if unsynced {
+        sync(&db, &counters);
+    }
+}
+
+/// Syncs the write-behind transactions committed since the last synced one (an empty synced
+/// transaction carries them to disk); false when it failed (logged: the next synced
+/// transaction carries them).
+fn sync(db: &Database, counters: &Counters) -> bool {
+    let synced = db
+        .begin_write()
+        .map_err(fail("cannot begin a write transaction"))
+        .and_then(|mut txn| {
+            txn.set_durability(redb::Durability::Immediate)
+                .map_err(fail("cannot set the durability"))?;
+            txn.commit().map_err(fail("the commit failed"))
+        });
+    match synced {
+        Ok(()) => {
+            counters.synced.fetch_add(1, Ordering::Relaxed);
+            true
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "the learners' write-behind could not be synced; the next write carries it");
+            false
+        }
+    }
 }
 
 /// Maps an error of redb to a write error that says what was being done.
@@ -164,44 +232,42 @@ pub(super) fn fail<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> St
 }
 
 /// One transaction: opens it for `first`, writes each further request into it as it arrives
-/// (so that writing overlaps the callers' sending), and commits. Returns the requests it took,
-/// with their sequence numbers or the error that failed them all: a request that cannot be
-/// written ends the gathering, and nothing of its transaction is committed.
+/// (so that writing overlaps the callers' sending), and commits it, synced to disk when one of
+/// its requests asks for it and the store's durability allows. Returns the requests it took,
+/// with their sequence numbers and whether it was synced, or the error that failed them all: a
+/// request that cannot be written ends the gathering, and nothing of its transaction is
+/// committed.
 fn gather_and_commit(
     db: &Database,
     first: Request,
     rx: &Receiver<Request>,
     config: WriterConfig,
     previous: usize,
-) -> (Vec<Request>, Outcome) {
+) -> (Vec<Request>, Committed) {
     let mut batch = Vec::with_capacity(previous.max(1));
     batch.push(first);
-    let txn = match begin(db, config) {
+    let mut txn = match db
+        .begin_write()
+        .map_err(fail("cannot begin a write transaction"))
+    {
         Ok(txn) => txn,
         Err(e) => return (batch, Err(e)),
     };
     let outcome = gather(&txn, &mut batch, rx, config, previous);
-    let outcome = match outcome {
-        Ok(results) => txn
-            .commit()
-            .map(|()| results)
-            .map_err(fail("the commit failed")),
-        // Dropping the transaction aborts it.
-        Err(e) => Err(e),
-    };
+    let sync = config.durability == Durability::Immediate && batch.iter().any(|r| r.sync);
+    let outcome = outcome.and_then(|results| {
+        txn.set_durability(if sync {
+            redb::Durability::Immediate
+        } else {
+            redb::Durability::None
+        })
+        .map_err(fail("cannot set the durability"))?;
+        txn.commit()
+            .map(|()| (results, sync))
+            .map_err(fail("the commit failed"))
+    });
+    // On an error the transaction was dropped, which aborts it.
     (batch, outcome)
-}
-
-fn begin(db: &Database, config: WriterConfig) -> Result<WriteTransaction, StoreError> {
-    let mut txn = db
-        .begin_write()
-        .map_err(fail("cannot begin a write transaction"))?;
-    txn.set_durability(match config.durability {
-        Durability::Immediate => redb::Durability::Immediate,
-        Durability::None => redb::Durability::None,
-    })
-    .map_err(fail("cannot set the durability"))?;
-    Ok(txn)
 }
 
 /// Writes `batch[0]`, then takes and writes requests while they arrive, up to the batch limit.
@@ -455,12 +521,129 @@ mod tests {
             durability: Durability::None,
             checkpoints_per_run: 3,
             max_batch: MAX_BATCH,
+            sync_behind_after: SYNC_BEHIND_AFTER,
         }
     }
 
     fn request(op: Op) -> (Request, oneshot::Receiver<Ack>) {
+        request_synced(op, true)
+    }
+
+    fn request_synced(op: Op, sync: bool) -> (Request, oneshot::Receiver<Ack>) {
         let (ack, rx) = oneshot::channel();
-        (Request { ops: vec![op], ack }, rx)
+        (
+            Request {
+                ops: vec![op],
+                ack,
+                sync,
+            },
+            rx,
+        )
+    }
+
+    fn diary_rows(db: &Database) -> Vec<u64> {
+        let read = db.begin_read().unwrap();
+        let diary = read.open_table(DIARY).unwrap();
+        diary
+            .iter()
+            .unwrap()
+            .map(|e| e.unwrap().0.value())
+            .collect()
+    }
+
+    /// Runs the writer over `requests` (`true` = synced) queued before it starts, one per
+    /// transaction; returns its counters and the diary's sequence numbers.
+    fn write(durability: Durability, requests: &[bool]) -> (Arc<Counters>, Vec<u64>) {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Arc::new(Database::create(dir.path().join("t.redb")).unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut acks = Vec::new();
+        for (i, &sync) in requests.iter().enumerate() {
+            let (req, ack) = request_synced(
+                Op::AppendDiary {
+                    bytes: vec![i as u8],
+                },
+                sync,
+            );
+            tx.send(req).unwrap();
+            acks.push(ack);
+        }
+        drop(tx);
+        let counters = Arc::new(Counters::default());
+        let cfg = WriterConfig {
+            durability,
+            max_batch: 1,
+            sync_behind_after: Duration::from_secs(3600),
+            ..config()
+        };
+        run(db.clone(), rx, cfg, counters.clone());
+        for ack in acks {
+            assert!(ack.blocking_recv().unwrap().is_ok());
+        }
+        (counters, diary_rows(&db))
+    }
+
+    #[test]
+    fn a_write_behind_is_committed_unsynced_and_reaches_the_disk_with_the_next_synced_write() {
+        let (counters, rows) = write(Durability::Immediate, &[false, false, true]);
+        assert_eq!(counters.transactions.load(Ordering::Relaxed), 3);
+        assert_eq!(
+            counters.synced.load(Ordering::Relaxed),
+            1,
+            "only the write that asked was synced, and nothing was left to sync at the stop"
+        );
+        assert_eq!(rows, vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn a_write_behind_left_unsynced_is_synced_when_the_writer_stops() {
+        let (counters, rows) = write(Durability::Immediate, &[true, false]);
+        assert_eq!(counters.transactions.load(Ordering::Relaxed), 2);
+        assert_eq!(counters.synced.load(Ordering::Relaxed), 2);
+        assert_eq!(rows, vec![1, 2]);
+    }
+
+    #[test]
+    fn a_store_without_durability_syncs_nothing() {
+        let (counters, rows) = write(Durability::None, &[true, false]);
+        assert_eq!(counters.transactions.load(Ordering::Relaxed), 2);
+        assert_eq!(counters.synced.load(Ordering::Relaxed), 0);
+        assert_eq!(rows, vec![1, 2]);
+    }
+
+    #[test]
+    fn a_write_behind_is_synced_when_the_writer_falls_idle() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Arc::new(Database::create(dir.path().join("t.redb")).unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let counters = Arc::new(Counters::default());
+        let cfg = WriterConfig {
+            durability: Durability::Immediate,
+            sync_behind_after: Duration::from_millis(1),
+            ..config()
+        };
+        let writer = std::thread::spawn({
+            let (db, counters) = (db.clone(), counters.clone());
+            move || run(db, rx, cfg, counters)
+        });
+        let (req, ack) = request_synced(Op::AppendDiary { bytes: vec![1] }, false);
+        tx.send(req).unwrap();
+        assert!(ack.blocking_recv().unwrap().is_ok());
+        // The writer, idle, syncs it on its own (waited for as an event, with a deadline).
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while counters.synced.load(Ordering::Relaxed) == 0 {
+            assert!(std::time::Instant::now() < deadline, "never synced");
+            std::thread::yield_now();
+        }
+        drop(tx);
+        writer.join().unwrap();
+        assert_eq!(counters.transactions.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            counters.synced.load(Ordering::Relaxed),
+            1,
+            "synced once, and not again at the stop"
+        );
+        assert_eq!(diary_rows(&db), vec![1]);
     }
 
     #[test]

@@ -593,16 +593,17 @@ impl PolicyState {
 
     /// Writes the snapshot and waits for it (at shutdown and when asked to flush).
     async fn persist(&mut self) -> Result<(), hindsight::store::StoreError> {
-        self.queue_snapshot()?.await
+        self.queue_snapshot(true)?.await
     }
 
-    /// Hands the snapshot to the store's writer without waiting for it: the choices asked for
-    /// meanwhile are not held up by a commit.
+    /// Hands the snapshot to the store's writer as a write behind, without waiting for it: the
+    /// choices asked for meanwhile are not held up by a commit, nor the runs' writes by its
+    /// sync (the experience log rebuilds it after a crash).
     fn persist_later(&mut self) {
         let warn = |e: hindsight::store::StoreError| {
             tracing::warn!(error = %e, "the policy snapshot was not written; the log still holds everything");
         };
-        match self.queue_snapshot() {
+        match self.queue_snapshot(false) {
             Ok(written) => {
                 tokio::spawn(async move { written.await.unwrap_or_else(warn) });
             }
@@ -610,16 +611,30 @@ impl PolicyState {
         }
     }
 
-    /// Queues the snapshot now (so that snapshots are committed in the order they were taken);
-    /// the future answers once it is on disk, and memory has then been told of the SOPs.
+    /// Queues the snapshot now (so that snapshots are committed in the order they were taken),
+    /// synced to disk with `sync`, else as a write behind; the future answers once it is
+    /// committed, and memory has then been told of the SOPs (what memory writes of them is
+    /// committed after, so a crash never keeps it without them).
     fn queue_snapshot(
         &mut self,
+        sync: bool,
     ) -> Result<
         impl std::future::Future<Output = Result<(), hindsight::store::StoreError>> + Send + 'static,
         hindsight::store::StoreError,
     > {
         let (ops, told) = self.snapshot_writes()?;
-        let written = self.store.queue_batch(ops);
+        type Written = std::pin::Pin<
+            Box<
+                dyn std::future::Future<
+                        Output = Result<Vec<Option<u64>>, hindsight::store::StoreError>,
+                    > + Send,
+            >,
+        >;
+        let written: Written = if sync {
+            Box::pin(self.store.queue_batch(ops))
+        } else {
+            Box::pin(self.store.queue_behind(ops))
+        };
         let memory = self.memory.clone();
         let failed = self.sop_rows.on_failure();
         Ok(async move {
