@@ -21,10 +21,13 @@ use super::{Durability, StoreError};
 /// Most requests gathered into one transaction.
 pub(crate) const MAX_BATCH: usize = 4096;
 
-/// While gathering a batch smaller than the previous one, the writer yields its thread to let
-/// just-acknowledged callers send their next write into it, and stops after this many yields in
-/// a row that brought nothing (no clock: a caller still arriving keeps the batch open).
-const GATHER_IDLE_YIELDS: u32 = 128;
+/// While gathering a batch smaller than the previous one, the writer waits asleep for the
+/// just-acknowledged callers to send their next write into it, and stops when none came for
+/// this long. Asleep, not yielding its thread: a yield on a busy machine gives its core to
+/// whatever else is runnable (a learner's refit) for a whole time slice, and a run's write then
+/// waited milliseconds for a batch no one else was joining; a sleeper is woken by the first
+/// write sent.
+const GATHER_WAIT: Duration = Duration::from_micros(100);
 
 /// How long the writer waits, idle, before it syncs the write-behind transactions committed
 /// since the last synced one: a crash loses at most what the learners wrote in that time after
@@ -282,22 +285,21 @@ fn gather(
     let mut tables = Tables::open(txn, config)?;
     let mut results = Vec::with_capacity(previous.max(1));
     results.push(tables.apply(txn, &batch[0].ops)?);
-    let mut idle = 0;
     while batch.len() < max_batch {
-        match rx.try_recv() {
-            Ok(req) => {
-                idle = 0;
-                let written = tables.apply(txn, &req.ops);
-                batch.push(req);
-                results.push(written?);
-            }
-            Err(TryRecvError::Empty) if batch.len() < previous && idle < GATHER_IDLE_YIELDS => {
-                // Let the acknowledged callers run.
-                idle += 1;
-                std::thread::yield_now();
+        let next = match rx.try_recv() {
+            Ok(req) => req,
+            // Let the acknowledged callers run.
+            Err(TryRecvError::Empty) if batch.len() < previous => {
+                match rx.recv_timeout(GATHER_WAIT) {
+                    Ok(req) => req,
+                    Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
+                }
             }
             Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-        }
+        };
+        let written = tables.apply(txn, &next.ops);
+        batch.push(next);
+        results.push(written?);
     }
     tables.finish()?;
     Ok(results)
