@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redb::{Database, ReadableTable, TableDefinition, TableHandle, WriteTransaction};
 use tokio::sync::oneshot;
@@ -21,13 +21,16 @@ use super::{Durability, StoreError};
 /// Most requests gathered into one transaction.
 pub(crate) const MAX_BATCH: usize = 4096;
 
-/// While gathering a batch smaller than the previous one, the writer waits asleep for the
-/// just-acknowledged callers to send their next write into it, and stops when none came for
-/// this long. Asleep, not yielding its thread: a yield on a busy machine gives its core to
-/// whatever else is runnable (a learner's refit) for a whole time slice, and a run's write then
-/// waited milliseconds for a batch no one else was joining; a sleeper is woken by the first
-/// write sent.
-const GATHER_WAIT: Duration = Duration::from_micros(100);
+/// While gathering a batch smaller than the previous one, the writer yields its thread to let
+/// just-acknowledged callers send their next write into it, and stops after this many yields in
+/// a row that brought nothing, or after [`GATHER_MAX_WAIT`].
+const GATHER_IDLE_YIELDS: u32 = 128;
+
+/// The longest a transaction's gathering goes on yielding. On an idle machine a yield returns
+/// at once and the yields above take some 40 us; on a busy one a yield gives the writer's core
+/// to whatever else is runnable (a learner's refit) for a time slice, and without this bound a
+/// run's single write waited milliseconds for a batch no one was joining.
+const GATHER_MAX_WAIT: Duration = Duration::from_micros(50);
 
 /// How long the writer waits, idle, before it syncs the write-behind transactions committed
 /// since the last synced one: a crash loses at most what the learners wrote in that time after
@@ -285,21 +288,27 @@ fn gather(
     let mut tables = Tables::open(txn, config)?;
     let mut results = Vec::with_capacity(previous.max(1));
     results.push(tables.apply(txn, &batch[0].ops)?);
+    let mut idle = 0;
+    let mut waiting: Option<Instant> = None;
     while batch.len() < max_batch {
-        let next = match rx.try_recv() {
-            Ok(req) => req,
-            // Let the acknowledged callers run.
-            Err(TryRecvError::Empty) if batch.len() < previous => {
-                match rx.recv_timeout(GATHER_WAIT) {
-                    Ok(req) => req,
-                    Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
-                }
+        match rx.try_recv() {
+            Ok(req) => {
+                idle = 0;
+                let written = tables.apply(txn, &req.ops);
+                batch.push(req);
+                results.push(written?);
+            }
+            Err(TryRecvError::Empty)
+                if batch.len() < previous
+                    && idle < GATHER_IDLE_YIELDS
+                    && waiting.get_or_insert_with(Instant::now).elapsed() < GATHER_MAX_WAIT =>
+            {
+                // Let the acknowledged callers run.
+                idle += 1;
+                std::thread::yield_now();
             }
             Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-        };
-        let written = tables.apply(txn, &next.ops);
-        batch.push(next);
-        results.push(written?);
+        }
     }
     tables.finish()?;
     Ok(results)
