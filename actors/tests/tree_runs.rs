@@ -70,6 +70,39 @@ async fn all_lessons(rt: &Runtime) -> Vec<hindsight::Lesson> {
         .unwrap()
 }
 
+/// The learners write behind on a durable store: memory's diary note of every run is committed
+/// (and readable), in transactions that are not synced on their own (they reach the disk with
+/// the runs' synced writes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_learners_write_behind_a_durable_store_without_syncs_of_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env();
+    let mut opts = options(dir.path());
+    opts.durability = Durability::Immediate;
+    let rt = Runtime::start(opts).await.unwrap();
+    let records = workload::run_tasks(&rt, &env, 11, 20, 1, |_| {})
+        .await
+        .unwrap();
+    assert_eq!(records.len(), 20);
+    // Every write queued so far is committed once this one is.
+    rt.store().settled().await.unwrap();
+    let notes = rt
+        .store()
+        .diary_tail(1_000)
+        .unwrap()
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|e| e.run_id.is_some())
+        .count();
+    assert!(notes >= 20, "{notes} diary notes of runs");
+    let stats = rt.store().writer_stats();
+    assert!(
+        stats.synced < stats.transactions,
+        "some transactions held only writes behind: {stats:?}"
+    );
+    rt.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_task_ends_once_and_learning_survives_a_restart() {
     let dir = tempfile::tempdir().unwrap();

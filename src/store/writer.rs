@@ -595,31 +595,38 @@ mod tests {
     }
 
     #[test]
-    fn a_write_behind_is_committed_unsynced_and_reaches_the_disk_with_the_next_synced_write() {
-        let (counters, rows) = write(Durability::Immediate, &[false, false, true]);
-        assert_eq!(counters.transactions.load(Ordering::Relaxed), 3);
-        assert_eq!(
-            counters.synced.load(Ordering::Relaxed),
-            1,
-            "only the write that asked was synced, and nothing was left to sync at the stop"
-        );
-        assert_eq!(rows, vec![1, 2, 3]);
-    }
-
-    #[test]
-    fn a_write_behind_left_unsynced_is_synced_when_the_writer_stops() {
-        let (counters, rows) = write(Durability::Immediate, &[true, false]);
-        assert_eq!(counters.transactions.load(Ordering::Relaxed), 2);
-        assert_eq!(counters.synced.load(Ordering::Relaxed), 2);
-        assert_eq!(rows, vec![1, 2]);
-    }
-
-    #[test]
-    fn a_store_without_durability_syncs_nothing() {
-        let (counters, rows) = write(Durability::None, &[true, false]);
-        assert_eq!(counters.transactions.load(Ordering::Relaxed), 2);
-        assert_eq!(counters.synced.load(Ordering::Relaxed), 0);
-        assert_eq!(rows, vec![1, 2]);
+    fn a_transaction_is_synced_when_one_of_its_writes_asks_and_at_the_stop_when_one_did_not() {
+        // (durability, each request synced or not, transactions synced)
+        let cases: [(Durability, &[bool], u64, &str); 3] = [
+            (
+                Durability::Immediate,
+                &[false, false, true],
+                1,
+                "the writes behind reach the disk with the next synced one, nothing is left \
+                 to sync at the stop",
+            ),
+            (
+                Durability::Immediate,
+                &[true, false],
+                2,
+                "a write behind left unsynced is synced when the writer stops",
+            ),
+            (
+                Durability::None,
+                &[true, false],
+                0,
+                "a store without durability syncs nothing",
+            ),
+        ];
+        for (durability, requests, synced, what) in cases {
+            let (counters, rows) = write(durability, requests);
+            assert_eq!(
+                counters.transactions.load(Ordering::Relaxed),
+                requests.len() as u64
+            );
+            assert_eq!(counters.synced.load(Ordering::Relaxed), synced, "{what}");
+            assert_eq!(rows, (1..=requests.len() as u64).collect::<Vec<_>>());
+        }
     }
 
     #[test]
