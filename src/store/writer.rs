@@ -164,7 +164,10 @@ pub(crate) fn run(
             match rx.recv_timeout(config.sync_behind_after) {
                 Ok(first) => first,
                 Err(RecvTimeoutError::Timeout) => {
-                    unsynced = !sync(&db, &counters);
+                    // Tried once per idle spell: a sync that failed is left to the next synced
+                    // write rather than retried in a loop.
+                    sync(&db, &counters);
+                    unsynced = false;
                     continue;
                 }
                 Err(RecvTimeoutError::Disconnected) => break,
@@ -207,9 +210,9 @@ pub(crate) fn run(
 }
 
 /// Syncs the write-behind transactions committed since the last synced one (an empty synced
-/// transaction carries them to disk); false when it failed (logged: the next synced
-/// transaction carries them).
-fn sync(db: &Database, counters: &Counters) -> bool {
+/// transaction carries them to disk); a failure is logged (the next synced transaction carries
+/// them).
+fn sync(db: &Database, counters: &Counters) {
     let synced = db
         .begin_write()
         .map_err(fail("cannot begin a write transaction"))
@@ -221,11 +224,9 @@ fn sync(db: &Database, counters: &Counters) -> bool {
     match synced {
         Ok(()) => {
             counters.synced.fetch_add(1, Ordering::Relaxed);
-            true
         }
         Err(e) => {
             tracing::warn!(error = %e, "the learners' write-behind could not be synced; the next write carries it");
-            false
         }
     }
 }
