@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use hindsight::store::{KvTable, Store, WriteOp};
+use hindsight::store::{Commit, KvTable, Store, WriteOp};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -44,9 +44,9 @@ pub async fn after_queued_writes(store: &Store, actor: &'static str) {
 /// Queues `ops` to the store's group-commit writer as a write behind, without waiting (they
 /// commit in the order queued, so after anything queued before, and reach the disk with the
 /// next synced write: a run's write never waits behind their sync; see
-/// [`Store::queue_behind`]); a failure is logged as `what` was not written.
+/// [`Commit::Behind`]); a failure is logged as `what` was not written.
 pub fn write_behind(store: &Store, ops: Vec<WriteOp>, what: &'static str) {
-    let written = store.queue_behind(ops);
+    let written = store.queue_batch(ops, Commit::Behind);
     tokio::spawn(async move {
         if let Err(e) = written.await {
             tracing::warn!(error = %e, "{what} was not written");

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use hindsight::guard::{Guard, redact};
-use hindsight::store::{KvTable, NewDiaryEntry, RunKey, RunRecords, WriteOp};
+use hindsight::store::{Commit, KvTable, NewDiaryEntry, RunKey, RunRecords, WriteOp};
 use hindsight::{Run, RunState, Task, now_ms};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
@@ -425,7 +425,7 @@ impl OrchestratorState {
                     &TaskInput(input.clone()),
                 )?);
             }
-            Ok::<_, hindsight::store::StoreError>(self.ctx.store.queue_batch(ops))
+            Ok::<_, hindsight::store::StoreError>(self.ctx.store.queue_batch(ops, Commit::Synced))
         })();
         tokio::spawn(async move {
             let written = match queued {
@@ -504,7 +504,7 @@ impl OrchestratorState {
         let queued = WriteOp::run(&snapshot).map(|op| {
             let mut ops = vec![op];
             ops.extend(checkpoint);
-            self.ctx.store.queue_batch(ops)
+            self.ctx.store.queue_batch(ops, Commit::Synced)
         });
         tokio::spawn(async move {
             let written = match queued {
@@ -573,7 +573,7 @@ impl OrchestratorState {
                 WriteOp::finish_run(&run).map_err(|e| e.to_string())?,
             ];
             ops.extend(forget);
-            Ok::<_, String>(store.queue_batch(ops))
+            Ok::<_, String>(store.queue_batch(ops, Commit::Synced))
         })();
         tokio::spawn(async move {
             let written = match queued {

@@ -71,13 +71,8 @@ pub fn sample_normal(rng: &mut fastrand::Rng) -> f64 {
     }
 }
 
-/// A Gamma(shape, 1) variate (Marsaglia-Tsang; boosted for shape < 1).
-pub fn sample_gamma(rng: &mut fastrand::Rng, shape: f64) -> f64 {
-    GammaDraw::new(shape).sample(rng)
-}
-
-/// A Gamma(shape, 1) distribution with what [`sample_gamma`] computes of its shape before each
-/// variate computed once, for repeated draws (the same variates from the same stream).
+/// A Gamma(shape, 1) distribution (Marsaglia-Tsang; boosted for shape < 1), with what its
+/// shape gives computed once, for repeated draws.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GammaDraw {
     /// Marsaglia-Tsang's `d` and `c` for the shape (for shape + 1 when boosted).

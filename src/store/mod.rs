@@ -84,6 +84,19 @@ pub enum Durability {
     None,
 }
 
+/// What the acknowledgement of a queued batch ([`Store::queue_batch`]) waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Commit {
+    /// The batch committed and synced to disk (with the store's [`Durability`]).
+    Synced,
+    /// The batch committed and readable, written behind: not synced on its own, it reaches the
+    /// disk with the next synced write (in the order queued, so a crash keeps a prefix of the
+    /// writes), or when the writer has been idle a moment. For what can be rebuilt after a
+    /// crash (a learner's snapshot, which the experience log replays): the runs' writes do not
+    /// wait behind its sync.
+    Behind,
+}
+
 /// How a store is opened.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoreOptions {
@@ -627,36 +640,17 @@ impl Store {
 
     /// Queues `ops` as one transaction now, without waiting: batches queued one after another
     /// are committed in that order (an actor can hand over its snapshots and go on serving).
-    /// The future answers once they are committed.
+    /// The future answers once they are committed, and synced to disk as `commit` says.
     pub fn queue_batch(
         &self,
         ops: Vec<WriteOp>,
+        commit: Commit,
     ) -> impl std::future::Future<Output = Result<Vec<Option<u64>>, StoreError>> + Send + 'static
     {
-        self.queue_ops(ops, true)
-    }
-
-    /// Queues `ops` like [`Store::queue_batch`], as a write behind: the future answers once
-    /// they are committed and readable, not synced to disk; they reach it with the next write
-    /// that is (in the order queued, so a crash keeps a prefix of the writes), or when the
-    /// writer has been idle a moment. For what can be rebuilt after a crash (a learner's
-    /// snapshot, which the experience log replays): the runs' writes do not wait behind its
-    /// sync.
-    pub fn queue_behind(
-        &self,
-        ops: Vec<WriteOp>,
-    ) -> impl std::future::Future<Output = Result<Vec<Option<u64>>, StoreError>> + Send + 'static
-    {
-        self.queue_ops(ops, false)
-    }
-
-    fn queue_ops(
-        &self,
-        ops: Vec<WriteOp>,
-        sync: bool,
-    ) -> impl std::future::Future<Output = Result<Vec<Option<u64>>, StoreError>> + Send + 'static
-    {
-        let queued = self.queue(ops.into_iter().map(|o| o.0).collect(), sync);
+        let queued = self.queue(
+            ops.into_iter().map(|o| o.0).collect(),
+            commit == Commit::Synced,
+        );
         async move { queued?.await.map_err(|_| StoreError::Closed)? }
     }
 }

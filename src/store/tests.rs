@@ -245,7 +245,10 @@ async fn settled_returns_after_every_write_queued_before_it_is_committed() {
     let store = Store::open_with_batch_limit(dir.path(), options, 1).unwrap();
     for i in 0..100u64 {
         // Queued and not waited for, as an actor writes behind itself.
-        drop(store.queue_batch(vec![WriteOp::put(T, &format!("{i:03}"), &i).unwrap()]));
+        drop(store.queue_batch(
+            vec![WriteOp::put(T, &format!("{i:03}"), &i).unwrap()],
+            Commit::Synced,
+        ));
     }
     store.settled().await.unwrap();
     assert_eq!(

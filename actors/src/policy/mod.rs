@@ -13,7 +13,7 @@ use hindsight::learn::distill::{DistillConfig, DistillOutcome, Distiller, Promot
 use hindsight::learn::first_attempt::FirstAttempts;
 use hindsight::learn::planner::{Planner, Refit};
 use hindsight::learn::sop::{SopBook, SopConfig, SopEvent};
-use hindsight::store::{KvTable, Store};
+use hindsight::store::{Commit, KvTable, Store};
 use hindsight::{ArmChoice, ExperienceTuple, Sop, SopStatus, Task, now_ms};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
@@ -593,7 +593,7 @@ impl PolicyState {
 
     /// Writes the snapshot and waits for it (at shutdown and when asked to flush).
     async fn persist(&mut self) -> Result<(), hindsight::store::StoreError> {
-        self.queue_snapshot(true)?.await
+        self.queue_snapshot(Commit::Synced)?.await
     }
 
     /// Hands the snapshot to the store's writer as a write behind, without waiting for it: the
@@ -603,7 +603,7 @@ impl PolicyState {
         let warn = |e: hindsight::store::StoreError| {
             tracing::warn!(error = %e, "the policy snapshot was not written; the log still holds everything");
         };
-        match self.queue_snapshot(false) {
+        match self.queue_snapshot(Commit::Behind) {
             Ok(written) => {
                 tokio::spawn(async move { written.await.unwrap_or_else(warn) });
             }
@@ -612,29 +612,18 @@ impl PolicyState {
     }
 
     /// Queues the snapshot now (so that snapshots are committed in the order they were taken),
-    /// synced to disk with `sync`, else as a write behind; the future answers once it is
+    /// synced to disk or written behind as `commit` says; the future answers once it is
     /// committed, and memory has then been told of the SOPs (what memory writes of them is
     /// committed after, so a crash never keeps it without them).
     fn queue_snapshot(
         &mut self,
-        sync: bool,
+        commit: Commit,
     ) -> Result<
         impl std::future::Future<Output = Result<(), hindsight::store::StoreError>> + Send + 'static,
         hindsight::store::StoreError,
     > {
         let (ops, told) = self.snapshot_writes()?;
-        type Written = std::pin::Pin<
-            Box<
-                dyn std::future::Future<
-                        Output = Result<Vec<Option<u64>>, hindsight::store::StoreError>,
-                    > + Send,
-            >,
-        >;
-        let written: Written = if sync {
-            Box::pin(self.store.queue_batch(ops))
-        } else {
-            Box::pin(self.store.queue_behind(ops))
-        };
+        let written = self.store.queue_batch(ops, commit);
         let memory = self.memory.clone();
         let failed = self.sop_rows.on_failure();
         Ok(async move {
