@@ -2,11 +2,14 @@
 //! the shared items (SOPs, postmortems) and those of the task's own scopes, in an index shaped
 //! like `hindsight bench overhead`'s (10,000 lessons in 500 users' scopes, 1,000 SOPs and 200
 //! postmortems shared). Against the same search done by scoring every item the task may read on
-//! its full vector (the baseline, in the same run); both give the same items.
+//! its full vector (the baseline, in the same run); both give the same items. And a burst of 64
+//! searches made together (`VectorIndex::search_many`, as memory answers the retrievals queued
+//! behind one another), against the same 64 made one by one; then the same burst when its
+//! tasks share 12 texts, as bank statements' do.
 
 use std::hint::black_box;
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use hindsight::memory::{ItemKind, Scopes, VectorIndex, VectorItem};
 use hindsight::model::cosine;
 use hindsight::model::embed::embed_one;
@@ -109,35 +112,71 @@ fn exhaustive<'a>(items: &'a [VectorItem], query: &[f32], k: usize, scope: &str)
     scored.into_iter().take(k).map(|(_, id)| id).collect()
 }
 
-fn search(c: &mut Criterion) {
-    let (index, items) = index();
-    let queries: Vec<(Vec<f32>, String)> = (0..64)
+/// 64 tasks' queries and their users' scopes; with `distinct`, each text names its statement.
+fn queries(distinct: bool) -> Vec<(Vec<f32>, String)> {
+    (0..64)
         .map(|i| {
             let text = format!(
-                "Convert the {} bank statement ({}) of tenant {} to CSV",
+                "Convert the {} bank statement ({}) of tenant {} to CSV{}",
                 ["pdf", "png"][i % 2],
                 ["0-10MB", "10-50MB", "50-100MB"][i % 3],
                 ["A", "B"][i % 4 / 2],
+                if distinct {
+                    format!(", statement {i}")
+                } else {
+                    String::new()
+                },
             );
             (embed_one(&text), format!("user:u{}", i * 7 % 500))
         })
-        .collect();
+        .collect()
+}
+
+/// The searches of `queries` in their scopes, as one burst.
+fn burst<'a>(
+    queries: &'a [(Vec<f32>, String)],
+    scopes: &'a [[String; 1]],
+) -> Vec<(&'a [f32], Scopes<'a>)> {
+    queries
+        .iter()
+        .zip(scopes)
+        .map(|((q, _), s)| (q.as_slice(), Scopes::Only(s)))
+        .collect()
+}
+
+fn search(c: &mut Criterion) {
+    let (index, items) = index();
     let k = 15;
-    for (q, scope) in &queries {
-        let scopes = [scope.clone()];
-        let found: Vec<&str> = index
-            .search(q, k, &[], Scopes::Only(&scopes))
-            .into_iter()
-            .map(|(it, _)| it.id.as_str())
-            .collect();
-        assert_eq!(found, exhaustive(&items, q, k, scope), "the same items");
+    let (distinct, shared) = (queries(true), queries(false));
+    let scopes_of = |queries: &[(Vec<f32>, String)]| -> Vec<[String; 1]> {
+        queries.iter().map(|(_, s)| [s.clone()]).collect()
+    };
+    let (distinct_scopes, shared_scopes) = (scopes_of(&distinct), scopes_of(&shared));
+    let (distinct_burst, shared_burst) = (
+        burst(&distinct, &distinct_scopes),
+        burst(&shared, &shared_scopes),
+    );
+    for (queries, burst) in [(&distinct, &distinct_burst), (&shared, &shared_burst)] {
+        let together = index.search_many(burst, k, &[]);
+        for ((q, scope), found) in queries.iter().zip(together) {
+            let scopes = [scope.clone()];
+            let alone: Vec<&str> = index
+                .search(q, k, &[], Scopes::Only(&scopes))
+                .into_iter()
+                .map(|(it, _)| it.id.as_str())
+                .collect();
+            let found: Vec<&str> = found.into_iter().map(|(it, _)| it.id.as_str()).collect();
+            assert_eq!(alone, exhaustive(&items, q, k, scope), "the same items");
+            assert_eq!(found, alone, "the same items together");
+        }
     }
     let mut group = c.benchmark_group("memory_search");
+    group.throughput(Throughput::Elements(1));
     group.bench_function("index", |b| {
         let mut i = 0;
         b.iter(|| {
-            i = (i + 1) % queries.len();
-            let (q, scope) = &queries[i];
+            i = (i + 1) % distinct.len();
+            let (q, scope) = &distinct[i];
             let scopes = [scope.clone()];
             black_box(index.search(q, k, &[], Scopes::Only(&scopes)).len())
         })
@@ -145,10 +184,25 @@ fn search(c: &mut Criterion) {
     group.bench_function("exhaustive", |b| {
         let mut i = 0;
         b.iter(|| {
-            i = (i + 1) % queries.len();
-            let (q, scope) = &queries[i];
+            i = (i + 1) % distinct.len();
+            let (q, scope) = &distinct[i];
             black_box(exhaustive(&items, q, k, scope).len())
         })
+    });
+    group.throughput(Throughput::Elements(64));
+    group.bench_function("index, 64 one by one", |b| {
+        b.iter(|| {
+            distinct_burst
+                .iter()
+                .map(|(q, s)| black_box(index.search(q, k, &[], *s).len()))
+                .sum::<usize>()
+        })
+    });
+    group.bench_function("index, 64 together", |b| {
+        b.iter(|| black_box(index.search_many(&distinct_burst, k, &[]).len()))
+    });
+    group.bench_function("index, 64 together, 12 texts", |b| {
+        b.iter(|| black_box(index.search_many(&shared_burst, k, &[]).len()))
     });
     group.finish();
 }

@@ -7,7 +7,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use hindsight::memory::{IndexCandidate, ItemKind, Memory, MemorySnapshot, Scopes, VectorItem};
+use hindsight::memory::{
+    IndexCandidate, ItemKind, Memory, MemorySnapshot, Scopes, TaskQuery, VectorItem,
+};
 use hindsight::store::{KvTable, NewDiaryEntry, Store, WriteOp};
 use hindsight::{ExperienceTuple, Lesson, Sop, Task, now_ms};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -121,6 +123,10 @@ pub enum MemoryMsg {
     ForgetLessons(Vec<String>),
     /// Forget a rolled-back SOP: its vector and its APPLIES_TO edges (from the policy).
     ForgetSop(String),
+    /// Answer the retrievals received since the last answer, together. Memory sends it to
+    /// itself behind the first [`MemoryMsg::Retrieve`] it holds, so that the retrievals of a
+    /// burst of runs (queued before it) are searched in one pass.
+    AnswerRetrievals,
 }
 
 /// The memory actor.
@@ -158,6 +164,8 @@ pub struct MemoryState {
     shared_learning: bool,
     /// The SOPs indexed, by id (whose runs they were promoted from decides who may read them).
     sops: BTreeMap<String, Sop>,
+    /// Retrievals received and not answered yet (see [`MemoryMsg::AnswerRetrievals`]).
+    pending: Vec<(Arc<Task>, RpcReplyPort<RetrievalBundle>)>,
 }
 
 impl Actor for MemoryActor {
@@ -182,6 +190,7 @@ impl Actor for MemoryActor {
             chaos: args.chaos,
             shared_learning: args.shared_learning,
             sops: BTreeMap::new(),
+            pending: Vec::new(),
         };
         for (seq, exp) in state.store.experience_since(state.applied.watermark)? {
             match exp {
@@ -220,30 +229,42 @@ impl Actor for MemoryActor {
 
     async fn handle(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         msg: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            MemoryMsg::Retrieve { task, reply } => {
+                if let Some(chaos) = &state.chaos {
+                    chaos.on_message();
+                }
+                state.pending.push((task, reply));
+                // The first of a burst: the answer comes behind the retrievals queued after it.
+                if state.pending.len() == 1 && myself.cast(MemoryMsg::AnswerRetrievals).is_err() {
+                    state.answer_retrievals();
+                }
+                return Ok(());
+            }
+            MemoryMsg::AnswerRetrievals => {
+                state.answer_retrievals();
+                return Ok(());
+            }
+            _ => {}
+        }
+        // Whatever changes memory comes after the retrievals received before it.
+        state.answer_retrievals();
         if let Some(chaos) = &state.chaos {
             chaos.on_message();
         }
         match msg {
-            MemoryMsg::Retrieve { task, reply } => {
-                let query = Query {
-                    text: task.goal.clone(),
-                    features: task.features.clone(),
-                    tools: state.tools.clone(),
-                    k: 5,
-                };
-                let scopes = task.lesson_scopes();
-                let _ = reply.send(state.retrieve(
-                    &query,
-                    task.tenant.as_deref(),
-                    Scopes::Only(&scopes),
-                ));
-            }
+            MemoryMsg::Retrieve { .. } | MemoryMsg::AnswerRetrievals => {}
             MemoryMsg::Query { query, reply } => {
-                let _ = reply.send(state.retrieve(&query, None, Scopes::All));
+                let _ = reply.send(
+                    state
+                        .retrieve_many(&[(&*query, None, Scopes::All)])
+                        .pop()
+                        .unwrap_or_default(),
+                );
             }
             MemoryMsg::Record {
                 seq,
@@ -460,46 +481,100 @@ impl MemoryState {
         Ok(())
     }
 
-    /// What memory holds for `q`, as a run of `tenant` may read it, with the lessons of
-    /// `scopes`.
-    fn retrieve(&self, q: &Query, tenant: Option<&str>, scopes: Scopes<'_>) -> RetrievalBundle {
+    /// Answers the retrievals received since the last answer, together.
+    fn answer_retrievals(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let pending = std::mem::take(&mut self.pending);
+        let asked: Vec<(Query, Vec<String>)> = pending
+            .iter()
+            .map(|(task, _)| {
+                let query = Query {
+                    text: task.goal.clone(),
+                    features: task.features.clone(),
+                    tools: self.tools.clone(),
+                    k: 5,
+                };
+                (query, task.lesson_scopes())
+            })
+            .collect();
+        let queries: Vec<(&Query, Option<&str>, Scopes<'_>)> = asked
+            .iter()
+            .zip(&pending)
+            .map(|((query, scopes), (task, _))| {
+                (query, task.tenant.as_deref(), Scopes::Only(scopes))
+            })
+            .collect();
+        let bundles = self.retrieve_many(&queries);
+        for ((_, reply), bundle) in pending.into_iter().zip(bundles) {
+            let _ = reply.send(bundle);
+        }
+    }
+
+    /// What memory holds for each query, as a run of its tenant may read it, with the lessons
+    /// of its scopes.
+    fn retrieve_many(
+        &self,
+        queries: &[(&Query, Option<&str>, Scopes<'_>)],
+    ) -> Vec<RetrievalBundle> {
         let diary: Vec<hindsight::DiaryEntry> = self
             .store
             .diary_tail(5)
-            .map(|v| {
-                v.into_iter()
-                    .filter_map(Result::ok)
+            .map(|v| v.into_iter().filter_map(Result::ok).collect())
+            .unwrap_or_default();
+        // Each tenant's own notes (all of them for a query over the whole store).
+        let diaries: Vec<Vec<hindsight::DiaryEntry>> = queries
+            .iter()
+            .map(|(_, tenant, _)| {
+                diary
+                    .iter()
                     .filter(|e| {
                         tenant.is_none_or(|t| {
                             e.run_id.as_deref().is_some_and(|r| run_in_tenant(t, r))
                         })
                     })
+                    .cloned()
                     .collect()
             })
-            .unwrap_or_default();
-        let bundle =
-            self.memory
-                .retrieve_for(&q.text, &q.features, &q.tools, &diary, q.k.max(1), scopes);
-        RetrievalBundle {
-            cluster: bundle.cluster,
-            items: bundle
-                .items
-                .into_iter()
-                .map(|i| RetrievedItem {
-                    text: i.text,
-                    citation: Citation {
-                        kind: serde_json::to_value(i.citation.kind)
-                            .ok()
-                            .and_then(|v| v.as_str().map(str::to_string))
-                            .unwrap_or_else(|| "item".to_string()),
-                        id: i.citation.id,
-                        score: i.citation.score,
-                    },
-                })
-                .filter(|i| tenant.is_none_or(|t| self.visible(t, &i.citation)))
-                .collect(),
-            strategy_context: None,
-        }
+            .collect();
+        let tasks: Vec<TaskQuery<'_>> = queries
+            .iter()
+            .zip(&diaries)
+            .map(|((q, _, scopes), diary)| TaskQuery {
+                goal: &q.text,
+                features: &q.features,
+                tools: &q.tools,
+                diary,
+                k: q.k.max(1),
+                scopes: *scopes,
+            })
+            .collect();
+        let bundles = self.memory.retrieve_for_many(&tasks);
+        queries
+            .iter()
+            .zip(bundles)
+            .map(|((_, tenant, _), bundle)| RetrievalBundle {
+                cluster: bundle.cluster,
+                items: bundle
+                    .items
+                    .into_iter()
+                    .map(|i| RetrievedItem {
+                        text: i.text,
+                        citation: Citation {
+                            kind: serde_json::to_value(i.citation.kind)
+                                .ok()
+                                .and_then(|v| v.as_str().map(str::to_string))
+                                .unwrap_or_else(|| "item".to_string()),
+                            id: i.citation.id,
+                            score: i.citation.score,
+                        },
+                    })
+                    .filter(|i| tenant.is_none_or(|t| self.visible(t, &i.citation)))
+                    .collect(),
+                strategy_context: None,
+            })
+            .collect()
     }
 
     /// Whether a run of `tenant` may read the item `citation` names: its own lessons, SOPs

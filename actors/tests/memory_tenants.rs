@@ -112,3 +112,120 @@ async fn a_run_reads_nothing_of_another_tenant_from_memory() {
     assert!(!read.contains(&"shared-lesson".to_string()), "{read:?}");
     rt.shutdown().await;
 }
+
+/// Retrievals that reach memory together are answered together (one search for the burst),
+/// each as it is alone; a retrieval sent before a lesson is indexed does not read it, and one
+/// sent after does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_retrievals_answers_each_as_alone_and_in_order() {
+    let env = AgentEnv::load(std::path::Path::new("../config/envs/support_desk.toml")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = RuntimeOptions::new(dir.path(), env.clone());
+    opts.durability = Durability::None;
+    let rt = Runtime::start(opts).await.unwrap();
+    for i in 0..40 {
+        rt.orchestrate(task(&env, ["a", "b"][i as usize % 2], i))
+            .await
+            .unwrap();
+    }
+    let memory = rt.ctx().dir.memory.clone();
+    // Memory has taken in every run's experience, and its writes have landed.
+    memory
+        .call(|reply| MemoryMsg::Query {
+            query: Box::new(hindsight_actors::memory::Query {
+                text: "settle".into(),
+                features: Default::default(),
+                tools: Vec::new(),
+                k: 1,
+            }),
+            reply,
+        })
+        .await
+        .unwrap();
+    rt.store().settled().await.unwrap();
+    // Tasks of both tenants, several users, and some asked twice.
+    let tasks: Vec<Task> = (0..24)
+        .map(|i| {
+            let mut t = task(&env, ["a", "b"][i % 2], 40 + (i % 9) as u64);
+            t.user_id = Some(format!("{}/u{}", ["a", "b"][i % 2], i % 3));
+            t
+        })
+        .collect();
+    let mut alone = Vec::new();
+    for t in &tasks {
+        alone.push(
+            memory
+                .call(|reply| MemoryMsg::Retrieve {
+                    task: std::sync::Arc::new(t.clone()),
+                    reply,
+                })
+                .await
+                .unwrap(),
+        );
+    }
+    // The burst: every retrieval queued before any answer is awaited, then a lesson every task
+    // of no tenant reads, then one more retrieval.
+    let mut untenanted = env.task(40);
+    untenanted.user_id = Some("someone".into());
+    let lesson = hindsight::Lesson {
+        lesson_id: "late-lesson".into(),
+        preconditions: Default::default(),
+        tool: None,
+        action: untenanted.goal.clone(),
+        confidence: 0.9,
+        evidence: vec!["run-late".into()],
+        source: "correction".into(),
+        scope: "shared".into(),
+        created_ms: hindsight::now_ms(),
+        reinforced_ms: hindsight::now_ms(),
+        superseded_by: None,
+    };
+    // Memory busy embedding lessons while the burst queues behind them (of another user, so
+    // that no retrieval reads them).
+    let busy: Vec<hindsight::Lesson> = (0..2_000)
+        .map(|i| hindsight::Lesson {
+            lesson_id: format!("busy-{i}"),
+            scope: "user:nobody".into(),
+            action: format!("lesson {i} of nobody's about {}", untenanted.goal),
+            ..lesson.clone()
+        })
+        .collect();
+    memory.cast(MemoryMsg::IndexLessons(busy)).await.unwrap();
+    let mut answers = Vec::new();
+    for (i, t) in tasks.iter().chain([&untenanted, &untenanted]).enumerate() {
+        if i == tasks.len() + 1 {
+            memory
+                .cast(MemoryMsg::IndexLessons(vec![lesson.clone()]))
+                .await
+                .unwrap();
+        }
+        let (tx, rx) = ractor::concurrency::oneshot();
+        memory
+            .cast(MemoryMsg::Retrieve {
+                task: std::sync::Arc::new(t.clone()),
+                reply: tx.into(),
+            })
+            .await
+            .unwrap();
+        answers.push(rx);
+    }
+    let after = answers.pop().unwrap();
+    let before = answers.pop().unwrap();
+    let mut burst = Vec::new();
+    for rx in answers.drain(..) {
+        burst.push(rx.await.unwrap());
+    }
+    for (i, (got, want)) in burst.iter().zip(&alone).enumerate() {
+        assert_eq!(
+            format!("{:?}", got.items),
+            format!("{:?}", want.items),
+            "retrieval {i}"
+        );
+    }
+    let cites = |b: &hindsight_actors::memory::RetrievalBundle| {
+        b.items.iter().any(|i| i.citation.id == "late-lesson")
+    };
+    assert!(!cites(&before.await.unwrap()), "sent before the lesson");
+    assert!(cites(&after.await.unwrap()), "sent after the lesson");
+    rt.shutdown().await;
+}

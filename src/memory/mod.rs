@@ -245,20 +245,66 @@ impl Memory {
         k: usize,
         scopes: Scopes<'_>,
     ) -> Bundle {
-        let vector = self.embed(&Memory::task_text(goal, features));
-        self.retrieve(RetrievalQuery {
+        self.retrieve_for_many(&[TaskQuery {
+            goal,
             features,
-            vector: &vector,
             tools,
             diary,
             k,
-            duplicate_cosine: self.salience.novelty_cosine,
             scopes,
-        })
+        }])
+        .pop()
+        .unwrap_or_default()
+    }
+
+    /// [`Memory::retrieve_for`] for each of `tasks`, retrieved together (see
+    /// [`retrieve::retrieve_many`]); a text is embedded once however many tasks share it.
+    pub fn retrieve_for_many(&self, tasks: &[TaskQuery<'_>]) -> Vec<Bundle> {
+        let mut vectors: BTreeMap<String, Vec<f32>> = BTreeMap::new();
+        let texts: Vec<String> = tasks
+            .iter()
+            .map(|t| Memory::task_text(t.goal, t.features))
+            .collect();
+        for text in &texts {
+            if !vectors.contains_key(text) {
+                vectors.insert(text.clone(), self.embed(text));
+            }
+        }
+        let queries: Vec<RetrievalQuery<'_>> = tasks
+            .iter()
+            .zip(&texts)
+            .map(|(t, text)| RetrievalQuery {
+                features: t.features,
+                vector: vectors.get(text).map_or(&[], Vec::as_slice),
+                tools: t.tools,
+                diary: t.diary,
+                k: t.k,
+                duplicate_cosine: self.salience.novelty_cosine,
+                scopes: t.scopes,
+            })
+            .collect();
+        retrieve::retrieve_many(&self.graph, &self.index, &queries)
     }
 
     /// The retrieval bundle for a query whose vector the caller computed.
     pub fn retrieve(&self, query: RetrievalQuery<'_>) -> Bundle {
         retrieve::retrieve(&self.graph, &self.index, query)
     }
+}
+
+/// A task to retrieve for ([`Memory::retrieve_for_many`]).
+#[derive(Debug, Clone, Copy)]
+pub struct TaskQuery<'a> {
+    /// Its goal.
+    pub goal: &'a str,
+    /// Its features.
+    pub features: &'a BTreeMap<String, String>,
+    /// Tools it may use (their failure modes are included).
+    pub tools: &'a [String],
+    /// Recent diary notes, newest first.
+    pub diary: &'a [DiaryEntry],
+    /// Items per source.
+    pub k: usize,
+    /// The lesson scopes it may read.
+    pub scopes: Scopes<'a>,
 }

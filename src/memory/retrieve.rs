@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::graph::KnowledgeGraph;
-use super::vector::{ItemKind, Scopes, VectorIndex};
+use super::vector::{ItemKind, Scopes, VectorIndex, VectorItem};
 use crate::model::cosine;
 use crate::record::DiaryEntry;
 
@@ -99,11 +99,46 @@ pub struct RetrievalQuery<'a> {
 /// near-duplicate of a better one is dropped; a diary note with the same text as another item
 /// is dropped.
 pub fn retrieve(graph: &KnowledgeGraph, index: &VectorIndex, q: RetrievalQuery<'_>) -> Bundle {
+    retrieve_many(graph, index, &[q]).pop().unwrap_or_default()
+}
+
+/// [`retrieve`] for each of `queries`, whose searches of the index are made together
+/// ([`VectorIndex::search_many`]): a burst of runs' retrievals reads the shared items' codes
+/// once. The bundles are the ones [`retrieve`] gives for each query alone.
+pub fn retrieve_many(
+    graph: &KnowledgeGraph,
+    index: &VectorIndex,
+    queries: &[RetrievalQuery<'_>],
+) -> Vec<Bundle> {
+    // Searched together by the number of hits they ask for (the same for a burst of runs).
+    let mut by_k: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (i, q) in queries.iter().enumerate() {
+        by_k.entry(q.k.saturating_mul(3)).or_default().push(i);
+    }
+    let mut hits: Vec<Vec<(&VectorItem, f32)>> = vec![Vec::new(); queries.len()];
+    for (k, of) in by_k {
+        let searches: Vec<(&[f32], Scopes<'_>)> = of
+            .iter()
+            .map(|i| (queries[*i].vector, queries[*i].scopes))
+            .collect();
+        for (i, found) in of.into_iter().zip(index.search_many(&searches, k, &[])) {
+            hits[i] = found;
+        }
+    }
+    queries
+        .iter()
+        .zip(hits)
+        .map(|(q, hits)| bundle(graph, hits, *q))
+        .collect()
+}
+
+/// The bundle for `q` from its search's `hits`, best first.
+fn bundle(graph: &KnowledgeGraph, hits: Vec<(&VectorItem, f32)>, q: RetrievalQuery<'_>) -> Bundle {
     let mut bundle = Bundle::default();
     let mut seen: BTreeSet<(CitationKind, String)> = BTreeSet::new();
     let mut texts: BTreeSet<String> = BTreeSet::new();
     let mut kept: Vec<&[f32]> = Vec::new();
-    for (item, score) in index.search(q.vector, q.k.saturating_mul(3), &[], q.scopes) {
+    for (item, score) in hits {
         if kept.len() >= q.k {
             break;
         }

@@ -247,46 +247,114 @@ impl VectorIndex {
         kinds: &[ItemKind],
         scopes: Scopes<'_>,
     ) -> Vec<(&VectorItem, f32)> {
-        let query_norm = if query.len() == self.dimension {
-            dot(query, query).sqrt()
-        } else {
-            0.0
-        };
-        let groups: Vec<&Codes> = match scopes {
-            Scopes::All => self.codes.values().collect(),
-            Scopes::Only(scopes) => {
-                let named: BTreeSet<&String> = scopes.iter().collect();
-                std::iter::once(None)
-                    .chain(named.into_iter().map(|s| Some(s.clone())))
-                    .filter_map(|s| self.codes.get(&s))
-                    .collect()
-            }
-        };
-        // The exact scores of the items the codes cannot rule out: each scope's k best are
-        // among its candidates, so the k best of all are among theirs together.
-        let coded = Query::new(query, query_norm, self.dimension);
-        let mut scored: Vec<(&String, &VectorItem, f32)> = groups
-            .into_iter()
-            .flat_map(|codes| codes.candidates(coded.as_ref(), k, kinds))
-            .filter_map(|key| self.items.get_key_value(key))
-            .map(|(key, it)| {
-                let score = if query_norm == 0.0 || it.norm == 0.0 {
-                    0.0
-                } else {
-                    dot(query, &it.item.vector) / (query_norm * it.norm)
-                };
-                (key, &it.item, score)
+        self.search_many(&[(query, scopes)], k, kinds)
+            .pop()
+            .unwrap_or_default()
+    }
+
+    /// [`VectorIndex::search`] for each of `queries` (a vector and the scopes it reads), in one
+    /// pass over each scope's codes for every query that reads it; queries with the same vector
+    /// share that pass. The answers are the ones the searches one by one give.
+    pub fn search_many(
+        &self,
+        queries: &[(&[f32], Scopes<'_>)],
+        k: usize,
+        kinds: &[ItemKind],
+    ) -> Vec<Vec<(&VectorItem, f32)>> {
+        // The distinct vectors, by their bits, and each query's.
+        let mut distinct: HashMap<Vec<u32>, usize> = HashMap::new();
+        let mut vectors: Vec<&[f32]> = Vec::new();
+        let of_query: Vec<usize> = queries
+            .iter()
+            .map(|(v, _)| {
+                *distinct
+                    .entry(v.iter().map(|x| x.to_bits()).collect())
+                    .or_insert_with(|| {
+                        vectors.push(v);
+                        vectors.len() - 1
+                    })
             })
             .collect();
-        let order = |a: &(&String, &VectorItem, f32), b: &(&String, &VectorItem, f32)| {
-            b.2.total_cmp(&a.2).then(a.0.cmp(b.0))
-        };
-        if k < scored.len() {
-            scored.select_nth_unstable_by(k, order);
-            scored.truncate(k);
+        let norms: Vec<f32> = vectors
+            .iter()
+            .map(|v| {
+                if v.len() == self.dimension {
+                    dot(v, v).sqrt()
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let coded: Vec<Option<Query>> = vectors
+            .iter()
+            .zip(&norms)
+            .map(|(v, n)| Query::new(v, *n, self.dimension))
+            .collect();
+        // The scope groups each query reads, and for each group the distinct vectors reading it.
+        let groups_of: Vec<Vec<&Option<String>>> = queries
+            .iter()
+            .map(|(_, scopes)| match scopes {
+                Scopes::All => self.codes.keys().collect(),
+                Scopes::Only(scopes) => {
+                    let named: BTreeSet<Option<String>> = std::iter::once(None)
+                        .chain(scopes.iter().map(|s| Some(s.clone())))
+                        .collect();
+                    named
+                        .iter()
+                        .filter_map(|s| self.codes.get_key_value(s).map(|(key, _)| key))
+                        .collect()
+                }
+            })
+            .collect();
+        let mut readers: BTreeMap<&Option<String>, BTreeSet<usize>> = BTreeMap::new();
+        for (groups, v) in groups_of.iter().zip(&of_query) {
+            for g in groups {
+                readers.entry(*g).or_default().insert(*v);
+            }
         }
-        scored.sort_by(order);
-        scored.into_iter().map(|(_, it, s)| (it, s)).collect()
+        // Each group's candidates for each distinct vector reading it: each scope's k best are
+        // among its candidates, so the k best of all are among theirs together.
+        let mut candidates: HashMap<(&Option<String>, usize), Vec<&str>> = HashMap::new();
+        for (group, vs) in readers {
+            let Some(codes) = self.codes.get(group) else {
+                continue;
+            };
+            let vs: Vec<usize> = vs.into_iter().collect();
+            let qs: Vec<Option<&Query>> = vs.iter().map(|v| coded[*v].as_ref()).collect();
+            for (v, keys) in vs.into_iter().zip(codes.candidates(&qs, k, kinds)) {
+                candidates.insert((group, v), keys);
+            }
+        }
+        groups_of
+            .iter()
+            .zip(&of_query)
+            .map(|(groups, &v)| {
+                let (query, query_norm) = (vectors[v], norms[v]);
+                let mut scored: Vec<(&String, &VectorItem, f32)> = groups
+                    .iter()
+                    .filter_map(|g| candidates.get(&(*g, v)))
+                    .flatten()
+                    .filter_map(|key| self.items.get_key_value(*key))
+                    .map(|(key, it)| {
+                        let score = if query_norm == 0.0 || it.norm == 0.0 {
+                            0.0
+                        } else {
+                            dot(query, &it.item.vector) / (query_norm * it.norm)
+                        };
+                        (key, &it.item, score)
+                    })
+                    .collect();
+                let order = |a: &(&String, &VectorItem, f32), b: &(&String, &VectorItem, f32)| {
+                    b.2.total_cmp(&a.2).then(a.0.cmp(b.0))
+                };
+                if k < scored.len() {
+                    scored.select_nth_unstable_by(k, order);
+                    scored.truncate(k);
+                }
+                scored.sort_by(order);
+                scored.into_iter().map(|(_, it, s)| (it, s)).collect()
+            })
+            .collect()
     }
 
     /// The most similar item of a kind, whatever its scope.
@@ -436,12 +504,10 @@ mod tests {
         ));
     }
 
-    /// The first pass over the codes keeps every item that could be among the k best, so the
-    /// answer is the exhaustive search's, ties and near-ties included (items that are small
-    /// perturbations of a few texts, and exact copies, as lessons from one template are).
-    #[test]
-    fn the_search_over_codes_answers_as_the_exhaustive_search() {
-        let mut rng = fastrand::Rng::with_seed(9);
+    /// 600 items, small perturbations of four texts and exact copies (as lessons from one
+    /// template are), of three kinds, most in one of three users' scopes, some removed and some
+    /// moved to another scope; and the four texts' vectors.
+    fn perturbed_index(rng: &mut fastrand::Rng) -> (VectorIndex, Vec<Vec<f32>>) {
         let bases: Vec<Vec<f32>> = (0..4)
             .map(|b| {
                 crate::model::embed::embed_one(&format!(
@@ -479,6 +545,57 @@ mod tests {
             }
         }
         assert!(index.codes.values().all(|c| !c.is_empty()));
+        (index, bases)
+    }
+
+    /// The k best items for `query` scored one by one on their full vectors.
+    fn exhaustive(
+        index: &VectorIndex,
+        query: &[f32],
+        k: usize,
+        kinds: &[ItemKind],
+        scopes: Scopes<'_>,
+    ) -> Vec<(String, f32)> {
+        let query_norm = if query.len() == index.dimension {
+            dot(query, query).sqrt()
+        } else {
+            0.0
+        };
+        let readable = |scope: &Option<String>| match (scopes, scope) {
+            (Scopes::All, _) | (_, None) => true,
+            (Scopes::Only(named), Some(s)) => named.contains(s),
+        };
+        let mut want: Vec<(&String, String, f32)> = index
+            .items
+            .iter()
+            .filter(|(_, it)| kinds.is_empty() || kinds.contains(&it.item.kind))
+            .filter(|(_, it)| readable(&it.item.scope))
+            .map(|(key, it)| {
+                let score = if query_norm == 0.0 || it.norm == 0.0 {
+                    0.0
+                } else {
+                    dot(query, &it.item.vector) / (query_norm * it.norm)
+                };
+                (key, it.item.id.clone(), score)
+            })
+            .collect();
+        want.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(b.0)));
+        want.into_iter().take(k).map(|(_, id, s)| (id, s)).collect()
+    }
+
+    fn ids(found: Vec<(&VectorItem, f32)>) -> Vec<(String, f32)> {
+        found
+            .into_iter()
+            .map(|(it, s)| (it.id.clone(), s))
+            .collect()
+    }
+
+    /// The first pass over the codes keeps every item that could be among the k best, so the
+    /// answer is the exhaustive search's, ties and near-ties included.
+    #[test]
+    fn the_search_over_codes_answers_as_the_exhaustive_search() {
+        let mut rng = fastrand::Rng::with_seed(9);
+        let (index, bases) = perturbed_index(&mut rng);
         for q in 0..20 {
             let query: Vec<f32> = bases[q % bases.len()]
                 .iter()
@@ -494,34 +611,56 @@ mod tests {
                 (15, vec![ItemKind::Sop], Scopes::Only(&own)),
                 (40, vec![], Scopes::Only(&[])),
             ] {
-                let got: Vec<(String, f32)> = index
-                    .search(&query, k, &kinds, scopes)
-                    .into_iter()
-                    .map(|(it, s)| (it.id.clone(), s))
-                    .collect();
-                let query_norm = dot(&query, &query).sqrt();
-                let readable = |scope: &Option<String>| match (scopes, scope) {
-                    (Scopes::All, _) | (_, None) => true,
-                    (Scopes::Only(named), Some(s)) => named.contains(s),
-                };
-                let mut want: Vec<(&String, String, f32)> = index
-                    .items
-                    .iter()
-                    .filter(|(_, it)| kinds.is_empty() || kinds.contains(&it.item.kind))
-                    .filter(|(_, it)| readable(&it.item.scope))
-                    .map(|(key, it)| {
-                        (
-                            key,
-                            it.item.id.clone(),
-                            dot(&query, &it.item.vector) / (query_norm * it.norm),
-                        )
-                    })
-                    .collect();
-                want.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(b.0)));
-                let want: Vec<(String, f32)> =
-                    want.into_iter().take(k).map(|(_, id, s)| (id, s)).collect();
-                assert_eq!(got, want, "query {q}, k {k}, scopes {scopes:?}");
+                assert_eq!(
+                    ids(index.search(&query, k, &kinds, scopes)),
+                    exhaustive(&index, &query, k, &kinds, scopes),
+                    "query {q}, k {k}, scopes {scopes:?}"
+                );
             }
         }
+    }
+
+    /// A burst of searches made together answers each as the exhaustive search does: queries
+    /// that repeat a vector (sharing its pass) with other scopes, a zero vector and one of
+    /// another dimension among them.
+    #[test]
+    fn searches_made_together_answer_as_each_alone() {
+        let mut rng = fastrand::Rng::with_seed(11);
+        let (index, bases) = perturbed_index(&mut rng);
+        let scopes: Vec<Vec<String>> = (0..3)
+            .map(|u| vec![format!("user:u{u}")])
+            .chain([vec![], vec!["user:u0".to_string(), "user:u2".to_string()]])
+            .collect();
+        let mut vectors: Vec<Vec<f32>> = (0..6)
+            .map(|q| {
+                bases[q % bases.len()]
+                    .iter()
+                    .map(|x| x + 0.05 * (rng.f32() - 0.5))
+                    .collect()
+            })
+            .collect();
+        vectors.push(vec![0.0; DEFAULT_DIMENSION]);
+        vectors.push(vec![1.0; 3]);
+        let mut burst: Vec<(&[f32], Scopes<'_>)> = Vec::new();
+        for i in 0..40 {
+            let scopes = if i % 9 == 0 {
+                Scopes::All
+            } else {
+                Scopes::Only(&scopes[i % scopes.len()])
+            };
+            burst.push((&vectors[(i * 7) % vectors.len()], scopes));
+        }
+        for (k, kinds) in [(1, vec![]), (15, vec![]), (5, vec![ItemKind::Postmortem])] {
+            let found = index.search_many(&burst, k, &kinds);
+            assert_eq!(found.len(), burst.len());
+            for (i, (found, (query, scopes))) in found.into_iter().zip(&burst).enumerate() {
+                assert_eq!(
+                    ids(found),
+                    exhaustive(&index, query, k, &kinds, *scopes),
+                    "search {i}, k {k}"
+                );
+            }
+        }
+        assert!(index.search_many(&[], 5, &[]).is_empty());
     }
 }
