@@ -379,7 +379,14 @@ impl<'t> Tables<'t> {
                         .insert(run_id.as_str(), bytes.as_slice())
                         .map_err(fail("cannot write to the table runs"))?;
                     if *open {
-                        self.open_runs.insert(run_id.as_str(), ()).map(|_| ())
+                        // A run's every transition while open: its key is there since its
+                        // acceptance, and inserting it again would rewrite its page.
+                        let held = self.open_runs.get(run_id.as_str()).map(|v| v.is_some());
+                        match held {
+                            Ok(true) => Ok(()),
+                            Ok(false) => self.open_runs.insert(run_id.as_str(), ()).map(|_| ()),
+                            Err(e) => Err(e),
+                        }
                     } else {
                         self.open_runs.remove(run_id.as_str()).map(|_| ())
                     }
