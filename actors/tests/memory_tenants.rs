@@ -19,13 +19,23 @@ fn task(env: &AgentEnv, tenant: &str, i: u64) -> Task {
     }
 }
 
+/// The support desk's environment and a directory for its store.
+fn support_desk() -> (AgentEnv, tempfile::TempDir) {
+    let env = AgentEnv::load(std::path::Path::new("../config/envs/support_desk.toml")).unwrap();
+    (env, tempfile::tempdir().unwrap())
+}
+
+/// A tree of `env` on a store in `dir` that does not sync.
+async fn start(env: &AgentEnv, dir: &std::path::Path) -> Runtime {
+    let mut opts = RuntimeOptions::new(dir, env.clone());
+    opts.durability = Durability::None;
+    Runtime::start(opts).await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_reads_nothing_of_another_tenant_from_memory() {
-    let env = AgentEnv::load(std::path::Path::new("../config/envs/support_desk.toml")).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let mut opts = RuntimeOptions::new(dir.path(), env.clone());
-    opts.durability = Durability::None;
-    let rt = Runtime::start(opts).await.unwrap();
+    let (env, dir) = support_desk();
+    let rt = start(&env, dir.path()).await;
     // Tenant a's runs fail and learn (postmortems, diary notes, lessons of user a/u).
     for i in 0..80 {
         rt.orchestrate(task(&env, "a", i)).await.unwrap();
@@ -118,11 +128,8 @@ async fn a_run_reads_nothing_of_another_tenant_from_memory() {
 /// sent after does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_retrievals_answers_each_as_alone_and_in_order() {
-    let env = AgentEnv::load(std::path::Path::new("../config/envs/support_desk.toml")).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let mut opts = RuntimeOptions::new(dir.path(), env.clone());
-    opts.durability = Durability::None;
-    let rt = Runtime::start(opts).await.unwrap();
+    let (env, dir) = support_desk();
+    let rt = start(&env, dir.path()).await;
     for i in 0..40 {
         rt.orchestrate(task(&env, ["a", "b"][i as usize % 2], i))
             .await
