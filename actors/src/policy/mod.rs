@@ -549,8 +549,9 @@ impl PolicyState {
         }));
     }
 
-    /// Waits for the refit under way, if any, and puts its distiller in force (persisted with
-    /// the next snapshot, which it asks for).
+    /// Waits for the refit under way, if any, and puts its distiller in force, written behind
+    /// with its diary note: a snapshot of the whole policy waits for its turn (it only bounds
+    /// the replay at start, and taking it here held the next choice for its encoding).
     async fn finish_refit(&mut self) {
         let Some(refit) = self.refit.take() else {
             return;
@@ -562,7 +563,7 @@ impl PolicyState {
                 if let Some(o) = outcome {
                     self.note_distillation(&o);
                 }
-                self.persist_later();
+                self.write_distiller_later();
             }
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "the experience log cannot be read; the ranker is not fitted now")
@@ -588,6 +589,35 @@ impl PolicyState {
                 o.fitted_on, o.evaluated_on, o.promotion.reason
             ),
             tags: vec!["ranker".to_string()],
+        });
+    }
+
+    /// Hands the distiller and the distillation's diary notes to the store's writer as a write
+    /// behind (see [`PolicyState::persist_later`]).
+    fn write_distiller_later(&mut self) {
+        let ops = std::mem::take(&mut self.distill_notes)
+            .iter()
+            .map(hindsight::store::WriteOp::diary)
+            .chain([hindsight::store::WriteOp::put(
+                POLICY,
+                RANKER_KEY,
+                &self.planner.distiller,
+            )])
+            .collect::<Result<Vec<_>, _>>();
+        let written = match ops {
+            Ok(ops) => {
+                self.distiller_dirty = false;
+                self.store.queue_batch(ops, Commit::Behind)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the ranker was not written; it is with the next snapshot");
+                return;
+            }
+        };
+        tokio::spawn(async move {
+            if let Err(e) = written.await {
+                tracing::warn!(error = %e, "the ranker was not written; a restart fits it again");
+            }
         });
     }
 
@@ -746,5 +776,68 @@ impl PolicyState {
                 (stage.stage.clone(), ranked)
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::{Runtime, RuntimeOptions};
+
+    /// A refit puts its ranker in force and writes it (with its diary note) on its own: the
+    /// snapshot of the whole policy waits for its turn, every `SNAPSHOT_EVERY` experiences.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refit_writes_its_ranker_without_a_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let env = hindsight::tools::sim::SimEnv::load(
+            &std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../config/envs/bank_statements.toml"),
+        )
+        .unwrap();
+        let mut opts = RuntimeOptions::new(dir.path(), env.clone());
+        opts.durability = hindsight::store::Durability::None;
+        opts.seed = 11;
+        // Every ranker passes the gate (a reward per task is in [0, 1]).
+        opts.distill = hindsight::learn::distill::DistillConfig {
+            every: 40,
+            min_rows: 40,
+            margin: 1.0,
+            min_effective_n: 0.0,
+            ..Default::default()
+        };
+        let rt = Runtime::start(opts).await.unwrap();
+        crate::app::workload::run_tasks(&rt, &env, 11, 120, 1, |_| {})
+            .await
+            .unwrap();
+        let status = rt
+            .ctx()
+            .dir
+            .policy
+            .call(|reply| PolicyMsg::Distillation { reply })
+            .await
+            .unwrap();
+        rt.store().settled().await.unwrap();
+        assert!(status.fits >= 2 && status.in_force, "{status:?}");
+        let stored = stored_distiller(rt.store()).unwrap().unwrap();
+        assert_eq!(
+            (stored.fits, stored.promotions),
+            (status.fits, status.promotions)
+        );
+        assert!(
+            rt.store()
+                .diary_tail(1_000)
+                .unwrap()
+                .into_iter()
+                .filter_map(Result::ok)
+                .any(|e| e.kind == "ranker_promoted")
+        );
+        let snapshot: Option<Persisted> = rt.store().get(POLICY, SNAPSHOT_KEY).unwrap();
+        assert!(
+            snapshot.is_none(),
+            "a snapshot at watermark {:?} before {} experiences",
+            snapshot.map(|s| s.watermark),
+            crate::applied::SNAPSHOT_EVERY
+        );
+        rt.shutdown().await;
     }
 }
