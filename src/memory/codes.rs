@@ -214,10 +214,13 @@ impl Codes {
         k: usize,
         kinds: &[ItemKind],
     ) -> Vec<Vec<&str>> {
+        if k == 0 {
+            return queries.iter().map(|_| Vec::new()).collect();
+        }
         let wanted: Vec<bool> = self
             .rows
             .iter()
-            .map(|row| k > 0 && (kinds.is_empty() || kinds.contains(&row.kind)))
+            .map(|row| kinds.is_empty() || kinds.contains(&row.kind))
             .collect();
         let coded: Vec<&Query> = queries
             .iter()
@@ -229,9 +232,6 @@ impl Codes {
         queries
             .iter()
             .map(|q| {
-                if k == 0 {
-                    return Vec::new();
-                }
                 if !q.is_some_and(|q| q.coded.codes.len() == self.dimension) {
                     return self
                         .rows

@@ -18,7 +18,7 @@ use hindsight::{ArmChoice, ExperienceTuple, Sop, SopStatus, Task, now_ms};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::{Deserialize, Serialize};
 
-use crate::applied::read_snapshot;
+use crate::applied::{read_snapshot, write_behind};
 use crate::chaos_hook::ChaosHook;
 use crate::directory::Slot;
 use crate::memory::MemoryMsg;
@@ -593,32 +593,36 @@ impl PolicyState {
     }
 
     /// Hands the distiller and the distillation's diary notes to the store's writer as a write
-    /// behind (see [`PolicyState::persist_later`]).
+    /// behind, without a snapshot.
     fn write_distiller_later(&mut self) {
-        let ops = std::mem::take(&mut self.distill_notes)
+        match self.distiller_writes() {
+            Ok(ops) => {
+                self.distiller_dirty = false;
+                write_behind(&self.store, ops, "the ranker");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the ranker was not written; it is with the next snapshot")
+            }
+        }
+    }
+
+    /// The writes of the distillation's diary notes (taken) and of the distiller when it
+    /// changed since it was last written.
+    fn distiller_writes(
+        &mut self,
+    ) -> Result<Vec<hindsight::store::WriteOp>, hindsight::store::StoreError> {
+        let mut ops = std::mem::take(&mut self.distill_notes)
             .iter()
             .map(hindsight::store::WriteOp::diary)
-            .chain([hindsight::store::WriteOp::put(
+            .collect::<Result<Vec<_>, _>>()?;
+        if self.distiller_dirty {
+            ops.push(hindsight::store::WriteOp::put(
                 POLICY,
                 RANKER_KEY,
                 &self.planner.distiller,
-            )])
-            .collect::<Result<Vec<_>, _>>();
-        let written = match ops {
-            Ok(ops) => {
-                self.distiller_dirty = false;
-                self.store.queue_batch(ops, Commit::Behind)
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "the ranker was not written; it is with the next snapshot");
-                return;
-            }
-        };
-        tokio::spawn(async move {
-            if let Err(e) = written.await {
-                tracing::warn!(error = %e, "the ranker was not written; a restart fits it again");
-            }
-        });
+            )?);
+        }
+        Ok(ops)
     }
 
     /// Writes the snapshot and waits for it (at shutdown and when asked to flush).
@@ -714,16 +718,7 @@ impl PolicyState {
                 },
             )?);
         }
-        for note in std::mem::take(&mut self.distill_notes) {
-            ops.push(hindsight::store::WriteOp::diary(&note)?);
-        }
-        if self.distiller_dirty {
-            ops.push(hindsight::store::WriteOp::put(
-                POLICY,
-                RANKER_KEY,
-                &self.planner.distiller,
-            )?);
-        }
+        ops.extend(self.distiller_writes()?);
         let p = Persisted {
             policy: self.planner.policy.snapshot(),
             sops: self.planner.sops.snapshot_without_sops(),
