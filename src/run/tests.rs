@@ -174,6 +174,53 @@ fn planned() -> (RunMachine, Vec<Command>) {
 }
 
 #[test]
+fn a_checkpoint_leaves_out_what_a_resumed_run_prepares_again() {
+    let (mut m, mut seen) = planned();
+    through_transitions(&mut m, &mut seen);
+    assert_eq!(m.progress().context.as_deref(), Some("from memory"));
+    let cp = RunMachine::checkpoint_of("run-t#1", m.progress(), 2).unwrap();
+    let state = cp.state.as_object().unwrap();
+    assert!(
+        !state.contains_key("context") && !state.contains_key("citations"),
+        "the checkpoint carries neither: {state:?}"
+    );
+    // The resumed run has them from its preparation, which it asks for first.
+    let mut m = RunMachine::resume(
+        "run-t#1",
+        task(),
+        workflow(),
+        Arc::new(RunRules::default().for_workflow(&workflow())),
+        cp,
+    )
+    .unwrap();
+    assert_eq!(m.progress().context, None);
+    assert_eq!(m.poll(), Some(Command::Prepare));
+    m.handle(Event::Prepared {
+        citations: vec!["lesson:2".into()],
+        guidance: Some("memory now".into()),
+        forced: None,
+    })
+    .unwrap();
+    assert_eq!(m.progress().context.as_deref(), Some("memory now"));
+    assert_eq!(m.progress().citations, vec!["lesson:2".to_string()]);
+    // A checkpoint written before this change, with both, still reads back.
+    let mut old = RunMachine::checkpoint_of("run-t#1", m.progress(), 3).unwrap();
+    let state = old.state.as_object_mut().unwrap();
+    state.insert("context".into(), json!("then"));
+    state.insert("citations".into(), json!(["lesson:1"]));
+    assert!(
+        RunMachine::resume(
+            "run-t#1",
+            task(),
+            workflow(),
+            Arc::new(RunRules::default()),
+            old
+        )
+        .is_ok()
+    );
+}
+
+#[test]
 fn a_clean_run_plans_calls_validates_is_reviewed_and_ends() {
     let mut m = machine();
     let mut seen = Vec::new();

@@ -306,7 +306,8 @@ pub struct RunProgress {
     pub state: Option<RunState>,
     /// The failure policy's per-run counters.
     pub policy_state: crate::triage::policy::PolicyState,
-    /// Citations of what memory retrieved for the run.
+    /// Citations of what memory retrieved for the run. Not checkpointed, as `context`.
+    #[serde(default, skip_serializing)]
     pub citations: Vec<String>,
     /// Events of the current round (for ReflectRetry).
     pub events: Vec<RunEvent>,
@@ -316,8 +317,10 @@ pub struct RunProgress {
     /// Every step of every attempt.
     pub steps: Vec<Step>,
     /// What memory and the lessons say about the task (the fenced lessons and the cited
-    /// retrieval), which an agent's system message carries.
-    #[serde(default)]
+    /// retrieval), which an agent's system message carries. Not checkpointed (about half of a
+    /// planned run's checkpoint): a resumed run is prepared again and takes what memory and
+    /// the lessons say then, and an agent stage in progress has it in its conversation.
+    #[serde(default, skip_serializing)]
     pub context: Option<String>,
     /// The conversation of the agent stage in progress (empty between stages).
     #[serde(default)]
