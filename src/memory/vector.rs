@@ -312,9 +312,10 @@ impl VectorIndex {
                 readers.entry(*g).or_default().insert(*v);
             }
         }
-        // Each group's candidates for each distinct vector reading it: each scope's k best are
-        // among its candidates, so the k best of all are among theirs together.
-        let mut candidates: HashMap<(&Option<String>, usize), Vec<&str>> = HashMap::new();
+        // Each group's candidates for each distinct vector reading it, scored once for all the
+        // queries with that vector: each scope's k best are among its candidates, so the k best
+        // of all are among theirs together.
+        let mut scored: HashMap<(&Option<String>, usize), Vec<Scored<'_>>> = HashMap::new();
         for (group, vs) in readers {
             let Some(codes) = self.codes.get(group) else {
                 continue;
@@ -322,19 +323,10 @@ impl VectorIndex {
             let vs: Vec<usize> = vs.into_iter().collect();
             let qs: Vec<Option<&Query>> = vs.iter().map(|v| coded[*v].as_ref()).collect();
             for (v, keys) in vs.into_iter().zip(codes.candidates(&qs, k, kinds)) {
-                candidates.insert((group, v), keys);
-            }
-        }
-        groups_of
-            .iter()
-            .zip(&of_query)
-            .map(|(groups, &v)| {
                 let (query, query_norm) = (vectors[v], norms[v]);
-                let mut scored: Vec<(&String, &VectorItem, f32)> = groups
-                    .iter()
-                    .filter_map(|g| candidates.get(&(*g, v)))
-                    .flatten()
-                    .filter_map(|key| self.items.get_key_value(*key))
+                let of = keys
+                    .into_iter()
+                    .filter_map(|key| self.items.get_key_value(key))
                     .map(|(key, it)| {
                         let score = if query_norm == 0.0 || it.norm == 0.0 {
                             0.0
@@ -344,15 +336,26 @@ impl VectorIndex {
                         (key, &it.item, score)
                     })
                     .collect();
-                let order = |a: &(&String, &VectorItem, f32), b: &(&String, &VectorItem, f32)| {
-                    b.2.total_cmp(&a.2).then(a.0.cmp(b.0))
-                };
-                if k < scored.len() {
-                    scored.select_nth_unstable_by(k, order);
-                    scored.truncate(k);
+                scored.insert((group, v), of);
+            }
+        }
+        let order = |a: &Scored<'_>, b: &Scored<'_>| b.2.total_cmp(&a.2).then(a.0.cmp(b.0));
+        groups_of
+            .iter()
+            .zip(&of_query)
+            .map(|(groups, &v)| {
+                let mut best: Vec<Scored<'_>> = groups
+                    .iter()
+                    .filter_map(|g| scored.get(&(*g, v)))
+                    .flatten()
+                    .copied()
+                    .collect();
+                if k < best.len() {
+                    best.select_nth_unstable_by(k, order);
+                    best.truncate(k);
                 }
-                scored.sort_by(order);
-                scored.into_iter().map(|(_, it, s)| (it, s)).collect()
+                best.sort_by(order);
+                best.into_iter().map(|(_, it, s)| (it, s)).collect()
             })
             .collect()
     }
@@ -364,6 +367,9 @@ impl VectorIndex {
             .next()
     }
 }
+
+/// An item found for a query, with its key and exact score.
+type Scored<'a> = (&'a String, &'a VectorItem, f32);
 
 /// Drops the codes of `key` from its scope's, and the scope's when it held nothing else.
 fn uncode(codes: &mut BTreeMap<Option<String>, Codes>, scope: &Option<String>, key: &str) {

@@ -247,20 +247,74 @@ pub trait Embedder: Send + Sync {
     fn embed<'a>(&'a self, texts: &'a [String]) -> ModelFuture<'a, Vec<Vec<f32>>>;
 }
 
-/// Cosine similarity of two vectors (0 when either is zero or the lengths differ).
+/// Cosine similarity of two vectors (0 when either is zero or the lengths differ). Its sums
+/// run in eight lanes, which the compiler vectorizes (a single running sum would not be).
 pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
     if a.len() != b.len() {
         return 0.0;
     }
-    let (mut dot, mut na, mut nb) = (0.0f32, 0.0f32, 0.0f32);
-    for (x, y) in a.iter().zip(b) {
-        dot += x * y;
-        na += x * x;
-        nb += y * y;
+    let (mut dot, mut na, mut nb) = ([0.0f32; 8], [0.0f32; 8], [0.0f32; 8]);
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ar, br) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
+        for i in 0..8 {
+            dot[i] += x[i] * y[i];
+            na[i] += x[i] * x[i];
+            nb[i] += y[i] * y[i];
+        }
     }
+    for (i, (x, y)) in ar.iter().zip(br).enumerate() {
+        dot[i] += x * y;
+        na[i] += x * x;
+        nb[i] += y * y;
+    }
+    let (dot, na, nb) = (
+        dot.iter().sum::<f32>(),
+        na.iter().sum::<f32>(),
+        nb.iter().sum::<f32>(),
+    );
     if na == 0.0 || nb == 0.0 {
         0.0
     } else {
         dot / (na.sqrt() * nb.sqrt())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cosine;
+
+    /// The plain running sums the lanes replace.
+    fn plain(a: &[f32], b: &[f32]) -> f64 {
+        let (mut d, mut na, mut nb) = (0.0f64, 0.0f64, 0.0f64);
+        for (x, y) in a.iter().zip(b) {
+            let (x, y) = (f64::from(*x), f64::from(*y));
+            d += x * y;
+            na += x * x;
+            nb += y * y;
+        }
+        if na == 0.0 || nb == 0.0 {
+            0.0
+        } else {
+            d / (na.sqrt() * nb.sqrt())
+        }
+    }
+
+    #[test]
+    fn the_cosine_in_lanes_is_the_cosine() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        for len in [0, 1, 7, 8, 9, 63, 256, 384, 389] {
+            for _ in 0..20 {
+                let a: Vec<f32> = (0..len).map(|_| rng.f32() * 2.0 - 1.0).collect();
+                let b: Vec<f32> = (0..len).map(|_| rng.f32() * 2.0 - 1.0).collect();
+                let got = f64::from(cosine(&a, &b));
+                assert!((got - plain(&a, &b)).abs() < 1e-5, "{len}: {got}");
+                if len > 0 {
+                    assert!((f64::from(cosine(&a, &a)) - 1.0).abs() < 1e-5);
+                }
+            }
+        }
+        assert_eq!(cosine(&[0.0; 9], &[1.0; 9]), 0.0);
+        assert_eq!(cosine(&[1.0; 9], &[1.0; 8]), 0.0);
     }
 }
