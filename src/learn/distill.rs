@@ -556,8 +556,19 @@ impl Distiller {
         policy: &Policy,
         features: &BTreeMap<String, String>,
     ) -> Option<Vec<usize>> {
+        self.exploit_plan_by(policy, features, |plan| policy.shortfall_of(features, plan))
+    }
+
+    /// [`Distiller::exploit_plan`] with the policy's shortfall of a plan given by `shortfall`
+    /// (from beliefs the caller holds already, say).
+    pub fn exploit_plan_by(
+        &self,
+        policy: &Policy,
+        features: &BTreeMap<String, String>,
+        shortfall: impl FnOnce(&[usize]) -> Option<f64>,
+    ) -> Option<Vec<usize>> {
         let plan = policy.plan_indices(&self.active.as_ref()?.best_plan(features))?;
-        (policy.shortfall_of(features, &plan)? <= self.config.defer_margin).then_some(plan)
+        (shortfall(&plan)? <= self.config.defer_margin).then_some(plan)
     }
 }
 

@@ -406,7 +406,11 @@ impl Planner {
     /// evaluation weighs SOP and holdout runs alike by what chose them.
     fn route(&mut self, task: &Task) -> PlanChoice {
         let features = &task.features;
-        let exploit = self.distiller.exploit_plan(&self.policy, features);
+        // The ranker's and the SOP's plans are weighed on the beliefs the choice draws from.
+        let (policy, draws) = (&self.policy, &mut self.draws);
+        let exploit = self.distiller.exploit_plan_by(policy, features, |plan| {
+            draws.shortfall(policy, features, plan)
+        });
         // The SOP in force, with its plan's arm indices and its share: one that matches, fits
         // the stages, and that the policy's own evidence since the promotion (a drift, say) has
         // not overtaken. A stable procedure first, then a candidate procedure on trial, then a
@@ -423,7 +427,7 @@ impl Planner {
         };
         let in_force = pick.and_then(|(sop, share)| {
             let indices = self.policy.choice_indices(&sop.plan)?;
-            let gap = self.policy.shortfall(features, &sop.plan)?;
+            let gap = self.draws.shortfall(&self.policy, features, &indices)?;
             (gap <= self.sops.config.defer_margin).then_some((sop, indices, share))
         });
         self.choices += 1;

@@ -466,7 +466,10 @@ impl Policy {
         draws: usize,
         rng: &mut fastrand::Rng,
     ) -> Vec<(Vec<usize>, f64)> {
-        let table = DrawTable::new(self, features, draws, rng);
+        let mut table = DrawTable::new(self, features);
+        for _ in 0..draws.max(1) {
+            table.draw(self, rng);
+        }
         let mut out: Vec<(Vec<usize>, f64)> = table
             .shares()
             .map(|(p, share)| (p.to_vec(), share))

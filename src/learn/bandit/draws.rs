@@ -45,8 +45,8 @@ pub struct DrawTables {
 }
 
 impl DrawTables {
-    /// The table of `features` under `policy` as it is now, with one draw more when it was
-    /// there already, or `first` draws when it is new.
+    /// The table of `features` under `policy` as it is now, with one draw more when it had
+    /// draws already, or `first` draws when it had none.
     pub(super) fn table(
         &mut self,
         policy: &Policy,
@@ -54,6 +54,31 @@ impl DrawTables {
         first: usize,
         rng: &mut fastrand::Rng,
     ) -> &mut DrawTable {
+        let table = self.entry(policy, features);
+        let draws = if table.total == 0 { first.max(1) } else { 1 };
+        for _ in 0..draws {
+            table.draw(policy, rng);
+        }
+        table
+    }
+
+    /// How much less `policy` expects from `plan` than from its greedy plan for `features`
+    /// ([`Policy::shortfall_of`]), from the beliefs of their table (made, without draws, when
+    /// there is none): a choice that weighs a ranker's or an SOP's plan reads the beliefs it
+    /// draws from instead of working them out again.
+    pub fn shortfall(
+        &mut self,
+        policy: &Policy,
+        features: &BTreeMap<String, String>,
+        plan: &[usize],
+    ) -> Option<f64> {
+        let plan = policy.valid_plan(Some(plan))?;
+        let table = self.entry(policy, features);
+        Some((table.greedy_value - policy.plan_value(&table.eff.mean, &table.eff, plan)).max(0.0))
+    }
+
+    /// The table of `features` under `policy` as it is now (new ones have no draws yet).
+    fn entry(&mut self, policy: &Policy, features: &BTreeMap<String, String>) -> &mut DrawTable {
         if self.version != policy.version {
             self.tables.clear();
             self.version = policy.version;
@@ -62,12 +87,8 @@ impl DrawTables {
             self.tables.clear();
         }
         match self.tables.entry(features.clone()) {
-            Entry::Occupied(o) => {
-                let table = o.into_mut();
-                table.draw(policy, rng);
-                table
-            }
-            Entry::Vacant(v) => v.insert(DrawTable::new(policy, features, first, rng)),
+            Entry::Occupied(o) => o.into_mut(),
+            Entry::Vacant(v) => v.insert(DrawTable::new(policy, features)),
         }
     }
 }
@@ -100,17 +121,12 @@ pub(super) struct DrawTable {
 }
 
 impl DrawTable {
-    /// `draws` draws of `policy`'s rule for `features` (at least one).
-    pub(super) fn new(
-        policy: &Policy,
-        features: &BTreeMap<String, String>,
-        draws: usize,
-        rng: &mut fastrand::Rng,
-    ) -> DrawTable {
+    /// The table of `policy`'s beliefs for `features`, with no draws yet.
+    pub(super) fn new(policy: &Policy, features: &BTreeMap<String, String>) -> DrawTable {
         let eff = policy.effective(features);
         let (greedy, greedy_value) = policy.greedy_in(&eff);
         let scratch = Scratch::new(policy, &greedy);
-        let mut table = DrawTable {
+        DrawTable {
             eff,
             greedy,
             greedy_value,
@@ -118,15 +134,11 @@ impl DrawTable {
             plans: Vec::new(),
             total: 0,
             buf: Vec::new(),
-        };
-        for _ in 0..draws.max(1) {
-            table.draw(policy, rng);
         }
-        table
     }
 
     /// One more draw.
-    fn draw(&mut self, policy: &Policy, rng: &mut fastrand::Rng) {
+    pub(super) fn draw(&mut self, policy: &Policy, rng: &mut fastrand::Rng) {
         policy.rule_draw(
             &self.eff,
             &self.greedy,

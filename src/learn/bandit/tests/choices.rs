@@ -414,3 +414,37 @@ fn draw_tables_are_kept_for_at_most_max_tables_features() {
     p.choose_tabled(&f, Routing::default(), &mut tables, &mut rng);
     assert_eq!(tables.len(), 10);
 }
+
+#[test]
+fn a_tables_shortfall_is_the_policys_and_leaves_the_first_choice_its_draws() {
+    let mut p = policy();
+    let f = feats(&[("k", "v")]);
+    learn_cheap_then_a(&mut p, &f, 3);
+    let mut tables = DrawTables::default();
+    for plan in [[0usize, 0], [0, 1], [1, 0], [1, 1]] {
+        assert_eq!(
+            tables.shortfall(&p, &f, &plan),
+            p.shortfall_of(&f, &plan),
+            "{plan:?}"
+        );
+    }
+    assert_eq!(tables.shortfall(&p, &f, &[0]), None, "one arm short");
+    assert_eq!(tables.shortfall(&p, &f, &[0, 9]), None, "an unknown arm");
+    // The table it made has no draws: the first choice from it draws the first table's
+    // draws, the same choice (and random stream) as without it.
+    let mut fresh = DrawTables::default();
+    let (mut a, mut b) = (fastrand::Rng::with_seed(11), fastrand::Rng::with_seed(11));
+    for _ in 0..3 {
+        let with = p.choose_tabled(&f, Routing::default(), &mut tables, &mut a);
+        let without = p.choose_tabled(&f, Routing::default(), &mut fresh, &mut b);
+        assert_eq!(with.indices, without.indices);
+        assert_eq!(with.plan_propensity, without.plan_propensity);
+    }
+    assert_eq!(a.u64(..), b.u64(..));
+    // Once the policy learns, the shortfall reads its new beliefs.
+    learn_cheap_then_a(&mut p, &f, 2);
+    assert_eq!(
+        tables.shortfall(&p, &f, &[1, 1]),
+        p.shortfall_of(&f, &[1, 1])
+    );
+}
