@@ -550,18 +550,9 @@ impl Distiller {
 
     /// The ranker's plan for `features` as the policy's arm indices, when one is in force and
     /// the policy does not expect clearly less from it than from its own greedy plan (by more
-    /// than [`DistillConfig::defer_margin`]).
+    /// than [`DistillConfig::defer_margin`]); `shortfall` is the policy's [`Policy::shortfall_of`]
+    /// of a plan, from beliefs the caller may hold already.
     pub fn exploit_plan(
-        &self,
-        policy: &Policy,
-        features: &BTreeMap<String, String>,
-    ) -> Option<Vec<usize>> {
-        self.exploit_plan_by(policy, features, |plan| policy.shortfall_of(features, plan))
-    }
-
-    /// [`Distiller::exploit_plan`] with the policy's shortfall of a plan given by `shortfall`
-    /// (from beliefs the caller holds already, say).
-    pub fn exploit_plan_by(
         &self,
         policy: &Policy,
         features: &BTreeMap<String, String>,
@@ -816,6 +807,12 @@ mod tests {
 
     use crate::learn::ope::{TabularModel, compare};
 
+    /// The distiller's exploit plan for the task of file type `t`, weighed on `p`'s beliefs.
+    fn exploit(d: &Distiller, p: &Policy, t: &str) -> Option<Vec<usize>> {
+        let f = ctx(t);
+        d.exploit_plan(p, &f, |plan| p.shortfall_of(&f, plan))
+    }
+
     fn ctx(t: &str) -> BTreeMap<String, String> {
         [("filetype".to_string(), t.to_string())]
             .into_iter()
@@ -902,8 +899,8 @@ mod tests {
         assert!(o.promotion.promote, "{:?}", o.promotion);
         assert!(!o.was_active);
         assert!(o.comparison.diff > 0.05, "{:?}", o.comparison);
-        assert_eq!(d.exploit_plan(&wrong, &ctx("pdf")), Some(vec![0]));
-        assert_eq!(d.exploit_plan(&wrong, &ctx("png")), Some(vec![1]));
+        assert_eq!(exploit(&d, &wrong, "pdf"), Some(vec![0]));
+        assert_eq!(exploit(&d, &wrong, "png"), Some(vec![1]));
         assert!(!d.due(1600));
         // The ranker survives a round trip through the store's encoding (weights kept sparse).
         let bytes = crate::store::envelope::encode(&d).unwrap();
@@ -918,7 +915,7 @@ mod tests {
         let o = d.refit(1700, &log, &right, &mut rng).unwrap();
         assert!(!o.promotion.promote && o.was_active);
         assert!(o.comparison.diff <= 1e-9, "{:?}", o.comparison);
-        assert_eq!(d.exploit_plan(&right, &ctx("pdf")), None);
+        assert_eq!(exploit(&d, &right, "pdf"), None);
         assert_eq!((d.fits, d.promotions), (2, 1));
         // Too few rows: no fit.
         assert!(d.refit(1800, &log[..10], &right, &mut rng).is_none());
@@ -939,15 +936,15 @@ mod tests {
         let mut rng = fastrand::Rng::with_seed(2);
         let o = d.refit(1500, &log, &after, &mut rng).unwrap();
         assert!(o.promotion.promote, "{:?}", o.promotion);
-        assert_eq!(d.exploit_plan(&after, &ctx("pdf")), Some(vec![0]));
+        assert_eq!(exploit(&d, &after, "pdf"), Some(vec![0]));
         // With the default margin the policy plans the task, on pdf; on png the ranker and the
         // policy agree, and the ranker's plan stands.
         d.config.defer_margin = DistillConfig::default().defer_margin;
-        assert_eq!(d.exploit_plan(&after, &ctx("pdf")), None);
-        assert_eq!(d.exploit_plan(&after, &ctx("png")), Some(vec![1]));
+        assert_eq!(exploit(&d, &after, "pdf"), None);
+        assert_eq!(exploit(&d, &after, "png"), Some(vec![1]));
         // A policy that expects about as much from the ranker's plan lets it plan.
         let agreeing = taught(|t| if t == "pdf" { "pdfminer" } else { "ocr" }, 20);
-        assert_eq!(d.exploit_plan(&agreeing, &ctx("pdf")), Some(vec![0]));
+        assert_eq!(exploit(&d, &agreeing, "pdf"), Some(vec![0]));
     }
 
     #[test]

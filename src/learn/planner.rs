@@ -408,7 +408,7 @@ impl Planner {
         let features = &task.features;
         // The ranker's and the SOP's plans are weighed on the beliefs the choice draws from.
         let (policy, draws) = (&self.policy, &mut self.draws);
-        let exploit = self.distiller.exploit_plan_by(policy, features, |plan| {
+        let exploit = self.distiller.exploit_plan(policy, features, |plan| {
             draws.shortfall(policy, features, plan)
         });
         // The SOP in force, with its plan's arm indices and its share: one that matches, fits

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::MemoryError;
 use super::codes::{Codes, Query};
+use crate::model::dot;
 use crate::model::embed::DEFAULT_DIMENSION;
 
 /// What an indexed item is.
@@ -99,24 +100,6 @@ impl Indexed {
         let norm = dot(&item.vector, &item.vector).sqrt();
         Indexed { item, norm }
     }
-}
-
-/// The dot product of two vectors of one length, summed in eight independent lanes.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ac
-        .remainder()
-        .iter()
-        .zip(bc.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ac.zip(bc) {
-        for i in 0..8 {
-            lanes[i] += x[i] * y[i];
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
 }
 
 impl Default for VectorIndex {

@@ -247,36 +247,35 @@ pub trait Embedder: Send + Sync {
     fn embed<'a>(&'a self, texts: &'a [String]) -> ModelFuture<'a, Vec<Vec<f32>>>;
 }
 
-/// Cosine similarity of two vectors (0 when either is zero or the lengths differ). Its sums
-/// run in eight lanes, which the compiler vectorizes (a single running sum would not be).
+/// The dot product of two vectors of one length, summed in eight independent lanes (which the
+/// compiler vectorizes; a single running sum would not be).
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ac
+        .remainder()
+        .iter()
+        .zip(bc.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ac.zip(bc) {
+        for i in 0..8 {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// Cosine similarity of two vectors (0 when either is zero or the lengths differ).
 pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
     if a.len() != b.len() {
         return 0.0;
     }
-    let (mut dot, mut na, mut nb) = ([0.0f32; 8], [0.0f32; 8], [0.0f32; 8]);
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ar, br) = (ac.remainder(), bc.remainder());
-    for (x, y) in ac.zip(bc) {
-        for i in 0..8 {
-            dot[i] += x[i] * y[i];
-            na[i] += x[i] * x[i];
-            nb[i] += y[i] * y[i];
-        }
-    }
-    for (i, (x, y)) in ar.iter().zip(br).enumerate() {
-        dot[i] += x * y;
-        na[i] += x * x;
-        nb[i] += y * y;
-    }
-    let (dot, na, nb) = (
-        dot.iter().sum::<f32>(),
-        na.iter().sum::<f32>(),
-        nb.iter().sum::<f32>(),
-    );
+    let (na, nb) = (dot(a, a), dot(b, b));
     if na == 0.0 || nb == 0.0 {
         0.0
     } else {
-        dot / (na.sqrt() * nb.sqrt())
+        dot(a, b) / (na.sqrt() * nb.sqrt())
     }
 }
 

@@ -522,6 +522,11 @@ impl Policy {
         let plan = self.valid_plan(Some(plan))?;
         let eff = self.effective(features);
         let (_, best) = self.greedy_in(&eff);
-        Some((best - self.plan_value(&eff.mean, &eff, plan)).max(0.0))
+        Some(self.shortfall_in(&eff, best, plan))
+    }
+
+    /// How much less the policy expects from a valid `plan` than `best` under `eff`.
+    pub(super) fn shortfall_in(&self, eff: &Eff, best: f64, plan: &[usize]) -> f64 {
+        (best - self.plan_value(&eff.mean, eff, plan)).max(0.0)
     }
 }

@@ -467,9 +467,7 @@ impl Policy {
         rng: &mut fastrand::Rng,
     ) -> Vec<(Vec<usize>, f64)> {
         let mut table = DrawTable::new(self, features);
-        for _ in 0..draws.max(1) {
-            table.draw(self, rng);
-        }
+        table.draw(self, draws, rng);
         let mut out: Vec<(Vec<usize>, f64)> = table
             .shares()
             .map(|(p, share)| (p.to_vec(), share))

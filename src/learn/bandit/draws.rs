@@ -55,10 +55,8 @@ impl DrawTables {
         rng: &mut fastrand::Rng,
     ) -> &mut DrawTable {
         let table = self.entry(policy, features);
-        let draws = if table.total == 0 { first.max(1) } else { 1 };
-        for _ in 0..draws {
-            table.draw(policy, rng);
-        }
+        let draws = if table.total == 0 { first } else { 1 };
+        table.draw(policy, draws, rng);
         table
     }
 
@@ -74,7 +72,7 @@ impl DrawTables {
     ) -> Option<f64> {
         let plan = policy.valid_plan(Some(plan))?;
         let table = self.entry(policy, features);
-        Some((table.greedy_value - policy.plan_value(&table.eff.mean, &table.eff, plan)).max(0.0))
+        Some(policy.shortfall_in(&table.eff, table.greedy_value, plan))
     }
 
     /// The table of `features` under `policy` as it is now (new ones have no draws yet).
@@ -137,8 +135,15 @@ impl DrawTable {
         }
     }
 
+    /// `draws` more draws (at least one).
+    pub(super) fn draw(&mut self, policy: &Policy, draws: usize, rng: &mut fastrand::Rng) {
+        for _ in 0..draws.max(1) {
+            self.draw_one(policy, rng);
+        }
+    }
+
     /// One more draw.
-    pub(super) fn draw(&mut self, policy: &Policy, rng: &mut fastrand::Rng) {
+    fn draw_one(&mut self, policy: &Policy, rng: &mut fastrand::Rng) {
         policy.rule_draw(
             &self.eff,
             &self.greedy,
