@@ -173,6 +173,46 @@ async fn every_task_ends_once_and_learning_survives_a_restart() {
     rt.shutdown().await;
 }
 
+/// A workload stopped part way (its driver dropped, as when the process dies) leaves the progress
+/// it wrote behind as it went, and the next one goes on from there without running any task twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workload_stopped_part_way_goes_on_without_running_a_task_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = env();
+    let rt = Runtime::start(options(dir.path())).await.unwrap();
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let enough = tokio::sync::Notify::new();
+    let work = workload::run_tasks(&rt, &env, 11, 400, 8, |_| {
+        if done.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == 60 {
+            enough.notify_one();
+        }
+    });
+    tokio::select! {
+        finished = work => panic!("the workload ended before it was stopped: {finished:?}"),
+        () = enough.notified() => {}
+    }
+    // Whatever the dropped driver queued is committed before it is read back.
+    rt.store().settled().await.unwrap();
+    let resumed_from = workload::next_task(&rt, &env, 11).unwrap();
+    assert!(
+        resumed_from > 0 && resumed_from <= 60,
+        "progress written behind while the workload ran: {resumed_from}"
+    );
+    let rest = workload::run_tasks(&rt, &env, 11, 400 - resumed_from, 8, |_| {})
+        .await
+        .unwrap();
+    assert_eq!(rest.first().map(|r| r.task), Some(resumed_from));
+    assert_eq!(workload::next_task(&rt, &env, 11).unwrap(), 400);
+    // Runs the stopped driver left in flight ended in the tree; none ran twice.
+    rt.store().settled().await.unwrap();
+    assert_eq!(
+        rt.store().experience_all().unwrap().len(),
+        400,
+        "one experience per task"
+    );
+    rt.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reflect_retry_sends_a_rejected_run_back_up_to_max_retries() {
     let dir = tempfile::tempdir().unwrap();

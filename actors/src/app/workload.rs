@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use hindsight::Task;
-use hindsight::store::KvTable;
+use hindsight::store::{Commit, KvTable, WriteOp};
 use hindsight::tools::sim::SimEnv;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
@@ -315,16 +315,35 @@ pub async fn run_tasks(
         let Some(joined) = results.join_next().await else {
             break;
         };
-        let (index, task, outcome) = joined.map_err(|e| RuntimeError::Internal(e.to_string()))?;
-        let outcome = outcome?;
-        let record = record_of(env, index, &task, &outcome);
-        on_done(&record);
-        records[(index - start) as usize] = Some(record);
+        // Every run that ended meanwhile is taken now, before the next tasks go in.
+        let mut joined = Some(joined);
+        while let Some(one) = joined.take().or_else(|| results.try_join_next()) {
+            let (index, task, outcome) = one.map_err(|e| RuntimeError::Internal(e.to_string()))?;
+            let record = record_of(env, index, &task, &outcome?);
+            on_done(&record);
+            records[(index - start) as usize] = Some(record);
+        }
         // Progress is the first index not yet done, persisted so a later workload goes on from
-        // there (tasks done beyond it are found by their run and not run again).
+        // there. It is written behind: the runs' own writes do not wait for it, and a crash that
+        // loses the newest of it costs nothing, since a task done beyond it is found by its run
+        // and not run again. The last one is synced below.
+        let before = done_upto;
         while done_upto < end && records[(done_upto - start) as usize].is_some() {
             done_upto += 1;
         }
+        if done_upto > before {
+            // Queued now; its outcome is the next synced write's.
+            drop(rt.store().queue_batch(
+                vec![WriteOp::put(
+                    PROGRESS,
+                    &progress_key(env, seed),
+                    &done_upto,
+                )?],
+                Commit::Behind,
+            ));
+        }
+    }
+    if done_upto > start {
         rt.store()
             .put(PROGRESS, &progress_key(env, seed), &done_upto)
             .await?;
