@@ -4,6 +4,7 @@
 //! [`Distiller`] (its schedule and the ranker in force), and `hindsight policy evaluate`'s
 //! report.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -146,8 +147,8 @@ fn sigmoid(x: f64) -> f64 {
 
 impl Ranker {
     /// Fits a ranker on the log (records whose stages differ from `stages` are skipped).
-    pub fn fit(
-        log: &[LogRecord],
+    pub fn fit<R: Borrow<LogRecord>>(
+        log: &[R],
         stages: &[StageArms],
         config: RankerConfig,
         rng: &mut fastrand::Rng,
@@ -156,6 +157,7 @@ impl Ranker {
         let mut weights = vec![0.0; dim];
         let examples: Vec<(Vec<usize>, f64, f64)> = log
             .iter()
+            .map(R::borrow)
             .filter(|r| r.has_stages(stages))
             .map(|r| {
                 let feats: Vec<usize> = r
@@ -252,7 +254,11 @@ impl TargetPolicy for Ranker {
 /// evidence (the importance-weighted residuals of the logged plans) that it does better than
 /// the policy expects, never on a model's guess about plans the log hardly tried. Where the two
 /// plans agree the difference is exactly 0.
-pub fn ranker_vs_greedy(hold: &[LogRecord], ranker: &Ranker, policy: &Policy) -> Comparison {
+pub fn ranker_vs_greedy<R: Borrow<LogRecord>>(
+    hold: &[R],
+    ranker: &Ranker,
+    policy: &Policy,
+) -> Comparison {
     let n = hold.len();
     let (mut a, mut b, mut wa, mut wb) = (
         Vec::with_capacity(n),
@@ -260,12 +266,20 @@ pub fn ranker_vs_greedy(hold: &[LogRecord], ranker: &Ranker, policy: &Policy) ->
         Vec::with_capacity(n),
         Vec::with_capacity(n),
     );
-    for r in hold {
-        let beliefs = policy.beliefs(&r.context);
-        let (greedy, greedy_value) = beliefs.greedy();
-        let candidate = policy
-            .plan_indices(&ranker.best_plan(&r.context))
-            .unwrap_or_else(|| greedy.clone());
+    // Held-out rows share a few task contexts: their beliefs, greedy plan and the ranker's
+    // plan are worked out once per context.
+    let mut by_context = BTreeMap::new();
+    for r in hold.iter().map(R::borrow) {
+        let (beliefs, greedy, greedy_value, candidate) =
+            by_context.entry(&r.context).or_insert_with(|| {
+                let beliefs = policy.beliefs(&r.context);
+                let (greedy, greedy_value) = beliefs.greedy();
+                let candidate = policy
+                    .plan_indices(&ranker.best_plan(&r.context))
+                    .unwrap_or_else(|| greedy.clone());
+                (beliefs, greedy, greedy_value, candidate)
+            });
+        let (greedy_value, greedy, candidate) = (*greedy_value, &*greedy, &*candidate);
         let logged = policy.plan_indices(&r.plan);
         let residual = logged
             .as_ref()
@@ -273,17 +287,17 @@ pub fn ranker_vs_greedy(hold: &[LogRecord], ranker: &Ranker, policy: &Policy) ->
             .unwrap_or(0.0);
         let hit = |plan: &[usize]| logged.as_deref() == Some(plan);
         let w = |plan: &[usize]| if hit(plan) { 1.0 / r.propensity } else { 0.0 };
-        a.push(beliefs.value(&candidate) + if hit(&candidate) { residual } else { 0.0 });
-        b.push(greedy_value + if hit(&greedy) { residual } else { 0.0 });
-        wa.push(w(&candidate));
-        wb.push(w(&greedy));
+        a.push(beliefs.value(candidate) + if hit(candidate) { residual } else { 0.0 });
+        b.push(greedy_value + if hit(greedy) { residual } else { 0.0 });
+        wa.push(w(candidate));
+        wb.push(w(greedy));
     }
     compare_terms(&a, &b, &wa, &wb)
 }
 
 /// Splits a log (oldest first) into the rows that fit and the newest `share` held out to
 /// evaluate on: at least one row on each side when there are two or more.
-fn split_holdout(log: &[LogRecord], share: f64) -> (&[LogRecord], &[LogRecord]) {
+fn split_holdout<R>(log: &[R], share: f64) -> (&[R], &[R]) {
     let n_hold = ((log.len() as f64) * share.clamp(0.0, 1.0)).round() as usize;
     let n_hold = if log.len() >= 2 {
         n_hold.clamp(1, log.len() - 1)
@@ -504,7 +518,7 @@ impl Distiller {
     /// Fits a ranker on `log` (oldest first; its newest `window` rows are read), evaluates it
     /// against `policy`'s greedy plan and puts it in force or withdraws the one in force.
     /// `rows` is the log's length, for the schedule. `None` when too few rows are usable.
-    pub fn refit<R: std::borrow::Borrow<LogRecord>>(
+    pub fn refit<R: Borrow<LogRecord>>(
         &mut self,
         rows: u64,
         log: &[R],
@@ -514,13 +528,12 @@ impl Distiller {
         self.last_at = rows;
         let c = &self.config;
         // The newest `window` usable rows, oldest first.
-        let mut usable: Vec<LogRecord> = log
+        let mut usable: Vec<&LogRecord> = log
             .iter()
             .map(R::borrow)
             .rev()
             .filter(|r| r.has_stages(policy.stages()))
             .take(c.window.max(1))
-            .cloned()
             .collect();
         usable.reverse();
         if usable.len() < c.min_rows.max(2) {
