@@ -473,6 +473,34 @@ fn the_goal_words_a_lesson_shares_are_counted_once_across_its_action_and_its_too
     assert!((got[0].score - expected).abs() < 1e-12, "{}", got[0].score);
 }
 
+/// Words outside ASCII match whatever their case, as ASCII ones do.
+#[test]
+fn a_lesson_shares_the_goals_words_in_any_case_outside_ascii_too() {
+    let mut a = adaptive();
+    fill(&mut a, 2, "pdfminer", 1);
+    let mut snap = a.snapshot();
+    let s = snap.scopes.get_mut(SCOPE).unwrap();
+    s.lessons = vec![
+        lesson("umlaut", "camelot", "ÜBERPRÜFE die SUMMEN", &[]),
+        lesson("apart", "camelot", "use lattice mode on ruled tables", &[]),
+    ];
+    let a = AdaptiveStrategies::restore(snap).unwrap();
+    let got = a.relevant(
+        SCOPE,
+        RelevanceQuery {
+            features: &feats(&[]),
+            tools: &[],
+            goal: "Überprüfe die Summen",
+        },
+        5,
+    );
+    let ids: Vec<&str> = got.iter().map(|s| s.lesson.lesson_id.as_str()).collect();
+    assert_eq!(ids, ["umlaut"]);
+    // (0.5 for holding everywhere, 0.5 x all three of the goal's words) x the confidence.
+    let expected = (0.5 + 0.5) * 0.8;
+    assert!((got[0].score - expected).abs() < 1e-12, "{}", got[0].score);
+}
+
 #[test]
 fn unreinforced_lessons_decay_and_are_deleted_below_floor() {
     let mut a = adaptive();

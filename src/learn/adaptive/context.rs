@@ -29,7 +29,12 @@ pub fn escape_fence(text: &str) -> String {
 /// Renders lessons as the system-message block injected before a run, or `None` when there is
 /// nothing to inject.
 pub fn render_strategy_context(lessons: &[Lesson]) -> Option<String> {
-    if lessons.is_empty() {
+    render(lessons.iter())
+}
+
+/// [`render_strategy_context`] of lessons the caller holds by reference.
+pub(super) fn render<'a>(lessons: impl ExactSizeIterator<Item = &'a Lesson>) -> Option<String> {
+    if lessons.len() == 0 {
         return None;
     }
     let mut out = String::new();

@@ -3,7 +3,8 @@
 
 use std::collections::BTreeSet;
 
-use super::{AdaptiveStrategies, RelevanceQuery, ScoredLesson, render_strategy_context};
+use super::context::render;
+use super::{AdaptiveStrategies, RelevanceQuery, ScoredLesson};
 use crate::record::Lesson;
 
 /// Lowercased words of a text, for the minor word-overlap signal.
@@ -29,9 +30,21 @@ impl AdaptiveStrategies {
         query: RelevanceQuery<'_>,
         now_ms: u64,
     ) -> Vec<ScoredLesson> {
+        self.ranked(scope, query, now_ms)
+            .into_iter()
+            .map(|(score, l)| ScoredLesson {
+                lesson: l.clone(),
+                score,
+            })
+            .collect()
+    }
+
+    /// [`AdaptiveStrategies::relevant`] by reference, with their scores.
+    fn ranked(&self, scope: &str, query: RelevanceQuery<'_>, now_ms: u64) -> Vec<(f64, &Lesson)> {
         let cfg = &self.state.config;
         let goal_words = word_set(query.goal);
         let mut shared: Vec<&str> = Vec::new();
+        let mut word = String::new();
         let mut scored: Vec<(f64, &Lesson)> = self
             .lessons(scope)
             .iter()
@@ -63,14 +76,24 @@ impl AdaptiveStrategies {
                 };
                 // The share of the goal's words the lesson (its action and its tool) speaks
                 // of (a long lesson is not diluted by its own length).
-                let action = l.action.to_lowercase();
-                let tool = l.tool.as_deref().map(str::to_lowercase);
                 shared.clear();
-                for w in words(&action).chain(tool.iter().flat_map(|t| words(t))) {
+                let mut share = |w: &str| {
                     if let Some(g) = goal_words.get(w)
                         && !shared.contains(&g.as_str())
                     {
                         shared.push(g);
+                    }
+                };
+                for text in std::iter::once(l.action.as_str()).chain(l.tool.as_deref()) {
+                    if text.is_ascii() {
+                        // The same words without a lowercased copy of the text per lesson.
+                        for w in words(text) {
+                            word.clear();
+                            word.extend(w.bytes().map(|b| char::from(b.to_ascii_lowercase())));
+                            share(&word);
+                        }
+                    } else {
+                        words(&text.to_lowercase()).for_each(&mut share);
                     }
                 }
                 let inter = shared.len() as f64;
@@ -85,26 +108,20 @@ impl AdaptiveStrategies {
         scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.lesson_id.cmp(&b.1.lesson_id)));
         scored.truncate(cfg.top_k);
         scored
-            .into_iter()
-            .map(|(score, l)| ScoredLesson {
-                lesson: l.clone(),
-                score,
-            })
-            .collect()
     }
 
-    /// The fenced `<strategy_context>` block for a task (see [`render_strategy_context`]).
+    /// The fenced `<strategy_context>` block for a task (see
+    /// [`render_strategy_context`](super::render_strategy_context)).
     pub fn context_for(
         &self,
         scope: &str,
         query: RelevanceQuery<'_>,
         now_ms: u64,
     ) -> Option<String> {
-        let lessons: Vec<Lesson> = self
-            .relevant(scope, query, now_ms)
-            .into_iter()
-            .map(|s| s.lesson)
-            .collect();
-        render_strategy_context(&lessons)
+        render(
+            self.ranked(scope, query, now_ms)
+                .into_iter()
+                .map(|(_, l)| l),
+        )
     }
 }
