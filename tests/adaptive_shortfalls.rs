@@ -443,62 +443,63 @@ fn shortfall_11_retrieval_uses_tools_and_features_not_only_words() {
     assert!(!ids.contains(&"other"), "nothing in common with the task");
 }
 
-#[test]
-fn the_goal_words_a_lesson_shares_are_counted_once_across_its_action_and_its_tool() {
+/// The lessons relevant to a task with `goal` and no features or tools, among `lessons`, with
+/// their scores.
+fn relevant_to_goal(lessons: Vec<Lesson>, goal: &str) -> Vec<(String, f64)> {
     let mut a = adaptive();
     fill(&mut a, 2, "pdfminer", 1);
     let mut snap = a.snapshot();
-    let s = snap.scopes.get_mut(SCOPE).unwrap();
-    s.lessons = vec![
-        // "parse" twice and in capitals, "totals", and its tool "ocr": three of the goal's
-        // five words ("of" is too short to count).
-        lesson("shared", "OCR", "Parse, then PARSE the totals again", &[]),
-        lesson("apart", "camelot", "use lattice mode on ruled tables", &[]),
-    ];
+    snap.scopes.get_mut(SCOPE).unwrap().lessons = lessons;
     let a = AdaptiveStrategies::restore(snap).unwrap();
-    let got = a.relevant(
-        SCOPE,
-        RelevanceQuery {
-            features: &feats(&[]),
-            tools: &[],
-            goal: "parse the totals of ocr output",
-        },
-        5,
+    let query = RelevanceQuery {
+        features: &feats(&[]),
+        tools: &[],
+        goal,
+    };
+    a.relevant(SCOPE, query, 5)
+        .into_iter()
+        .map(|s| (s.lesson.lesson_id, s.score))
+        .collect()
+}
+
+/// `got` is the lesson `id` alone, scored `score`.
+fn assert_only(got: &[(String, f64)], id: &str, score: f64) {
+    assert!(
+        matches!(got, [(i, s)] if i == id && (s - score).abs() < 1e-12),
+        "{got:?}"
     );
-    let ids: Vec<&str> = got.iter().map(|s| s.lesson.lesson_id.as_str()).collect();
-    assert_eq!(ids, ["shared"]);
+}
+
+#[test]
+fn the_goal_words_a_lesson_shares_are_counted_once_across_its_action_and_its_tool() {
+    let got = relevant_to_goal(
+        vec![
+            // "parse" twice and in capitals, "totals", and its tool "ocr": three of the goal's
+            // five words ("of" is too short to count).
+            lesson("shared", "OCR", "Parse, then PARSE the totals again", &[]),
+            lesson("apart", "camelot", "use lattice mode on ruled tables", &[]),
+        ],
+        "parse the totals of ocr output",
+    );
     // (no tool planned, 0.5 for holding everywhere, 0.5 x 4/5 of the goal's words: "the" is
     // in the action too) x the confidence.
     let expected = (0.5 + 0.5 * 4.0 / 5.0) * 0.8;
-    assert!((got[0].score - expected).abs() < 1e-12, "{}", got[0].score);
+    assert_only(&got, "shared", expected);
 }
 
 /// Words outside ASCII match whatever their case, as ASCII ones do.
 #[test]
 fn a_lesson_shares_the_goals_words_in_any_case_outside_ascii_too() {
-    let mut a = adaptive();
-    fill(&mut a, 2, "pdfminer", 1);
-    let mut snap = a.snapshot();
-    let s = snap.scopes.get_mut(SCOPE).unwrap();
-    s.lessons = vec![
-        lesson("umlaut", "camelot", "ÜBERPRÜFE die SUMMEN", &[]),
-        lesson("apart", "camelot", "use lattice mode on ruled tables", &[]),
-    ];
-    let a = AdaptiveStrategies::restore(snap).unwrap();
-    let got = a.relevant(
-        SCOPE,
-        RelevanceQuery {
-            features: &feats(&[]),
-            tools: &[],
-            goal: "Überprüfe die Summen",
-        },
-        5,
+    let got = relevant_to_goal(
+        vec![
+            lesson("umlaut", "camelot", "ÜBERPRÜFE die SUMMEN", &[]),
+            lesson("apart", "camelot", "use lattice mode on ruled tables", &[]),
+        ],
+        "Überprüfe die Summen",
     );
-    let ids: Vec<&str> = got.iter().map(|s| s.lesson.lesson_id.as_str()).collect();
-    assert_eq!(ids, ["umlaut"]);
     // (0.5 for holding everywhere, 0.5 x all three of the goal's words) x the confidence.
     let expected = (0.5 + 0.5) * 0.8;
-    assert!((got[0].score - expected).abs() < 1e-12, "{}", got[0].score);
+    assert_only(&got, "umlaut", expected);
 }
 
 #[test]
