@@ -582,3 +582,47 @@ fn a_checkpoint_that_does_not_decode_is_refused_with_the_run_and_step() {
     let text = err.to_string();
     assert!(text.contains("checkpoint 4 of run run-t#1"), "{text}");
 }
+
+#[test]
+fn a_checkpoint_leaves_out_what_is_empty_and_reads_back_the_same() {
+    let (mut m, mut seen) = planned();
+    through_transitions(&mut m, &mut seen);
+    let cp = RunMachine::checkpoint_of("run-t#1", m.progress(), 2).unwrap();
+    let state = cp.state.as_object().unwrap();
+    for empty in [
+        "steps",
+        "outputs",
+        "in_flight",
+        "events",
+        "conversation",
+        "tool_errors",
+        "policy_state",
+        "cost",
+    ] {
+        assert!(!state.contains_key(empty), "{empty} is left out: {state:?}");
+    }
+    // Read back, the same progress (less what a resumed run is prepared with again).
+    let back: RunProgress = serde_json::from_value(cp.state.clone()).unwrap();
+    let mut expected = m.progress().clone();
+    expected.context = None;
+    expected.citations.clear();
+    assert_eq!(back, expected);
+    // Fields that are set are written and read back.
+    let set = RunProgress {
+        recoveries_in_round: 1,
+        in_flight: Some(0),
+        guidance: Some("narrow the query".into()),
+        latency_ms: 1.5,
+        cost: 0.25,
+        tool_calls: 2,
+        reflect_retries: 1,
+        turn: 3,
+        stage_calls: 4,
+        procedure_dropped: true,
+        following: Some(machine::Following::default()),
+        ..expected.clone()
+    };
+    let cp = RunMachine::checkpoint_of("run-t#1", &set, 3).unwrap();
+    let back: RunProgress = serde_json::from_value(cp.state).unwrap();
+    assert_eq!(back, set);
+}

@@ -266,6 +266,7 @@ pub struct RunProgress {
     /// 1-based ReflectRetry round.
     pub round: u32,
     /// Recovery attempts in the current round.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub recoveries_in_round: u32,
     /// The plan in force.
     pub plan: Option<PlanChoice>,
@@ -274,47 +275,61 @@ pub struct RunProgress {
     /// Whether the first plan explored.
     pub explored: bool,
     /// The policy's greedy plan when it chose the first plan.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub first_greedy: Vec<Arm>,
     /// The first plan's id (`sop:<id>@<version>` when it followed an SOP).
     pub first_plan_id: String,
     /// The next stage to run in this attempt.
     pub next_stage: usize,
     /// Outputs of the completed stages of this attempt.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub outputs: BTreeMap<String, Value>,
     /// The step (index into `steps`) that produced each output.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub output_step: BTreeMap<String, usize>,
     /// A stage of a non-idempotent tool whose call was started and not seen to end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_flight: Option<usize>,
     /// Arms ruled out by recoveries in this round.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub excluded: Vec<(String, String, String)>,
     /// The reflection or hint to plan with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guidance: Option<String>,
     /// Latency over every call.
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
     pub latency_ms: f64,
     /// Cost over every call.
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
     pub cost: f64,
     /// Tool calls made (retries included; replays excluded).
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub tool_calls: u32,
     /// Tool errors by class.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tool_errors: BTreeMap<ErrorClass, u32>,
     /// The recoveries made.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recoveries: Vec<RecoveryRecord>,
     /// ReflectRetry rounds that sent the run back.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub reflect_retries: u32,
     /// The run state last acknowledged.
     pub state: Option<RunState>,
     /// The failure policy's per-run counters.
+    #[serde(default, skip_serializing_if = "is_default")]
     pub policy_state: crate::triage::policy::PolicyState,
     /// Citations of what memory retrieved for the run. Not checkpointed, as `context`.
     #[serde(default, skip_serializing)]
     pub citations: Vec<String>,
     /// Events of the current round (for ReflectRetry).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<RunEvent>,
     /// Retries each of the embedder's plugins asked for, by name.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub plugin_retries: BTreeMap<String, u32>,
     /// Every step of every attempt.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub steps: Vec<Step>,
     /// What memory and the lessons say about the task (the fenced lessons and the cited
     /// retrieval), which an agent's system message carries. Not checkpointed (about half of a
@@ -323,24 +338,44 @@ pub struct RunProgress {
     #[serde(default, skip_serializing)]
     pub context: Option<String>,
     /// The conversation of the agent stage in progress (empty between stages).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conversation: Vec<crate::model::ChatMessage>,
     /// Tool calls of the model's last turn not made yet, in order.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending_calls: Vec<crate::model::ToolCall>,
     /// Model turns of the agent stage in progress.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub turn: u32,
     /// Tool calls of the agent stage in progress.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub stage_calls: u32,
     /// Where the agent stage in progress is in the procedure its plan follows, if it follows
     /// one.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub following: Option<Following>,
     /// Whether the run's procedure stopped (a step failed) and the model carries on from there.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub procedure_dropped: bool,
+}
+
+/// Whether a counter is zero (left out of a checkpoint, and read back as zero).
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// Whether a sum is zero (left out of a checkpoint, and read back as zero).
+fn is_zero_f64(x: &f64) -> bool {
+    *x == 0.0
+}
+
+/// Whether a flag is off (left out of a checkpoint, and read back as off).
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// Whether a value is its type's default (left out of a checkpoint, and read back as such).
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
 }
 
 /// Where an agent stage is in the procedure it follows.
