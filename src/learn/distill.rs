@@ -271,7 +271,7 @@ pub fn ranker_vs_greedy<R: Borrow<LogRecord>>(
     let mut by_context = BTreeMap::new();
     for r in hold.iter().map(R::borrow) {
         let (beliefs, greedy, greedy_value, candidate) =
-            by_context.entry(&r.context).or_insert_with(|| {
+            &*by_context.entry(&r.context).or_insert_with(|| {
                 let beliefs = policy.beliefs(&r.context);
                 let (greedy, greedy_value) = beliefs.greedy();
                 let candidate = policy
@@ -279,7 +279,6 @@ pub fn ranker_vs_greedy<R: Borrow<LogRecord>>(
                     .unwrap_or_else(|| greedy.clone());
                 (beliefs, greedy, greedy_value, candidate)
             });
-        let (greedy_value, greedy, candidate) = (*greedy_value, &*greedy, &*candidate);
         let logged = policy.plan_indices(&r.plan);
         let residual = logged
             .as_ref()
@@ -288,7 +287,7 @@ pub fn ranker_vs_greedy<R: Borrow<LogRecord>>(
         let hit = |plan: &[usize]| logged.as_deref() == Some(plan);
         let w = |plan: &[usize]| if hit(plan) { 1.0 / r.propensity } else { 0.0 };
         a.push(beliefs.value(candidate) + if hit(candidate) { residual } else { 0.0 });
-        b.push(greedy_value + if hit(greedy) { residual } else { 0.0 });
+        b.push(*greedy_value + if hit(greedy) { residual } else { 0.0 });
         wa.push(w(candidate));
         wb.push(w(greedy));
     }

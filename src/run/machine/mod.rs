@@ -266,7 +266,7 @@ pub struct RunProgress {
     /// 1-based ReflectRetry round.
     pub round: u32,
     /// Recovery attempts in the current round.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub recoveries_in_round: u32,
     /// The plan in force.
     pub plan: Option<PlanChoice>,
@@ -297,13 +297,13 @@ pub struct RunProgress {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guidance: Option<String>,
     /// Latency over every call.
-    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub latency_ms: f64,
     /// Cost over every call.
-    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub cost: f64,
     /// Tool calls made (retries included; replays excluded).
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub tool_calls: u32,
     /// Tool errors by class.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -312,7 +312,7 @@ pub struct RunProgress {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recoveries: Vec<RecoveryRecord>,
     /// ReflectRetry rounds that sent the run back.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub reflect_retries: u32,
     /// The run state last acknowledged.
     pub state: Option<RunState>,
@@ -344,36 +344,22 @@ pub struct RunProgress {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending_calls: Vec<crate::model::ToolCall>,
     /// Model turns of the agent stage in progress.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub turn: u32,
     /// Tool calls of the agent stage in progress.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub stage_calls: u32,
     /// Where the agent stage in progress is in the procedure its plan follows, if it follows
     /// one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub following: Option<Following>,
     /// Whether the run's procedure stopped (a step failed) and the model carries on from there.
-    #[serde(default, skip_serializing_if = "is_false")]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub procedure_dropped: bool,
 }
 
-/// Whether a counter is zero (left out of a checkpoint, and read back as zero).
-fn is_zero(n: &u32) -> bool {
-    *n == 0
-}
-
-/// Whether a sum is zero (left out of a checkpoint, and read back as zero).
-fn is_zero_f64(x: &f64) -> bool {
-    *x == 0.0
-}
-
-/// Whether a flag is off (left out of a checkpoint, and read back as off).
-fn is_false(b: &bool) -> bool {
-    !*b
-}
-
-/// Whether a value is its type's default (left out of a checkpoint, and read back as such).
+/// Whether a value is its type's default: a zero count or sum, a flag off, counters untouched
+/// (left out of a checkpoint, and read back as such).
 fn is_default<T: Default + PartialEq>(v: &T) -> bool {
     *v == T::default()
 }
