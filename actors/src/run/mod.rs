@@ -59,9 +59,13 @@ pub struct TreeCtx {
 /// no fault of theirs. A driver waits for its turn here, where no timeout runs; a call's timeout
 /// starts when it is sent. Each actor has its own gate, so that runs at different steps keep
 /// every actor busy at once (the retrievals of a burst do not hold its choices and transitions
-/// back), and the transitions in flight are written together. Tool calls and model turns are
-/// not gated: they wait on the world, not on the tree.
-pub const SHARED_CALLS_IN_FLIGHT: usize = 64;
+/// back). The width is the store's group commit ([`hindsight::store::MAX_BATCH`]): the
+/// transitions in flight are written in one commit, and the actors answer a burst's messages
+/// together (memory searches the queries that reach it at once in one pass), so a narrower gate
+/// only cuts a burst into more commits and passes; at tens of microseconds a message, a full
+/// gate waits well under a second in any one mailbox. Tool calls and model turns are not gated:
+/// they wait on the world, not on the tree.
+pub const SHARED_CALLS_IN_FLIGHT: usize = hindsight::store::MAX_BATCH;
 
 /// One [`Gate`] per shared actor a driver calls (see [`SHARED_CALLS_IN_FLIGHT`]).
 pub struct Gates {
@@ -547,7 +551,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_gate_lets_through_its_number_at_once_and_every_one_in_turn() {
-        let gate = Arc::new(Gate::new(SHARED_CALLS_IN_FLIGHT));
+        let gate = Arc::new(Gate::new(64));
         let now = Arc::new(AtomicUsize::new(0));
         let max = Arc::new(AtomicUsize::new(0));
         let done = Arc::new(AtomicUsize::new(0));
@@ -571,6 +575,6 @@ mod tests {
             t.await.unwrap();
         }
         assert_eq!(done.load(Ordering::SeqCst), 1_000);
-        assert_eq!(max.load(Ordering::SeqCst), SHARED_CALLS_IN_FLIGHT);
+        assert_eq!(max.load(Ordering::SeqCst), 64);
     }
 }
