@@ -568,11 +568,12 @@ impl OrchestratorState {
         let queued = (|| {
             let text = serde_json::to_string(&outcome)
                 .map_err(|e| format!("cannot encode the outcome of run {run_id}: {e}"))?;
-            let mut ops = vec![
+            // The run's end removes its calls' idempotency records in the same commit (the
+            // table would otherwise grow with every run ever made).
+            let ops = vec![
                 WriteOp::put(OUTCOMES, &run_id, &text).map_err(|e| e.to_string())?,
                 WriteOp::finish_run(&run).map_err(|e| e.to_string())?,
             ];
-            ops.extend(forget);
             Ok::<_, String>(store.queue_batch(ops, Commit::Synced))
         })();
         tokio::spawn(async move {

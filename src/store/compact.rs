@@ -276,21 +276,13 @@ fn remove_run_idempotency(
     let mut idem = txn.open_table(IDEMPOTENCY)?;
     let mut doomed: Vec<String> = Vec::new();
     for (run_id, _) in old {
-        let from = format!("{run_id}/a");
-        let to = format!("{run_id}/b");
+        let (from, to) = idempotency::call_range(run_id);
         for entry in idem.range(from.as_str()..to.as_str())? {
             let (k, _) = entry?;
             let key = k.value();
-            let candidates = idempotency::call_key_runs(key);
-            // The key is this run's unless a longer candidate is a run still stored.
-            let mut taken = false;
-            for c in candidates.iter().filter(|c| c.len() > run_id.len()) {
-                if runs.get(*c)?.is_some() {
-                    taken = true;
-                    break;
-                }
-            }
-            if !taken && candidates.contains(&run_id.as_str()) {
+            if idempotency::is_call_of(key, run_id, |c| {
+                Ok::<_, redb::Error>(runs.get(c)?.is_some())
+            })? {
                 doomed.push(key.to_string());
             }
         }

@@ -64,6 +64,31 @@ pub(crate) fn call_key_runs(key: &str) -> Vec<&str> {
     out
 }
 
+/// The key range that holds every call record of run `run_id` (and of any run whose id extends
+/// it with `/a...`: see [`is_call_of`]).
+pub(crate) fn call_range(run_id: &str) -> (String, String) {
+    (format!("{run_id}/a"), format!("{run_id}/b"))
+}
+
+/// Whether call key `key` is run `run_id`'s: `run_id` is one of its candidates
+/// ([`call_key_runs`]) and no longer candidate is a run `stored` says is in the store.
+pub(crate) fn is_call_of<E>(
+    key: &str,
+    run_id: &str,
+    mut stored: impl FnMut(&str) -> Result<bool, E>,
+) -> Result<bool, E> {
+    let candidates = call_key_runs(key);
+    if !candidates.contains(&run_id) {
+        return Ok(false);
+    }
+    for c in candidates.iter().filter(|c| c.len() > run_id.len()) {
+        if stored(c)? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

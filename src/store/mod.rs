@@ -194,7 +194,9 @@ impl WriteOp {
         }))
     }
 
-    /// Writes a terminal run and drops all but its final checkpoint.
+    /// Writes a terminal run, drops all but its final checkpoint and removes the records of its
+    /// calls (a tool stage's, a model's tool calls turn by turn, a procedure's: an ended run's
+    /// calls are never repeated).
     pub fn finish_run(run: &Run) -> Result<WriteOp, StoreError> {
         Ok(WriteOp(Op::FinishRun {
             run_id: run.run_id.clone(),
@@ -224,8 +226,8 @@ impl WriteOp {
         }))
     }
 
-    /// Deletes the record of an idempotent call (no error if absent): once a run's end is on
-    /// disk its calls are never repeated, so their records need not be kept.
+    /// Deletes the record of an idempotent call (no error if absent; a run's end removes those
+    /// of its calls itself, see [`WriteOp::finish_run`]).
     pub fn delete_idempotent(key: &str) -> WriteOp {
         WriteOp(Op::DeleteIdempotent {
             key: key.to_string(),

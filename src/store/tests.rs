@@ -404,7 +404,6 @@ async fn an_idempotency_record_can_be_deleted_in_a_batch() {
     store.put_idempotent("r/a0/t", &json!(2)).await.unwrap();
     store
         .write_batch(vec![
-            WriteOp::finish_run(&run("r", RunState::Succeeded)).unwrap(),
             WriteOp::delete_idempotent("r/a0/s"),
             WriteOp::delete_idempotent("r/a9/never-written"),
         ])
@@ -412,6 +411,47 @@ async fn an_idempotency_record_can_be_deleted_in_a_batch() {
         .unwrap();
     assert_eq!(store.get_idempotent("r/a0/s").unwrap(), None);
     assert_eq!(store.get_idempotent("r/a0/t").unwrap(), Some(json!(2)));
+}
+
+#[tokio::test]
+async fn a_run_s_end_removes_the_records_of_its_calls_and_only_those() {
+    use super::idempotency::{agent_call_key, call_key, procedure_call_key, task_claim_key};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), opts()).unwrap();
+    // Run `r` and a run in flight whose id extends it (`r/a1/x`: a task id may hold `/a1/`),
+    // a run `r2`, and a client's claim.
+    store.put_run(&run("r", RunState::Executing)).await.unwrap();
+    store
+        .put_run(&run("r/a1/x", RunState::Executing))
+        .await
+        .unwrap();
+    let ours = [
+        call_key("r", 0, "extract"),
+        call_key("r", 3, "extract"),
+        agent_call_key("r", 1, "triage", 2, 0),
+        procedure_call_key("r", 0, "triage", 1),
+    ];
+    let others = [
+        call_key("r/a1/x", 0, "s"),
+        agent_call_key("r/a1/x", 0, "s", 1, 1),
+        call_key("r2", 0, "extract"),
+        task_claim_key("acme", "k"),
+    ];
+    for key in ours.iter().chain(&others) {
+        store.put_idempotent(key, &json!(1)).await.unwrap();
+    }
+    store
+        .write_batch(vec![
+            WriteOp::finish_run(&run("r", RunState::Succeeded)).unwrap(),
+        ])
+        .await
+        .unwrap();
+    for key in &ours {
+        assert_eq!(store.get_idempotent(key).unwrap(), None, "{key}");
+    }
+    for key in &others {
+        assert_eq!(store.get_idempotent(key).unwrap(), Some(json!(1)), "{key}");
+    }
 }
 
 #[tokio::test]

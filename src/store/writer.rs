@@ -16,7 +16,7 @@ use super::tables::{
     CHECKPOINTS, DIARY, EXPERIENCE, IDEMPOTENCY, KvTable, META, NEXT_CHECKPOINT, NEXT_DIARY,
     NEXT_EXPERIENCE, OPEN_RUNS, RUNS,
 };
-use super::{Durability, StoreError};
+use super::{Durability, StoreError, idempotency};
 
 /// Most requests gathered into one transaction.
 pub(crate) const MAX_BATCH: usize = 4096;
@@ -315,6 +315,35 @@ fn gather(
     Ok(results)
 }
 
+/// Removes the call records of run `run_id`, whose end is being written (its calls are never
+/// repeated), and leaves those of a stored run whose id extends it
+/// ([`idempotency::is_call_of`]).
+fn forget_calls(
+    idem: &mut redb::Table<&str, &[u8]>,
+    runs: &redb::Table<&str, &[u8]>,
+    run_id: &str,
+) -> Result<(), StoreError> {
+    let read = fail("cannot read the table idempotency");
+    let (from, to) = idempotency::call_range(run_id);
+    let mut doomed = Vec::new();
+    for entry in idem.range(from.as_str()..to.as_str()).map_err(&read)? {
+        let (key, _) = entry.map_err(&read)?;
+        let key = key.value();
+        if idempotency::is_call_of(key, run_id, |c| {
+            runs.get(c)
+                .map(|r| r.is_some())
+                .map_err(fail("cannot read the table runs"))
+        })? {
+            doomed.push(key.to_string());
+        }
+    }
+    for key in doomed {
+        idem.remove(key.as_str())
+            .map_err(fail("cannot delete from the table idempotency"))?;
+    }
+    Ok(())
+}
+
 fn next(meta: &redb::Table<&str, u64>, key: &str) -> Result<u64, StoreError> {
     Ok(meta
         .get(key)
@@ -407,6 +436,7 @@ impl<'t> Tables<'t> {
                         .remove(run_id.as_str())
                         .map_err(fail("cannot write to the table open_runs"))?;
                     prune_checkpoints(&mut self.cps, run_id, 1)?;
+                    forget_calls(&mut self.idem, &self.runs, run_id)?;
                 }
                 Op::AppendDiary { bytes } => {
                     self.diary
