@@ -71,15 +71,12 @@ async fn lessons_and_reflections_reach_the_model_through_the_tree() {
     }
     // Every run ended, and its calls (the model's tool calls turn by turn as well as a
     // procedure's) are never repeated: the store keeps no idempotency record of them.
-    let idempotency = rt
-        .store()
-        .stats()
-        .unwrap()
-        .tables
-        .iter()
-        .find(|t| t.table == "idempotency")
-        .map_or(0, |t| t.records);
-    assert_eq!(idempotency, 0, "idempotency records left by ended runs");
+    let idempotency = rt.store().stats().unwrap().records("idempotency");
+    assert_eq!(
+        idempotency,
+        Some(0),
+        "idempotency records left by ended runs"
+    );
     rt.shutdown().await;
     let seen = seen.lock().unwrap();
     let system = |r: &ChatRequest| r.messages[0].content.clone();

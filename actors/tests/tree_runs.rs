@@ -129,15 +129,8 @@ async fn every_task_ends_once_and_learning_survives_a_restart() {
     assert_eq!(rt.held_runs().await.unwrap(), 0);
     // Nor does the store keep their tool calls' idempotency records (a finished run's calls are
     // never repeated) or list them as open: it grows with what is under way, not with history.
-    let idempotency = rt
-        .store()
-        .stats()
-        .unwrap()
-        .tables
-        .iter()
-        .find(|t| t.table == "idempotency")
-        .map_or(0, |t| t.records);
-    assert_eq!(idempotency, 0);
+    let idempotency = rt.store().stats().unwrap().records("idempotency");
+    assert_eq!(idempotency, Some(0));
     assert_eq!(rt.store().open_run_count().unwrap(), 0);
     let run = rt.run("run-bank-statements#5").await.unwrap().unwrap();
     assert!(run.state.is_terminal(), "{}", run.state);

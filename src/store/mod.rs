@@ -276,6 +276,16 @@ pub struct StoreStats {
     pub tables: Vec<TableStats>,
 }
 
+impl StoreStats {
+    /// The records in table `table` (its [`TableStats::table`] name), if the store has it.
+    pub fn records(&self, table: &str) -> Option<u64> {
+        self.tables
+            .iter()
+            .find(|t| t.table == table)
+            .map(|t| t.records)
+    }
+}
+
 /// What [`Store::compact`] removed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct CompactReport {

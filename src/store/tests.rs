@@ -714,13 +714,7 @@ async fn stats_count_every_table() {
     store.append_diary(note(0, "b")).await.unwrap();
     store.put(KvTable::new("x"), "k", &1u32).await.unwrap();
     let stats = store.stats().unwrap();
-    let count = |name: &str| {
-        stats
-            .tables
-            .iter()
-            .find(|t| t.table == name)
-            .map(|t| t.records)
-    };
+    let count = |name: &str| stats.records(name);
     assert_eq!(count("runs"), Some(1));
     assert_eq!(count("diary"), Some(2));
     assert_eq!(count("kv.x"), Some(1));
