@@ -276,16 +276,7 @@ fn remove_run_idempotency(
     let mut idem = txn.open_table(IDEMPOTENCY)?;
     let mut doomed: Vec<String> = Vec::new();
     for (run_id, _) in old {
-        let (from, to) = idempotency::call_range(run_id);
-        for entry in idem.range(from.as_str()..to.as_str())? {
-            let (k, _) = entry?;
-            let key = k.value();
-            if idempotency::is_call_of(key, run_id, |c| {
-                Ok::<_, redb::Error>(runs.get(c)?.is_some())
-            })? {
-                doomed.push(key.to_string());
-            }
-        }
+        doomed.extend(idempotency::calls_of(&idem, runs, run_id)?);
     }
     let mut damaged = 0;
     if !gone_tasks.is_empty() {

@@ -1,10 +1,12 @@
 //! idempotency: the key scheme of the idempotency table, and which of its records belong to a
-//! run, so that the run TTL removes them with it.
+//! run, so that the run's end and the run TTL remove them with it.
 //!
 //! Two kinds of record live in the table:
 //! - a tool call's result, keyed [`call_key`]: `{run_id}/a{attempt}/{stage}`;
 //! - a client's idempotency key claimed for a task, keyed [`task_claim_key`]
 //!   (`api:{scope}:{hash}`), whose value is `{"task_id": ...}`.
+
+use redb::ReadableTable;
 
 /// Prefix of the records that claim a client's idempotency key for a task.
 pub const TASK_CLAIM_PREFIX: &str = "api:";
@@ -64,29 +66,35 @@ pub(crate) fn call_key_runs(key: &str) -> Vec<&str> {
     out
 }
 
-/// The key range that holds every call record of run `run_id` (and of any run whose id extends
-/// it with `/a...`: see [`is_call_of`]).
-pub(crate) fn call_range(run_id: &str) -> (String, String) {
-    (format!("{run_id}/a"), format!("{run_id}/b"))
-}
-
-/// Whether call key `key` is run `run_id`'s: `run_id` is one of its candidates
-/// ([`call_key_runs`]) and no longer candidate is a run `stored` says is in the store.
-pub(crate) fn is_call_of<E>(
-    key: &str,
+/// The keys of run `run_id`'s call records in `idem`: those under its `{run_id}/a` prefix that
+/// name it as a candidate ([`call_key_runs`]) and no longer candidate that is a run in `runs`
+/// (a run whose id extends `run_id` with `/a1/...` owns its own).
+pub(crate) fn calls_of(
+    idem: &redb::Table<&str, &[u8]>,
+    runs: &redb::Table<&str, &[u8]>,
     run_id: &str,
-    mut stored: impl FnMut(&str) -> Result<bool, E>,
-) -> Result<bool, E> {
-    let candidates = call_key_runs(key);
-    if !candidates.contains(&run_id) {
-        return Ok(false);
-    }
-    for c in candidates.iter().filter(|c| c.len() > run_id.len()) {
-        if stored(c)? {
-            return Ok(false);
+) -> Result<Vec<String>, redb::Error> {
+    let (from, to) = (format!("{run_id}/a"), format!("{run_id}/b"));
+    let mut keys = Vec::new();
+    for entry in idem.range(from.as_str()..to.as_str())? {
+        let (k, _) = entry?;
+        let key = k.value();
+        let candidates = call_key_runs(key);
+        if !candidates.contains(&run_id) {
+            continue;
+        }
+        let mut taken = false;
+        for c in candidates.iter().filter(|c| c.len() > run_id.len()) {
+            if runs.get(*c)?.is_some() {
+                taken = true;
+                break;
+            }
+        }
+        if !taken {
+            keys.push(key.to_string());
         }
     }
-    Ok(true)
+    Ok(keys)
 }
 
 #[cfg(test)]

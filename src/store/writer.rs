@@ -316,28 +316,15 @@ fn gather(
 }
 
 /// Removes the call records of run `run_id`, whose end is being written (its calls are never
-/// repeated), and leaves those of a stored run whose id extends it
-/// ([`idempotency::is_call_of`]).
+/// repeated; [`idempotency::calls_of`]).
 fn forget_calls(
     idem: &mut redb::Table<&str, &[u8]>,
     runs: &redb::Table<&str, &[u8]>,
     run_id: &str,
 ) -> Result<(), StoreError> {
-    let read = fail("cannot read the table idempotency");
-    let (from, to) = idempotency::call_range(run_id);
-    let mut doomed = Vec::new();
-    for entry in idem.range(from.as_str()..to.as_str()).map_err(&read)? {
-        let (key, _) = entry.map_err(&read)?;
-        let key = key.value();
-        if idempotency::is_call_of(key, run_id, |c| {
-            runs.get(c)
-                .map(|r| r.is_some())
-                .map_err(fail("cannot read the table runs"))
-        })? {
-            doomed.push(key.to_string());
-        }
-    }
-    for key in doomed {
+    let keys = idempotency::calls_of(idem, runs, run_id)
+        .map_err(fail("cannot read the call records of a run's end"))?;
+    for key in keys {
         idem.remove(key.as_str())
             .map_err(fail("cannot delete from the table idempotency"))?;
     }
