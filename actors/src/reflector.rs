@@ -620,29 +620,36 @@ impl ReflectorState {
         let mut resent: Vec<Lesson> = Vec::new();
         for scope in scopes {
             let now_lessons = self.adaptive.lessons(&scope);
-            let before = self.sent.get(&scope).map(Vec::as_slice).unwrap_or(&[]);
+            // What was sent of the scope is taken apart: a lesson that did not change keeps
+            // its copy (most of a changed scope's lessons are as they were), the others are
+            // copied, and what is left over left force.
+            let mut before = self.sent.remove(&scope).unwrap_or_default();
+            let mut sent = Vec::with_capacity(now_lessons.len());
             for l in now_lessons {
-                let was = before.iter().find(|b| b.lesson_id == l.lesson_id);
+                let was = before
+                    .iter()
+                    .position(|b| b.lesson_id == l.lesson_id)
+                    .map(|i| before.swap_remove(i));
                 match was {
-                    Some(b) if b == l => {
+                    Some(b) if b == *l => {
                         if all {
                             resent.push(l.clone());
                         }
+                        sent.push(b);
                     }
-                    Some(b) if reads_the_same(b, l) && !all => {
+                    Some(b) if reads_the_same(&b, l) && !all => {
                         self.unwritten_lessons
                             .insert(l.lesson_id.clone(), l.clone());
+                        sent.push(l.clone());
                     }
-                    _ => fresh.push(l.clone()),
+                    _ => {
+                        fresh.push(l.clone());
+                        sent.push(l.clone());
+                    }
                 }
             }
-            gone.extend(
-                before
-                    .iter()
-                    .filter(|b| !now_lessons.iter().any(|l| l.lesson_id == b.lesson_id))
-                    .map(|b| b.lesson_id.clone()),
-            );
-            self.sent.insert(scope, now_lessons.to_vec());
+            gone.extend(before.into_iter().map(|b| b.lesson_id));
+            self.sent.insert(scope, sent);
         }
         self.sent_to = memory_now;
         for l in &fresh {

@@ -205,7 +205,9 @@ pub fn describe(lesson: &Lesson) -> String {
 /// Whether two versions of a lesson read the same to memory, which indexes its [`describe`]
 /// text in its scope (a lesson whose confidence or evidence alone changed is indexed as it was).
 pub fn reads_the_same(a: &Lesson, b: &Lesson) -> bool {
-    a.scope == b.scope && describe(a) == describe(b)
+    a.scope == b.scope
+        && ((a.action == b.action && a.preconditions == b.preconditions)
+            || describe(a) == describe(b))
 }
 
 /// The lower bound of the Wilson score interval of `k` successes in `n`.
@@ -503,7 +505,9 @@ impl Reflector {
             .collect();
         keys.sort();
         for (_, key) in keys {
-            let Some(b) = self.state.buckets.get(&key).cloned() else {
+            // Read in place: a bucket holds its recent runs, and only a lesson made or updated
+            // from it takes a copy of them.
+            let Some(b) = self.state.buckets.get(&key) else {
                 continue;
             };
             let failed = b.n - b.passed;
@@ -521,7 +525,7 @@ impl Reflector {
                         b.stage, b.n
                     ),
                     wilson_lower(failed, b.n, cfg.z),
-                    b.fail_runs.clone(),
+                    &b.fail_runs,
                 ))
             } else if b.passed as f64 >= cfg.prefer_success_rate * b.n as f64 {
                 Some((
@@ -530,7 +534,7 @@ impl Reflector {
                         b.stage, b.passed, b.n
                     ),
                     wilson_lower(b.passed, b.n, cfg.z),
-                    b.pass_runs.clone(),
+                    &b.pass_runs,
                 ))
             } else {
                 None
@@ -541,31 +545,31 @@ impl Reflector {
                 .get(&key)
                 .and_then(|id| self.state.lessons.get(id))
                 .filter(|l| l.superseded_by.is_none())
-                .cloned();
+                .map(|l| (l.lesson_id.clone(), polarity(&l.action)));
             let Some((action, confidence, evidence)) = candidate else {
                 // Neither rule holds any more: the bucket's lesson loses its confidence to
                 // what the statistics still support.
-                if let Some(l) = existing {
-                    let k = match polarity(&l.action) {
+                if let Some((id, pol)) = existing {
+                    let k = match pol {
                         Polarity::Avoid => failed,
                         Polarity::Prefer => b.passed,
                     };
-                    if let Some(m) = self.state.lessons.get_mut(&l.lesson_id) {
+                    if let Some(m) = self.state.lessons.get_mut(&id) {
                         m.confidence = wilson_lower(k, b.n, cfg.z);
-                        report.updated.push(l.lesson_id.clone());
+                        report.updated.push(id);
                     }
                 }
                 continue;
             };
-            if let Some(l) = &existing
-                && polarity(&l.action) == polarity(&action)
+            if let Some((id, pol)) = &existing
+                && *pol == polarity(&action)
             {
-                if let Some(m) = self.state.lessons.get_mut(&l.lesson_id) {
+                if let Some(m) = self.state.lessons.get_mut(id) {
                     m.action = action;
                     m.confidence = confidence;
-                    m.evidence = evidence;
+                    m.evidence.clone_from(evidence);
                     m.reinforced_ms = now_ms;
-                    report.updated.push(l.lesson_id.clone());
+                    report.updated.push(id.clone());
                 }
                 continue;
             }
@@ -587,7 +591,7 @@ impl Reflector {
                 tool: Some(b.tool.clone()),
                 action,
                 confidence,
-                evidence,
+                evidence: evidence.clone(),
                 source: "reflection".into(),
                 scope: "shared".into(),
                 created_ms: now_ms,

@@ -195,6 +195,25 @@ fn live_key(sop_id: &str, version: u32) -> String {
     format!("{sop_id}@{version}")
 }
 
+/// The live tally of an SOP version in `live` (keyed by [`live_key`]), found without making its
+/// key: a consolidation looks up every stable SOP's.
+fn live_of<'a>(
+    live: &'a BTreeMap<String, LiveTally>,
+    sop_id: &str,
+    version: u32,
+) -> Option<&'a LiveTally> {
+    use std::ops::Bound;
+    live.range::<str, _>((Bound::Included(sop_id), Bound::Unbounded))
+        .take_while(|(k, _)| k.starts_with(sop_id))
+        .find(|(k, _)| {
+            k[sop_id.len()..]
+                .strip_prefix('@')
+                .and_then(|v| v.parse::<u32>().ok())
+                == Some(version)
+        })
+        .map(|(_, t)| t)
+}
+
 /// Whether every precondition in `pre` holds in `features`.
 pub(crate) fn matches(pre: &BTreeMap<String, String>, features: &BTreeMap<String, String>) -> bool {
     pre.iter().all(|(k, v)| features.get(k) == Some(v))
@@ -362,7 +381,7 @@ impl SopBook {
             if sop.status != SopStatus::Stable {
                 continue;
             }
-            let Some(live) = self.live.get(&live_key(&sop.sop_id, sop.version)) else {
+            let Some(live) = live_of(&self.live, &sop.sop_id, sop.version) else {
                 continue;
             };
             if live.trials < self.config.rollback_min_trials || sop.trials == 0 {
@@ -662,8 +681,7 @@ impl SopBook {
 
     /// Live results of an SOP version.
     pub fn live(&self, sop_id: &str, version: u32) -> LiveTally {
-        self.live
-            .get(&live_key(sop_id, version))
+        live_of(&self.live, sop_id, version)
             .cloned()
             .unwrap_or_default()
     }
@@ -763,6 +781,23 @@ mod tests {
         assert!(book.matching_stable_sop(&feats("B")).is_none());
         // No second promotion of the same plan.
         assert!(book.consolidate(1).is_empty());
+    }
+
+    #[test]
+    fn an_sop_version_s_live_tally_is_its_own() {
+        let mut book = SopBook::new(SopConfig::default());
+        let f = feats("A");
+        let p = plan("good");
+        for (id, version, n) in [("sop-a", 1, 1), ("sop-a", 12, 2), ("sop-ab", 1, 4)] {
+            for i in 0..n {
+                book.record_run(&run(&f, &p, true, &format!("r{i}"), Some((id, version))));
+            }
+        }
+        assert_eq!(book.live("sop-a", 1).trials, 1);
+        assert_eq!(book.live("sop-a", 12).trials, 2);
+        assert_eq!(book.live("sop-ab", 1).trials, 4);
+        assert_eq!(book.live("sop-a", 2).trials, 0);
+        assert_eq!(book.live("sop", 1).trials, 0);
     }
 
     #[test]
