@@ -715,7 +715,7 @@ impl ReflectorState {
             }
         }
         for (id, lesson) in std::mem::take(&mut self.unwritten_lessons) {
-            ops.push(WriteOp::put(LESSONS, &id, &LessonRecord::from(&lesson))?);
+            ops.push(WriteOp::put(LESSONS, &id, &LessonRecord { lesson })?);
         }
         for (key, bucket) in self.reflector.take_bucket_changes() {
             ops.push(WriteOp::put(BUCKETS, &key, &bucket)?);
