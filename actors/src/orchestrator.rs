@@ -554,22 +554,13 @@ impl OrchestratorState {
         let store = self.ctx.store.clone();
         let live = self.ctx.live.clone();
         let orchestrator = self.ctx.dir.orchestrator.clone();
-        // Once the end is on disk the run's tool calls are never repeated, so their idempotency
-        // records go in the same commit (the table would otherwise grow with every run ever
-        // made). Attempts count from 0; one more is covered for a run resumed mid-attempt.
-        let mut forget = Vec::new();
-        for attempt in 0..=outcome.attempts {
-            for stage in self.ctx.workflow.stages() {
-                let key = hindsight::store::idempotency::call_key(&run_id, attempt, &stage.name);
-                forget.push(WriteOp::delete_idempotent(&key));
-            }
-        }
         // Queued now, in the order of the orchestrator's messages (see `submit`).
         let queued = (|| {
             let text = serde_json::to_string(&outcome)
                 .map_err(|e| format!("cannot encode the outcome of run {run_id}: {e}"))?;
-            // The run's end removes its calls' idempotency records in the same commit (the
-            // table would otherwise grow with every run ever made).
+            // The run's end (`finish_run`) removes its calls' idempotency records in the same
+            // commit: once it is on disk they are never repeated, and the table would otherwise
+            // grow with every run ever made.
             let ops = vec![
                 WriteOp::put(OUTCOMES, &run_id, &text).map_err(|e| e.to_string())?,
                 WriteOp::finish_run(&run).map_err(|e| e.to_string())?,
