@@ -16,6 +16,7 @@ pub mod directory;
 pub mod executor;
 pub mod idempotency;
 pub mod journal;
+pub mod lesson_board;
 pub mod memory;
 pub mod orchestrator;
 pub mod plugin;

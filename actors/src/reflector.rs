@@ -10,8 +10,8 @@ use std::sync::Arc;
 use hindsight::learn::Mechanism;
 use hindsight::learn::adaptive::{
     AdaptiveConfig, AdaptiveSnapshot, AdaptiveStrategies, Correction, CorrectionError,
-    FailureObservation, LessonDraft, OfflineVerifier, PreparedCorrection, RelevanceQuery,
-    ScopeState, SynthesisJob, Synthesiser, Verdict, Verifier,
+    FailureObservation, LessonDraft, OfflineVerifier, PreparedCorrection, ScopeState, SynthesisJob,
+    Synthesiser, Verdict, Verifier,
 };
 use hindsight::learn::reflector::{
     Bucket, Reflector, ReflectorConfig, ReflectorSnapshot, reads_the_same,
@@ -24,8 +24,8 @@ use serde::{Deserialize, Serialize};
 use crate::applied::{Applied, SNAPSHOT_EVERY, read_snapshot, write_behind};
 use crate::chaos_hook::ChaosHook;
 use crate::directory::Slot;
+use crate::lesson_board::LessonBoard;
 use crate::memory::MemoryMsg;
-use hindsight::run::workflow::Workflow;
 
 /// The table of the reflector's snapshot.
 pub const REFLECTOR: KvTable = KvTable::new("reflector");
@@ -80,13 +80,6 @@ pub enum ReflectorMsg {
         /// The task (its scope: user, tenant, session).
         task: Arc<Task>,
     },
-    /// The fenced strategy context to inject before a task runs, if any.
-    Context {
-        /// The task.
-        task: Arc<Task>,
-        /// The context.
-        reply: RpcReplyPort<Option<String>>,
-    },
     /// A human correction from an authenticated principal; answered once it is on disk.
     Feedback {
         /// The authenticated principal (never from the request body).
@@ -136,12 +129,12 @@ pub struct ReflectorArgs {
     pub adaptive: AdaptiveConfig,
     /// The store.
     pub store: Store,
-    /// The workflow (its tools are what lessons may name).
-    pub workflow: Arc<Workflow>,
     /// The memory actor, which indexes new lessons.
     pub memory: Arc<Slot<MemoryMsg>>,
     /// Where it publishes itself.
     pub slot: Arc<Slot<ReflectorMsg>>,
+    /// Where it publishes each scope's lessons for the runs to read.
+    pub board: Arc<LessonBoard>,
     /// A model-backed synthesiser (`[model]`), if any; lessons are derived offline otherwise,
     /// and when the model fails.
     pub synthesiser: Option<Arc<dyn Synthesiser>>,
@@ -169,8 +162,8 @@ pub struct ReflectorState {
     reflector: Reflector,
     adaptive: AdaptiveStrategies,
     applied: Applied,
-    tools: Vec<String>,
     memory: Arc<Slot<MemoryMsg>>,
+    board: Arc<LessonBoard>,
     since_consolidation: u64,
     /// Experiences learned since the last snapshot.
     since_persist: u64,
@@ -275,14 +268,13 @@ impl Actor for ReflectorActor {
                 )
             }
         };
-        let tools = args.workflow.tool_names();
         let mut state = ReflectorState {
             store: args.store,
             reflector,
             adaptive,
             applied,
-            tools,
             memory: args.memory,
+            board: args.board,
             since_consolidation: 0,
             since_persist: 0,
             unwritten_scopes: BTreeSet::new(),
@@ -320,6 +312,13 @@ impl Actor for ReflectorActor {
         if replayed > 0 {
             state.consolidate(Tell::MemoryIfUp, true).await?;
         }
+        state.adaptive.take_unpublished_scopes();
+        state.board.publish_all(
+            state
+                .adaptive
+                .scopes()
+                .map(|scope| (scope, state.adaptive.lessons(scope))),
+        );
         args.slot.publish(myself);
         Ok(state)
     }
@@ -333,6 +332,29 @@ impl Actor for ReflectorActor {
         if let Some(chaos) = &state.chaos {
             chaos.on_message();
         }
+        let handled = state.handle(myself, msg).await;
+        state.publish();
+        handled
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        state.persist_at_stop().await?;
+        Ok(())
+    }
+}
+
+impl ReflectorState {
+    /// Handles one message.
+    async fn handle(
+        &mut self,
+        myself: ActorRef<ReflectorMsg>,
+        msg: ReflectorMsg,
+    ) -> Result<(), ActorProcessingErr> {
+        let state = self;
         match msg {
             ReflectorMsg::Consolidate {
                 seq,
@@ -358,25 +380,6 @@ impl Actor for ReflectorActor {
                     state.since_consolidation = 0;
                     state.consolidate(Tell::Memory, true).await?;
                 }
-            }
-            ReflectorMsg::Context { task, reply } => {
-                let context = state
-                    .adaptive
-                    .config()
-                    .scope_of(&task)
-                    .ok()
-                    .and_then(|scope| {
-                        state.adaptive.context_for(
-                            &scope,
-                            RelevanceQuery {
-                                features: &task.features,
-                                tools: &state.tools,
-                                goal: &task.goal,
-                            },
-                            now_ms(),
-                        )
-                    });
-                let _ = reply.send(context);
             }
             ReflectorMsg::Feedback {
                 principal,
@@ -455,17 +458,13 @@ impl Actor for ReflectorActor {
         Ok(())
     }
 
-    async fn post_stop(
-        &self,
-        _myself: ActorRef<Self::Msg>,
-        state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        state.persist_at_stop().await?;
-        Ok(())
+    /// Publishes the lessons of the scopes changed since they were last published.
+    fn publish(&mut self) {
+        for scope in self.adaptive.take_unpublished_scopes() {
+            self.board.publish(&scope, self.adaptive.lessons(&scope));
+        }
     }
-}
 
-impl ReflectorState {
     /// At a stop: what was learned since the last consolidation becomes lessons, and what
     /// changed since the last snapshot is written (awaited, before the store closes).
     async fn persist_at_stop(&mut self) -> Result<(), hindsight::store::StoreError> {
@@ -798,6 +797,8 @@ impl ReflectorState {
                 reason: format!("the correction could not be stored: {e}"),
             });
         }
+        // A run started once the answer is out reads the lesson.
+        self.publish();
         match result {
             Ok(lesson) => {
                 let _ = self

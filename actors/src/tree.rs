@@ -168,6 +168,10 @@ pub fn build(spec: TreeSpec) -> Tree {
         config,
         chaos: hook(&spec.faults, crate::chaos::RUN_DRIVER),
         gates: crate::run::Gates::new(crate::run::SHARED_CALLS_IN_FLIGHT),
+        lessons: Arc::new(crate::lesson_board::LessonBoard::new(
+            spec.adaptive.clone(),
+            spec.workflow.tool_names(),
+        )),
         stopping: std::sync::atomic::AtomicBool::new(false),
     });
     let faults = spec.faults;
@@ -238,7 +242,7 @@ pub fn build(spec: TreeSpec) -> Tree {
             ctx.dir.reflector.clone(),
             hook(&faults, "reflector"),
         );
-        let workflow = spec.workflow.clone();
+        let board = ctx.lessons.clone();
         let memory = ctx.dir.memory.clone();
         let adaptive = spec.adaptive.clone();
         let synthesiser = spec.synthesiser.clone();
@@ -250,9 +254,9 @@ pub fn build(spec: TreeSpec) -> Tree {
                 ReflectorArgs {
                     adaptive: adaptive.clone(),
                     store: store.clone(),
-                    workflow: workflow.clone(),
                     memory: memory.clone(),
                     slot: slot.clone(),
+                    board: board.clone(),
                     synthesiser: synthesiser.clone(),
                     verifier: verifier.clone(),
                     chaos: chaos.clone(),

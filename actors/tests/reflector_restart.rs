@@ -33,9 +33,28 @@ fn options(dir: &std::path::Path, env: &AgentEnv) -> RuntimeOptions {
     opts
 }
 
-/// The lesson ids of user `u`'s scope a tree on `dir` holds.
-async fn lessons_after_start(dir: &std::path::Path, env: &AgentEnv) -> Vec<String> {
+/// Whether the lesson board of `rt` shows `lesson` to a task of user `u` where it holds, as a
+/// run reads it.
+fn on_the_board(rt: &Runtime, env: &AgentEnv, lesson: &hindsight::Lesson) -> bool {
+    let task = hindsight::Task {
+        features: lesson.preconditions.clone(),
+        ..correction_support::task(env, 61)
+    };
+    rt.ctx()
+        .lessons
+        .context_for(&task)
+        .is_some_and(|context| context.contains(&lesson.action))
+}
+
+/// The lesson ids of user `u`'s scope a tree on `dir` holds, and whether its lesson board shows
+/// `lesson` to the user's next task.
+async fn lessons_after_start(
+    dir: &std::path::Path,
+    env: &AgentEnv,
+    lesson: &hindsight::Lesson,
+) -> (Vec<String>, bool) {
     let rt = Runtime::start(options(dir, env)).await.unwrap();
+    let shown = on_the_board(&rt, env, lesson);
     let lessons = rt
         .ctx()
         .dir
@@ -47,7 +66,7 @@ async fn lessons_after_start(dir: &std::path::Path, env: &AgentEnv) -> Vec<Strin
         .await
         .unwrap();
     rt.shutdown().await;
-    lessons.into_iter().map(|l| l.lesson_id).collect()
+    (lessons.into_iter().map(|l| l.lesson_id).collect(), shown)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -58,6 +77,8 @@ async fn a_scope_is_its_own_row_and_comes_back_after_a_restart_and_an_upgrade() 
     let accepted = correction_support::run_and_correct(&rt, &env)
         .await
         .unwrap();
+    // Published before the answer: the user's next run reads it.
+    assert!(on_the_board(&rt, &env, &accepted));
     rt.shutdown().await;
 
     // On disk: the scope's row holds the correction; the snapshot holds no scope.
@@ -77,8 +98,12 @@ async fn a_scope_is_its_own_row_and_comes_back_after_a_restart_and_an_upgrade() 
     let mut snapshot: Snapshot = store.get(REFLECTOR, "state").unwrap().unwrap();
     assert!(snapshot.adaptive.scopes.is_empty());
     drop(store);
-    let held = lessons_after_start(dir.path(), &env).await;
+    let (held, shown) = lessons_after_start(dir.path(), &env, &accepted).await;
     assert!(held.contains(&accepted.lesson_id), "{held:?}");
+    assert!(
+        shown,
+        "a started reflector publishes the lessons it read back"
+    );
 
     // A store an earlier build wrote: the scopes inside the snapshot, no rows. Nothing is lost,
     // and the scopes are rows again.
@@ -92,8 +117,9 @@ async fn a_scope_is_its_own_row_and_comes_back_after_a_restart_and_an_upgrade() 
     ops.push(WriteOp::put(REFLECTOR, "state", &snapshot).unwrap());
     store.write_batch(ops).await.unwrap();
     drop(store);
-    let held = lessons_after_start(dir.path(), &env).await;
+    let (held, shown) = lessons_after_start(dir.path(), &env, &accepted).await;
     assert!(held.contains(&accepted.lesson_id), "{held:?}");
+    assert!(shown);
     let store = Store::open(dir.path(), Default::default()).unwrap();
     assert!(
         store

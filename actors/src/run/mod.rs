@@ -18,7 +18,6 @@ use crate::memory::MemoryMsg;
 use crate::orchestrator::OrchestratorMsg;
 use crate::plugin::{PLUGIN_TIMEOUT, PluginMsg, Verdict};
 use crate::policy::PolicyMsg;
-use crate::reflector::ReflectorMsg;
 use crate::tree::{Directory, TreeConfig};
 use crate::validator::ValidatorMsg;
 use hindsight::run::Workflow;
@@ -47,13 +46,15 @@ pub struct TreeCtx {
     /// Calls from drivers to each of the tree's shared actors in flight
     /// ([`SHARED_CALLS_IN_FLIGHT`] each).
     pub gates: Gates,
+    /// The reflector's lessons as last published, which a run reads for its task's context.
+    pub lessons: Arc<crate::lesson_board::LessonBoard>,
     /// Set when the tree is being stopped: a driver whose actors went away then leaves its run
     /// to be resumed at the next start instead of ending it.
     pub stopping: std::sync::atomic::AtomicBool,
 }
 
-/// Calls from run drivers to each of the tree's shared actors (policy, memory, reflector,
-/// orchestrator, validator, ReflectRetry) in flight at once. Each of them answers one message
+/// Calls from run drivers to each of the tree's shared actors (policy, memory, orchestrator,
+/// validator, ReflectRetry) in flight at once. Each of them answers one message
 /// at a time: a burst of drivers (10,000 runs resumed after a crash, a flood of submissions)
 /// would otherwise queue in their mailboxes past the calls' timeouts and end runs failed for
 /// no fault of theirs. A driver waits for its turn here, where no timeout runs; a call's timeout
@@ -71,8 +72,6 @@ pub const SHARED_CALLS_IN_FLIGHT: usize = hindsight::store::MAX_BATCH;
 pub struct Gates {
     /// Memory's retrievals.
     pub memory: Gate,
-    /// The reflector's lessons for a task.
-    pub reflector: Gate,
     /// The policy's choices.
     pub policy: Gate,
     /// The orchestrator's transitions and finishes.
@@ -88,7 +87,6 @@ impl Gates {
     pub fn new(n: usize) -> Gates {
         Gates {
             memory: Gate::new(n),
-            reflector: Gate::new(n),
             policy: Gate::new(n),
             orchestrator: Gate::new(n),
             validator: Gate::new(n),
@@ -472,26 +470,17 @@ async fn prepare(
             .slot
             .tell(PluginMsg::BeforeRun(Box::new((**task).clone())));
     }
-    // Memory's retrieval and the lessons of the task's scope, asked of both actors at once.
-    let (bundle, context) = tokio::join!(
-        ctx.gates
-            .memory
-            .run(ctx.dir.memory.call(|reply| MemoryMsg::Retrieve {
-                task: task.clone(),
-                reply,
-            })),
-        ctx.gates.reflector.run(ctx.dir.reflector.call_with_timeout(
-            |reply| ReflectorMsg::Context {
-                task: task.clone(),
-                reply,
-            },
-            PLUGIN_TIMEOUT,
-        ))
-    );
-    let mut bundle = bundle?;
-    // The lessons of the task's scope, fenced, join the retrieval (a reflector that cannot
-    // answer leaves the run without them rather than failing it).
-    bundle.strategy_context = context.ok().flatten();
+    let mut bundle = ctx
+        .gates
+        .memory
+        .run(ctx.dir.memory.call(|reply| MemoryMsg::Retrieve {
+            task: task.clone(),
+            reply,
+        }))
+        .await?;
+    // The lessons of the task's scope, fenced, join the retrieval: read from the lesson board,
+    // not asked of the reflector, which may be busy learning (or restarting).
+    bundle.strategy_context = ctx.lessons.context_for(task);
     // A plan given with the task (the API's `/execute`) is run as given.
     let forced = match forced {
         Some(forced) => forced,

@@ -334,7 +334,7 @@ impl AdaptiveStrategies {
             }
         }
         if !changed.is_empty() {
-            self.changed.insert(scope.to_string());
+            self.touch(scope);
         }
         changed
     }

@@ -28,6 +28,7 @@ pub use cycle::{Lease, acquire_lease};
 pub use error::AdaptiveError;
 pub use failure::{FailureObservation, FailureRecord};
 pub use limiter::RateLimiter;
+pub use relevance::strategy_context;
 pub use synth::{
     LessonDraft, ModelSynthesiser, OfflineSynthesiser, SynthesisInput, Synthesiser, VetRejection,
     vet_lesson,
@@ -156,6 +157,9 @@ pub struct AdaptiveStrategies {
     state: AdaptiveSnapshot,
     /// Scopes changed since they were last taken ([`AdaptiveStrategies::take_changed_scopes`]).
     changed: BTreeSet<String>,
+    /// Scopes changed since they were last published
+    /// ([`AdaptiveStrategies::take_unpublished_scopes`]).
+    unpublished: BTreeSet<String>,
 }
 
 /// Equal when the states are (what is still to persist aside).
@@ -179,6 +183,7 @@ impl AdaptiveStrategies {
                 next_id: 1,
             },
             changed: BTreeSet::new(),
+            unpublished: BTreeSet::new(),
         })
     }
 
@@ -245,6 +250,22 @@ impl AdaptiveStrategies {
         }
     }
 
+    /// The names of the scopes changed since the last call, and forgets them: for an owner that
+    /// shows each scope's lessons to readers of its own ([`AdaptiveStrategies::lessons`]), apart
+    /// from what it writes.
+    pub fn take_unpublished_scopes(&mut self) -> BTreeSet<String> {
+        std::mem::take(&mut self.unpublished)
+    }
+
+    /// Notes `scope` as changed, to be written and published.
+    fn touch(&mut self, scope: &str) {
+        for set in [&mut self.changed, &mut self.unpublished] {
+            if !set.contains(scope) {
+                set.insert(scope.to_string());
+            }
+        }
+    }
+
     /// Rebuilds from a snapshot (validating its version and configuration).
     pub fn restore(snapshot: AdaptiveSnapshot) -> Result<AdaptiveStrategies, AdaptiveError> {
         if snapshot.version != SNAPSHOT_VERSION {
@@ -254,14 +275,13 @@ impl AdaptiveStrategies {
         Ok(AdaptiveStrategies {
             state: snapshot,
             changed: BTreeSet::new(),
+            unpublished: BTreeSet::new(),
         })
     }
 
     /// A scope's state to change (created empty when it has none), noted as changed.
     fn scope_mut(&mut self, scope: &str) -> &mut ScopeState {
-        if !self.changed.contains(scope) {
-            self.changed.insert(scope.to_string());
-        }
+        self.touch(scope);
         self.state.scopes.entry(scope.to_string()).or_default()
     }
 
@@ -329,6 +349,7 @@ impl AdaptiveStrategies {
         if ttl == 0 {
             return removed;
         }
+        let mut touched = Vec::new();
         for (scope, s) in self.state.scopes.iter_mut() {
             let before = removed.len();
             s.lessons.retain(|l| {
@@ -339,8 +360,11 @@ impl AdaptiveStrategies {
                 keep
             });
             if removed.len() > before {
-                self.changed.insert(scope.clone());
+                touched.push(scope.clone());
             }
+        }
+        for scope in touched {
+            self.touch(&scope);
         }
         removed
     }

@@ -135,16 +135,7 @@ impl Backend for TreeBackend {
                 field: "features".into(),
                 reason: e.to_string(),
             })?;
-        let context = self
-            .ctx
-            .dir
-            .reflector
-            .call(|reply| ReflectorMsg::Context {
-                task: task.clone(),
-                reply,
-            })
-            .await
-            .map_err(call_error)?;
+        let context = self.ctx.lessons.context_for(&task);
         let visible = self.visible(tenant).await?;
         // An SOP the tenant may not see is not named (its plan is still the policy's choice).
         let (sop_id, plan_id) =
