@@ -74,7 +74,12 @@ pub fn embed_one(text: &str) -> Vec<f32> {
 /// The normalised text: NFKC, lowercased, its words (runs of alphanumeric characters) joined by
 /// single spaces.
 fn normalised(text: &str) -> String {
-    let norm: String = text.nfkc().collect::<String>().to_lowercase();
+    // NFKC leaves ASCII as it is: an ASCII text is only lowercased, without the normaliser.
+    let norm: String = if text.is_ascii() {
+        text.to_ascii_lowercase()
+    } else {
+        text.nfkc().collect::<String>().to_lowercase()
+    };
     let mut joined = String::with_capacity(norm.len());
     for w in norm
         .split(|c: char| !c.is_alphanumeric())
@@ -153,7 +158,8 @@ pub fn embed_with_dimension(text: &str, dimension: usize) -> Vec<f32> {
         i += tf as usize;
         let bucket = (h % dimension as u64) as usize;
         let sign = if (h >> 63) & 1 == 1 { -1.0 } else { 1.0 };
-        let sublinear = 1.0 + (tf as f32).ln();
+        // ln(1) is 0: most grams occur once, and skip the logarithm.
+        let sublinear = if tf == 1 { 1.0 } else { 1.0 + (tf as f32).ln() };
         v[bucket] += sign * weight * sublinear;
     }
     let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
