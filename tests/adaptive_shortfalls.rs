@@ -215,7 +215,7 @@ fn shortfall_05_rejected_correction_is_never_stored_or_injected() {
         tools: &tools,
         goal: "camelot lattice mode",
     };
-    assert!(a.context_for(SCOPE, q, 3).is_none());
+    assert!(strategy_context(a.config(), a.lessons(SCOPE), q, 3).is_none());
 }
 
 struct Canned(String);

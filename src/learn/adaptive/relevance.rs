@@ -38,22 +38,11 @@ impl AdaptiveStrategies {
             })
             .collect()
     }
-
-    /// The fenced `<strategy_context>` block for a task (see
-    /// [`render_strategy_context`](super::render_strategy_context)).
-    pub fn context_for(
-        &self,
-        scope: &str,
-        query: RelevanceQuery<'_>,
-        now_ms: u64,
-    ) -> Option<String> {
-        strategy_context(&self.state.config, self.lessons(scope), query, now_ms)
-    }
 }
 
-/// The fenced `<strategy_context>` block for a task from `lessons`, one scope's lessons as they
-/// stand (what [`AdaptiveStrategies::context_for`] gives of its own): for a reader that holds a
-/// copy of them.
+/// The fenced `<strategy_context>` block for a task from `lessons`, one scope's lessons
+/// ([`AdaptiveStrategies::lessons`], or a reader's copy of them), see
+/// [`render_strategy_context`](super::render_strategy_context).
 pub fn strategy_context(
     cfg: &AdaptiveConfig,
     lessons: &[Lesson],
