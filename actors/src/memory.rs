@@ -289,27 +289,13 @@ impl Actor for MemoryActor {
                 let mut indexed = false;
                 for lesson in lessons {
                     let text = hindsight::learn::reflector::describe(&lesson);
-                    // Sent again unchanged (after a restart, say): nothing to embed or write.
-                    if state.memory.holds(
-                        ItemKind::Lesson,
+                    match state.memory.index_lesson(
                         &lesson.lesson_id,
-                        &text,
-                        Some(&lesson.scope),
-                    ) {
-                        continue;
-                    }
-                    let vector = state.memory.embed(&text);
-                    let item = VectorItem {
-                        kind: ItemKind::Lesson,
-                        id: lesson.lesson_id.clone(),
                         text,
-                        vector,
-                        cluster: None,
-                        time_ms: now_ms(),
-                        scope: Some(lesson.scope.clone()),
-                    };
-                    match state.memory.index_item(item) {
-                        Ok(()) => indexed = true,
+                        &lesson.scope,
+                        now_ms(),
+                    ) {
+                        Ok(changed) => indexed |= changed,
                         Err(e) => tracing::warn!(error = %e, "a lesson was not indexed"),
                     }
                 }

@@ -41,7 +41,8 @@ pub struct VectorItem {
     pub kind: ItemKind,
     /// Its id (lesson id, SOP id, run id of the postmortem).
     pub id: String,
-    /// The text that was embedded.
+    /// Its text: the text that was embedded, or for a lesson one that differs from it only in
+    /// its numbers ([`crate::memory::Memory::index_lesson`]).
     pub text: String,
     /// Its embedding.
     pub vector: Vec<f32>,
@@ -187,6 +188,19 @@ impl VectorIndex {
         self.changed.insert(k.clone());
         self.items.insert(k, indexed);
         Ok(())
+    }
+
+    /// Gives the item `kind`/`id` a new text and time and keeps its vector, and so its norm and
+    /// codes; false when no such item is indexed.
+    pub fn retext(&mut self, kind: ItemKind, id: &str, text: String, time_ms: u64) -> bool {
+        let k = key(kind, id);
+        let Some(indexed) = self.items.get_mut(&k) else {
+            return false;
+        };
+        indexed.item.text = text;
+        indexed.item.time_ms = time_ms;
+        self.changed.insert(k);
+        true
     }
 
     /// Removes an item; returns it if it was there.
