@@ -308,10 +308,11 @@ impl Actor for ReflectorActor {
             }
         }
         // What the log taught since the snapshot becomes lessons now, as it would have at its
-        // consolidation, rather than after the next 25 runs (or never, if none come).
-        if replayed > 0 {
-            state.consolidate(Tell::MemoryIfUp, true).await?;
-        }
+        // consolidation, rather than after the next 25 runs (or never, if none come). Memory,
+        // which may have lost what it was sent after its last snapshot, hears every lesson in
+        // force now, while the tree starts: at the first consolidation, the 10,000 lessons of a
+        // store in use held the retrieval of the run after it 5-10 ms.
+        state.consolidate(Tell::MemoryIfUp, replayed > 0).await?;
         state.adaptive.take_unpublished_scopes();
         state.board.publish_all(
             state

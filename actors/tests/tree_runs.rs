@@ -1336,7 +1336,8 @@ async fn a_driver_that_panics_fails_its_run_and_answers_at_once() {
 
 /// A restart writes back no lesson that has not changed since it was written (its first
 /// consolidation once wrote every lesson again: 10,000 rows in one commit on a store in use),
-/// while a memory that lost its snapshot is still sent every lesson in force.
+/// while a memory that lost its snapshot is still sent every lesson in force, as the tree
+/// starts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_writes_back_only_changed_lessons_and_memory_is_sent_them_all() {
     use hindsight::store::WriteOp;
@@ -1375,6 +1376,12 @@ async fn a_restart_writes_back_only_changed_lessons_and_memory_is_sent_them_all(
     drop(store);
 
     let rt = Runtime::start(options(dir.path())).await.unwrap();
+    // Memory hears every lesson in force as the tree starts, before any run consolidates.
+    let found = cited_in_memory(&rt, &lesson.action, lesson.preconditions.clone(), "lesson").await;
+    assert!(
+        found.contains(&"stored-0".to_string()),
+        "at start: {found:?}"
+    );
     // The lesson's row changed behind the reflector's back after it started: a consolidation
     // that wrote the (unchanged) lesson again would put it back.
     let mut marked = lesson.clone();
