@@ -43,6 +43,16 @@ impl FitWindow {
         }
     }
 
+    /// Usable experiences held.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Whether it holds no experience.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
     /// Whether it holds every experience of the log after `from`.
     pub fn covers(&self, from: u64) -> bool {
         self.complete && from >= self.from

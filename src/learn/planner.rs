@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::learn::bandit::{
-    DrawTables, Observation, Policy, Routing, StageObservation, UpdateSummary,
+    DrawTables, Observation, Policy, RewardParams, Routing, StageObservation, UpdateSummary,
 };
 use crate::learn::distill::{DistillOutcome, Distiller};
 use crate::learn::first_attempt::{FirstAttempts, step_observations};
@@ -337,6 +337,26 @@ impl Planner {
             self.window.merge(read);
         }
         refit.outcome
+    }
+
+    /// Where the log must be read from to fill the window of experiences that the ranker's
+    /// next fit reads, when it does not hold them yet (after a start): the rows after this,
+    /// read into [`FitWindow::read`] with [`Planner::reward`] and given to
+    /// [`Planner::fill_window`]. `None` when distillation is off or the window holds them.
+    pub fn window_reads_from(&self) -> Option<u64> {
+        let from = self.fit_from();
+        (self.distiller.config.every > 0 && !self.window.covers(from)).then_some(from)
+    }
+
+    /// Takes in a window of experiences read from the log ([`Planner::window_reads_from`]):
+    /// the next fit reads it instead of the log.
+    pub fn fill_window(&mut self, read: FitWindow) {
+        self.window.merge(read);
+    }
+
+    /// How a run's first attempt is rewarded, for [`FitWindow::read`].
+    pub fn reward(&self) -> &RewardParams {
+        &self.policy.config().reward
     }
 
     /// The window of the newest experiences that the ranker's fit reads.

@@ -469,18 +469,11 @@ async fn learn_on_core(env: &SimEnv, plan: &LearningPlan<'_>) -> Result<Learned,
         records.push(workload::record_of(env, index, &task, &outcome));
     }
     let planner = local.planner();
-    let d = &planner.distiller;
     Ok(Learned {
         records,
         infra_learned: planner.policy.infra_learned(),
         infra_ignored: planner.policy.infra_ignored(),
-        ranker: crate::policy::DistillStatus {
-            fits: d.fits,
-            promotions: d.promotions,
-            in_force: d.active.is_some(),
-            ranked_choices: planner.ranked_choices(),
-            last: d.last.clone(),
-        },
+        ranker: crate::policy::DistillStatus::of(planner),
         sops_promoted: crate::policy::sops_promoted(&planner.sops.sops),
         restarts: 0,
     })

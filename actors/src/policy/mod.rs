@@ -11,6 +11,7 @@ use std::sync::Arc;
 use hindsight::learn::bandit::{Observation, Policy, PolicySnapshot, StageObservation};
 use hindsight::learn::distill::{DistillConfig, DistillOutcome, Distiller, Promotion};
 use hindsight::learn::first_attempt::FirstAttempts;
+use hindsight::learn::fit_window::FitWindow;
 use hindsight::learn::planner::{Planner, Refit};
 use hindsight::learn::sop::{SopBook, SopConfig, SopEvent};
 use hindsight::store::{Commit, KvTable, Store};
@@ -133,6 +134,25 @@ pub struct DistillStatus {
     pub ranked_choices: u64,
     /// The last decision.
     pub last: Option<Promotion>,
+    /// Experiences in the window the next fit reads, kept as they are learned (none until
+    /// the window is read from the log, at a start).
+    #[serde(default)]
+    pub window: u64,
+}
+
+impl DistillStatus {
+    /// The distillation of `planner` as it is now.
+    pub fn of(planner: &Planner) -> DistillStatus {
+        let d = &planner.distiller;
+        DistillStatus {
+            fits: d.fits,
+            promotions: d.promotions,
+            in_force: d.active.is_some(),
+            ranked_choices: planner.ranked_choices(),
+            last: d.last.clone(),
+            window: planner.fit_window().len() as u64,
+        }
+    }
 }
 
 /// One stage's arms ranked for a task: `(tool, strategy, p_success mean, std, expected value)`.
@@ -286,6 +306,9 @@ pub struct PolicyState {
     /// A ranker refit running on a blocking thread (it reads the log and fits: tens of
     /// milliseconds that choices would otherwise wait behind), if one is.
     refit: Option<tokio::task::JoinHandle<RefitResult>>,
+    /// The ranker's window of experiences being read from the log after a start, on a blocking
+    /// thread, if it is: the first fit after a start would otherwise read it while runs go on.
+    fill: Option<tokio::task::JoinHandle<Result<FitWindow, String>>>,
 }
 
 /// What a refit returns: what it fitted and decided, or why the log could not be read.
@@ -392,6 +415,7 @@ impl Actor for PolicyActor {
             distiller_dirty: false,
             distill_notes: Vec::new(),
             refit: None,
+            fill: None,
         };
         // Replay what was logged after the snapshot.
         for (seq, exp) in state.store.experience_since(state.planner.watermark())? {
@@ -403,8 +427,12 @@ impl Actor for PolicyActor {
                 }
             }
         }
-        // One fit after the replay if one is due (replaying itself never fits).
-        state.maybe_distill();
+        // One fit after the replay if one is due (replaying itself never fits); otherwise the
+        // window the next fit reads is filled from the log now, while the tree starts.
+        state.maybe_distill().await;
+        if state.refit.is_none() {
+            state.fill_window();
+        }
         args.slot.publish(myself);
         Ok(state)
     }
@@ -418,9 +446,13 @@ impl Actor for PolicyActor {
         if let Some(chaos) = &state.chaos {
             chaos.on_message();
         }
-        // A refit that finished is put in force before anything else is answered.
+        // A refit that finished is put in force before anything else is answered, and a window
+        // read from the log is taken in.
         if state.refit.as_ref().is_some_and(|h| h.is_finished()) {
             state.finish_refit().await;
+        }
+        if state.fill.as_ref().is_some_and(|h| h.is_finished()) {
+            state.finish_fill().await;
         }
         match msg {
             PolicyMsg::Choose {
@@ -433,7 +465,7 @@ impl Actor for PolicyActor {
             }
             PolicyMsg::Observe { seq, experience } => {
                 state.observe(seq, &experience);
-                state.maybe_distill();
+                state.maybe_distill().await;
                 if state.since_snapshot >= state.snapshot_every
                     || state.planner.has_sop_events()
                     || state.distiller_dirty
@@ -481,16 +513,10 @@ impl Actor for PolicyActor {
                 let _ = reply.send(state.planner.sops.sops.clone());
             }
             PolicyMsg::Distillation { reply } => {
-                // Every fit due so far is counted.
+                // Every fit due so far is counted, and a window read at start is in.
+                state.finish_fill().await;
                 state.finish_refit().await;
-                let d = &state.planner.distiller;
-                let _ = reply.send(DistillStatus {
-                    fits: d.fits,
-                    promotions: d.promotions,
-                    in_force: d.active.is_some(),
-                    ranked_choices: state.planner.ranked_choices(),
-                    last: d.last.clone(),
-                });
+                let _ = reply.send(DistillStatus::of(&state.planner));
             }
             PolicyMsg::Flush { reply } => {
                 state.finish_refit().await;
@@ -524,13 +550,15 @@ impl PolicyState {
     /// Starts fitting and evaluating a ranker when one is due, on the newest experiences of
     /// the log, on a blocking thread: choices go on with the ranker in force until
     /// [`PolicyState::finish_refit`] puts the new one in force.
-    fn maybe_distill(&mut self) {
+    async fn maybe_distill(&mut self) {
         if self.refit.is_some() {
             return;
         }
         if self.planner.distill_from().is_none() {
             return;
         }
+        // A fit due while the window is read from the log after a start waits for it.
+        self.finish_fill().await;
         let job = self.planner.refit_job();
         let store = self.store.clone();
         self.refit = Some(tokio::task::spawn_blocking(move || {
@@ -547,6 +575,37 @@ impl PolicyState {
             };
             Ok(job.run(read.iter().map(|(seq, e)| (*seq, e))))
         }));
+    }
+
+    /// Reads the window of experiences the ranker's next fit reads from the log, on a blocking
+    /// thread, when the planner does not hold it (after a start, with distillation on).
+    fn fill_window(&mut self) {
+        let Some(from) = self.planner.window_reads_from() else {
+            return;
+        };
+        let store = self.store.clone();
+        let reward = self.planner.reward().clone();
+        self.fill = Some(tokio::task::spawn_blocking(move || {
+            let rows = store.experience_since(from).map_err(|e| e.to_string())?;
+            let rows = rows
+                .iter()
+                .filter_map(|(seq, e)| e.as_ref().ok().map(|e| (*seq, e)));
+            Ok(FitWindow::read(from, rows, &reward))
+        }));
+    }
+
+    /// Waits for the window being read, if it is, and gives it to the planner.
+    async fn finish_fill(&mut self) {
+        let Some(fill) = self.fill.take() else {
+            return;
+        };
+        match fill.await {
+            Ok(Ok(window)) => self.planner.fill_window(window),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "the experience log cannot be read; the next fit reads it")
+            }
+            Err(e) => tracing::warn!(error = %e, "the ranker's window was not read"),
+        }
     }
 
     /// Waits for the refit under way, if any, and puts its distiller in force, written behind
@@ -832,6 +891,55 @@ mod tests {
             "a snapshot at watermark {:?} before {} experiences",
             snapshot.map(|s| s.watermark),
             crate::applied::SNAPSHOT_EVERY
+        );
+        rt.shutdown().await;
+    }
+
+    /// After a start, the window the ranker's next fit reads is read from the log while the
+    /// tree starts, not by that fit while runs go on.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_start_reads_the_rankers_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let env = hindsight::tools::sim::SimEnv::load(
+            &std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../config/envs/bank_statements.toml"),
+        )
+        .unwrap();
+        let options = || {
+            let mut opts = RuntimeOptions::new(dir.path(), env.clone());
+            opts.durability = hindsight::store::Durability::None;
+            opts.seed = 11;
+            opts.distill = hindsight::learn::distill::DistillConfig {
+                every: 40,
+                min_rows: 40,
+                window: 50,
+                ..Default::default()
+            };
+            opts
+        };
+        let status = |rt: &Runtime| {
+            let policy = rt.ctx().dir.policy.clone();
+            async move {
+                policy
+                    .call(|reply| PolicyMsg::Distillation { reply })
+                    .await
+                    .unwrap()
+            }
+        };
+        let rt = Runtime::start(options()).await.unwrap();
+        assert_eq!(status(&rt).await.window, 0, "nothing learned yet");
+        crate::app::workload::run_tasks(&rt, &env, 11, 60, 1, |_| {})
+            .await
+            .unwrap();
+        let before = status(&rt).await;
+        assert!(before.fits >= 1 && before.window > 0, "{before:?}");
+        rt.shutdown().await;
+        let rt = Runtime::start(options()).await.unwrap();
+        let after = status(&rt).await;
+        assert_eq!(
+            (after.fits, after.window),
+            (before.fits, before.window),
+            "the window is read at start, before any fit"
         );
         rt.shutdown().await;
     }
