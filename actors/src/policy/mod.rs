@@ -837,29 +837,42 @@ impl PolicyState {
 mod tests {
     use super::*;
     use crate::runtime::{Runtime, RuntimeOptions};
+    use hindsight::tools::sim::SimEnv;
+
+    fn bank_statements() -> SimEnv {
+        SimEnv::load(
+            &std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../config/envs/bank_statements.toml"),
+        )
+        .unwrap()
+    }
+
+    /// A tree over `env` in `dir` without fsync, seeded, distilling as `distill` says.
+    fn options(dir: &std::path::Path, env: &SimEnv, distill: DistillConfig) -> RuntimeOptions {
+        let mut opts = RuntimeOptions::new(dir, env.clone());
+        opts.durability = hindsight::store::Durability::None;
+        opts.seed = 11;
+        opts.distill = distill;
+        opts
+    }
 
     /// A refit puts its ranker in force and writes it (with its diary note) on its own: the
     /// snapshot of the whole policy waits for its turn, every `SNAPSHOT_EVERY` experiences.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_refit_writes_its_ranker_without_a_snapshot() {
         let dir = tempfile::tempdir().unwrap();
-        let env = hindsight::tools::sim::SimEnv::load(
-            &std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../config/envs/bank_statements.toml"),
-        )
-        .unwrap();
-        let mut opts = RuntimeOptions::new(dir.path(), env.clone());
-        opts.durability = hindsight::store::Durability::None;
-        opts.seed = 11;
+        let env = bank_statements();
         // Every ranker passes the gate (a reward per task is in [0, 1]).
-        opts.distill = hindsight::learn::distill::DistillConfig {
+        let distill = DistillConfig {
             every: 40,
             min_rows: 40,
             margin: 1.0,
             min_effective_n: 0.0,
             ..Default::default()
         };
-        let rt = Runtime::start(opts).await.unwrap();
+        let rt = Runtime::start(options(dir.path(), &env, distill))
+            .await
+            .unwrap();
         crate::app::workload::run_tasks(&rt, &env, 11, 120, 1, |_| {})
             .await
             .unwrap();
@@ -900,22 +913,15 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_start_reads_the_rankers_window() {
         let dir = tempfile::tempdir().unwrap();
-        let env = hindsight::tools::sim::SimEnv::load(
-            &std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../config/envs/bank_statements.toml"),
-        )
-        .unwrap();
+        let env = bank_statements();
         let options = || {
-            let mut opts = RuntimeOptions::new(dir.path(), env.clone());
-            opts.durability = hindsight::store::Durability::None;
-            opts.seed = 11;
-            opts.distill = hindsight::learn::distill::DistillConfig {
+            let distill = DistillConfig {
                 every: 40,
                 min_rows: 40,
                 window: 50,
                 ..Default::default()
             };
-            opts
+            options(dir.path(), &env, distill)
         };
         let status = |rt: &Runtime| {
             let policy = rt.ctx().dir.policy.clone();
