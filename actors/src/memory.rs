@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use hindsight::memory::{
-    IndexCandidate, ItemKind, Memory, MemorySnapshot, Scopes, TaskQuery, VectorItem,
+    IndexCandidate, ItemKind, LessonIndexed, Memory, MemorySnapshot, Scopes, TaskQuery, VectorItem,
 };
 use hindsight::store::{KvTable, NewDiaryEntry, Store, WriteOp};
 use hindsight::{ExperienceTuple, Lesson, Sop, Task, now_ms};
@@ -286,7 +286,7 @@ impl Actor for MemoryActor {
                 write_behind(&state.store, ops, "a diary note or the memory snapshot");
             }
             MemoryMsg::IndexLessons(lessons) => {
-                let mut indexed = false;
+                let mut embedded = false;
                 for lesson in lessons {
                     let text = hindsight::learn::reflector::describe(&lesson);
                     match state.memory.index_lesson(
@@ -295,11 +295,14 @@ impl Actor for MemoryActor {
                         &lesson.scope,
                         now_ms(),
                     ) {
-                        Ok(changed) => indexed |= changed,
+                        Ok(done) => embedded |= done == LessonIndexed::Embedded,
                         Err(e) => tracing::warn!(error = %e, "a lesson was not indexed"),
                     }
                 }
-                if indexed {
+                // A lesson whose numbers alone changed is written with the next write of the
+                // items or the next snapshot: the reflector sends every lesson in force as it
+                // starts, so a crash before then loses no count.
+                if embedded {
                     state.persist_items_later()?;
                 }
             }

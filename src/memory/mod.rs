@@ -193,27 +193,28 @@ impl Memory {
         self.index.upsert(item)
     }
 
-    /// Indexes a lesson's text in its scope, and says whether the index changed: not when it
-    /// holds the lesson with this text and scope already (sent again after a restart, say).
-    /// A lesson whose text changed only in its numbers takes the new text and keeps the
-    /// vector it has: a reflection lesson's counts ("passed 14 of 15") move at every
-    /// consolidation, they weigh a few of a sentence's grams, and embedding the 17-21 lessons a
-    /// consolidation changes again held the next run's retrieval about 0.2 ms.
+    /// Indexes a lesson's text in its scope, and says what that did: nothing when it holds the
+    /// lesson with this text and scope already (sent again after a restart, say). A lesson
+    /// whose text changed only in its numbers takes the new text and keeps the vector it has:
+    /// a reflection lesson's counts ("passed 14 of 15") move at every consolidation, they
+    /// weigh a few of a sentence's grams, and embedding the 17-21 lessons a consolidation
+    /// changes again held the next run's retrieval about 0.2 ms.
     pub fn index_lesson(
         &mut self,
         id: &str,
         text: String,
         scope: &str,
         time_ms: u64,
-    ) -> Result<bool, MemoryError> {
+    ) -> Result<LessonIndexed, MemoryError> {
         if let Some(held) = self.index.get(ItemKind::Lesson, id)
             && held.scope.as_deref() == Some(scope)
         {
             if held.text == text {
-                return Ok(false);
+                return Ok(LessonIndexed::Held);
             }
             if differ_only_in_numbers(&held.text, &text) {
-                return Ok(self.index.retext(ItemKind::Lesson, id, text, time_ms));
+                self.index.retext(ItemKind::Lesson, id, text, time_ms);
+                return Ok(LessonIndexed::Retexted);
             }
         }
         let vector = self.embed(&text);
@@ -226,7 +227,7 @@ impl Memory {
             time_ms,
             scope: Some(scope.to_string()),
         })?;
-        Ok(true)
+        Ok(LessonIndexed::Embedded)
     }
 
     /// Whether the index holds the item `kind`/`id` with this text and scope (so that
@@ -328,6 +329,17 @@ impl Memory {
     }
 }
 
+/// What [`Memory::index_lesson`] did with a lesson.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LessonIndexed {
+    /// It held the lesson as it is: nothing changed.
+    Held,
+    /// It took the lesson's new numbers and kept its vector.
+    Retexted,
+    /// It embedded the lesson and indexed it, new or reworded.
+    Embedded,
+}
+
 /// Whether two texts are the same but for the values of their numbers (runs of ASCII digits):
 /// `passed 14 of 15` and `passed 15 of 16` are, `passed 14 of 15` and `passed 14 of 15 runs`
 /// are not.
@@ -394,7 +406,8 @@ mod tests {
     fn a_lesson_whose_numbers_alone_changed_keeps_its_vector() {
         let mut m = Memory::default();
         let first = "prefer a/b at stage parse: passed 3 of 3";
-        assert!(m.index_lesson("l1", first.into(), "shared", 1).unwrap());
+        let first_time = m.index_lesson("l1", first.into(), "shared", 1).unwrap();
+        assert_eq!(first_time, LessonIndexed::Embedded);
         let vector = m
             .index()
             .get(ItemKind::Lesson, "l1")
@@ -404,11 +417,13 @@ mod tests {
         assert_eq!(vector, m.embed(first));
         m.take_index_changes();
         // The same text again changes nothing.
-        assert!(!m.index_lesson("l1", first.into(), "shared", 2).unwrap());
+        let again = m.index_lesson("l1", first.into(), "shared", 2).unwrap();
+        assert_eq!(again, LessonIndexed::Held);
         assert!(m.take_index_changes().is_empty());
         // New counts: the new text, the first vector, and a change to persist.
         let counted = "prefer a/b at stage parse: passed 14 of 15";
-        assert!(m.index_lesson("l1", counted.into(), "shared", 3).unwrap());
+        let recounted = m.index_lesson("l1", counted.into(), "shared", 3).unwrap();
+        assert_eq!(recounted, LessonIndexed::Retexted);
         let held = m.index().get(ItemKind::Lesson, "l1").unwrap();
         assert_eq!((held.text.as_str(), held.time_ms), (counted, 3));
         assert_eq!(held.vector, vector);
@@ -420,10 +435,12 @@ mod tests {
         );
         // Other words, or another scope: embedded again.
         let reworded = "avoid a/b at stage parse: timeout 14 of 15";
-        assert!(m.index_lesson("l1", reworded.into(), "shared", 4).unwrap());
+        let reworded_as = m.index_lesson("l1", reworded.into(), "shared", 4).unwrap();
+        assert_eq!(reworded_as, LessonIndexed::Embedded);
         let held = m.index().get(ItemKind::Lesson, "l1").unwrap();
         assert_eq!(held.vector, m.embed(reworded));
-        assert!(m.index_lesson("l1", reworded.into(), "user:a", 5).unwrap());
+        let rescoped = m.index_lesson("l1", reworded.into(), "user:a", 5).unwrap();
+        assert_eq!(rescoped, LessonIndexed::Embedded);
         let held = m.index().get(ItemKind::Lesson, "l1").unwrap();
         assert_eq!(held.scope.as_deref(), Some("user:a"));
         let found = m.index().search(&m.embed(reworded), 1, &[], Scopes::All);
