@@ -188,7 +188,8 @@ impl Memory {
         Ok(decision)
     }
 
-    /// Indexes an item unconditionally (a promoted SOP, a new lesson from the reflector).
+    /// Indexes an item unconditionally (a promoted SOP; a lesson goes through
+    /// [`Memory::index_lesson`]).
     pub fn index_item(&mut self, item: VectorItem) -> Result<(), MemoryError> {
         self.index.upsert(item)
     }

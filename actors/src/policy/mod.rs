@@ -311,6 +311,18 @@ pub struct PolicyState {
     fill: Option<tokio::task::JoinHandle<Result<FitWindow, String>>>,
 }
 
+/// The experiences of the log after `from` that can be read, with their sequence numbers, for
+/// the ranker's fit and its window (a damaged row is left out); why the log could not be read
+/// otherwise.
+fn readable_experiences(store: &Store, from: u64) -> Result<Vec<(u64, ExperienceTuple)>, String> {
+    Ok(store
+        .experience_since(from)
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .filter_map(|(seq, e)| e.ok().map(|e| (seq, e)))
+        .collect())
+}
+
 /// What a refit returns: what it fitted and decided, or why the log could not be read.
 type RefitResult = Result<Refit, String>;
 
@@ -563,14 +575,9 @@ impl PolicyState {
         let store = self.store.clone();
         self.refit = Some(tokio::task::spawn_blocking(move || {
             // The log is read only while the planner's window does not hold its newest rows
-            // (the first fit after a start).
-            let read: Vec<(u64, ExperienceTuple)> = match job.reads_from() {
-                Some(from) => store
-                    .experience_since(from)
-                    .map_err(|e| e.to_string())?
-                    .into_iter()
-                    .filter_map(|(seq, e)| e.ok().map(|e| (seq, e)))
-                    .collect(),
+            // (a fit due before the window was read at start).
+            let read = match job.reads_from() {
+                Some(from) => readable_experiences(&store, from)?,
                 None => Vec::new(),
             };
             Ok(job.run(read.iter().map(|(seq, e)| (*seq, e))))
@@ -586,11 +593,12 @@ impl PolicyState {
         let store = self.store.clone();
         let reward = self.planner.reward().clone();
         self.fill = Some(tokio::task::spawn_blocking(move || {
-            let rows = store.experience_since(from).map_err(|e| e.to_string())?;
-            let rows = rows
-                .iter()
-                .filter_map(|(seq, e)| e.as_ref().ok().map(|e| (*seq, e)));
-            Ok(FitWindow::read(from, rows, &reward))
+            let read = readable_experiences(&store, from)?;
+            Ok(FitWindow::read(
+                from,
+                read.iter().map(|(seq, e)| (*seq, e)),
+                &reward,
+            ))
         }));
     }
 
