@@ -1,7 +1,7 @@
 //! Adaptive strategies: one test per promptise shortfall (named after it), plus decay, TTL,
 //! limits, scopes, the synthesisers and persistence.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use hindsight::learn::adaptive::*;
@@ -704,6 +704,64 @@ fn changed_scopes_are_handed_over_once_and_restore_with_the_small_snapshot() {
     back.scopes = rows;
     assert_eq!(AdaptiveStrategies::restore(back).unwrap(), a);
     assert_ne!(AdaptiveStrategies::restore(small).unwrap(), a);
+}
+
+/// Each lesson made or changed is handed over once (a run that bears one out changes that one
+/// only), and a scope written with its lessons named resolves back to the same state.
+#[test]
+fn changed_lessons_are_handed_over_once_and_a_named_scope_resolves_back() {
+    let mut a = adaptive();
+    fill(&mut a, 5, "pdfminer", 1);
+    a.synthesise_offline(SCOPE, "w", 2).unwrap();
+    let first: Vec<String> = a
+        .lessons(SCOPE)
+        .iter()
+        .map(|l| l.lesson_id.clone())
+        .collect();
+    assert!(!first.is_empty());
+    assert_eq!(
+        a.take_changed_lessons(),
+        first.iter().cloned().collect::<BTreeSet<_>>()
+    );
+    assert!(a.take_changed_lessons().is_empty(), "handed over once");
+    // A cycle about another tool adds its lesson and decays the first ones.
+    fill(&mut a, 5, "camelot", 3);
+    a.synthesise_offline(SCOPE, "w", 3).unwrap();
+    let all: BTreeSet<String> = a
+        .lessons(SCOPE)
+        .iter()
+        .map(|l| l.lesson_id.clone())
+        .collect();
+    assert!(all.len() > first.len());
+    assert_eq!(a.take_changed_lessons(), all);
+    // A run that bears out the decayed lesson changes that one alone.
+    let here = feats(&[("bank", "acme"), ("filetype", "pdf")]);
+    let passed = [Step {
+        tool_called: Some("pdfminer".into()),
+        ..Step::default()
+    }];
+    let confirmed = a.confirm(SCOPE, &here, &passed, 4);
+    assert!(!confirmed.is_empty());
+    assert_eq!(
+        a.take_changed_lessons(),
+        confirmed.into_iter().collect::<BTreeSet<_>>()
+    );
+    // Named, written and read back, and resolved: the same state.
+    let scope = a.scope(SCOPE).unwrap().clone();
+    let bytes = postcard::to_allocvec(&scope.named()).unwrap();
+    let named: ScopeState<String> = postcard::from_bytes(&bytes).unwrap();
+    let by_id = |id: &str| scope.lessons.iter().find(|l| l.lesson_id == id).cloned();
+    let (back, missing) = named.clone().resolve(by_id);
+    assert_eq!(back, scope);
+    assert!(missing.is_empty());
+    // A name with no lesson is handed back, the others kept.
+    let gone = first[0].clone();
+    let (partial, missing) = named.resolve(|id| if id == gone { None } else { by_id(id) });
+    assert_eq!(missing, vec![gone]);
+    assert_eq!(partial.lessons.len(), scope.lessons.len() - 1);
+    // A scope noted as changed (read from a snapshot that held it inline) hands over its lessons.
+    a.note_changed(SCOPE);
+    assert_eq!(a.take_changed_lessons(), all);
 }
 
 #[test]

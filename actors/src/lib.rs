@@ -25,6 +25,7 @@ pub mod reflect_retry;
 pub mod reflector;
 pub mod run;
 pub mod runtime;
+pub mod scope_rows;
 pub mod supervisor;
 pub mod tenancy;
 pub mod tree;

@@ -26,14 +26,14 @@ use crate::chaos_hook::ChaosHook;
 use crate::directory::Slot;
 use crate::lesson_board::LessonBoard;
 use crate::memory::MemoryMsg;
+use crate::scope_rows;
 
 /// The table of the reflector's snapshot.
 pub const REFLECTOR: KvTable = KvTable::new("reflector");
-/// Every lesson (reflected, synthesised or corrected), by id, for the API and reports.
+/// Every lesson (reflected, synthesised or corrected), by id, for the API and reports; the
+/// adaptive strategies' scopes name theirs (`scope_rows`), each written as it changes, in the
+/// batch of the snapshot it belongs to.
 pub const LESSONS: KvTable = KvTable::new("lessons");
-/// The table of the adaptive strategies' scopes (a user's or tenant's failures, lessons and
-/// lease), by scope, each written as it changes, in the batch of the snapshot it belongs to.
-pub const SCOPES: KvTable = KvTable::new("reflector_scopes");
 /// The reflection's outcome statistics, a row per bucket (the snapshot holds the lessons).
 pub const BUCKETS: KvTable = KvTable::new("reflector_buckets");
 const SNAPSHOT_KEY: &str = "state";
@@ -169,16 +169,17 @@ pub struct ReflectorState {
     since_persist: u64,
     /// Scopes changed since the last snapshot (which writes each as it is then).
     unwritten_scopes: BTreeSet<String>,
-    /// Lessons made or changed since the last snapshot, as last handed to memory.
+    /// The reflection's lessons made or changed since the last snapshot (the strategies'
+    /// are written from their scopes: [`AdaptiveStrategies::take_changed_lessons`]).
     unwritten_lessons: BTreeMap<String, Lesson>,
     synthesiser: Option<Arc<dyn Synthesiser>>,
     verifier: Option<Arc<dyn Verifier>>,
     chaos: Option<ChaosHook>,
     ablate: BTreeSet<Mechanism>,
-    /// The strategies (the adaptive lessons of each scope) as last written to the lessons
-    /// table and handed to memory, and the memory actor they were handed to: a consolidation
-    /// writes and sends only those of the scopes written since (`unsent`) that changed, and
-    /// sends all of them to a memory that has started again since.
+    /// The strategies (the adaptive lessons of each scope) as last handed to memory, and the
+    /// memory actor they were handed to: a consolidation sends only those of the scopes changed
+    /// since (`unsent`) that read differently, and all of them to a memory that has started
+    /// again since.
     sent: BTreeMap<String, Vec<Lesson>>,
     sent_to: Option<ractor::ActorId>,
     /// Scopes written since the last consolidation.
@@ -196,8 +197,9 @@ impl Actor for ReflectorActor {
         args: Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         crate::applied::after_queued_writes(&args.store, "reflector").await;
+        scope_rows::move_inline_rows(&args.store).await?;
         let stored: Option<Persisted> = read_snapshot(&args.store, REFLECTOR, SNAPSHOT_KEY);
-        let rows = args.store.scan::<ScopeState>(SCOPES)?;
+        let rows = scope_rows::read_all(&args.store)?;
         let keys: Vec<String> = rows.iter().map(|(k, _)| k.clone()).collect();
         let bucket_rows = args.store.scan::<Bucket>(BUCKETS)?;
         let bucket_keys: Vec<String> = bucket_rows.iter().map(|(k, _)| k.clone()).collect();
@@ -232,7 +234,7 @@ impl Actor for ReflectorActor {
                 p.applied,
             ))
         });
-        let (reflector, adaptive, applied, sent) = match restored {
+        let (reflector, adaptive, applied) = match restored {
             Some((mut reflector, mut adaptive, applied)) => {
                 // The lessons come back; the configuration is the one in force now.
                 adaptive.set_config(args.adaptive.clone())?;
@@ -242,15 +244,14 @@ impl Actor for ReflectorActor {
                 if inline_buckets {
                     reflector.note_all_buckets_changed();
                 }
-                let sent = lessons_on_disk(&args.store, &adaptive);
-                (reflector, adaptive, applied, sent)
+                (reflector, adaptive, applied)
             }
             None => {
                 // Rebuilt from the log: the scopes and buckets of a snapshot that cannot be used
                 // go (queued before any later snapshot, so committed first).
                 let stale: Vec<WriteOp> = keys
                     .iter()
-                    .map(|k| WriteOp::delete(SCOPES, k))
+                    .map(|k| WriteOp::delete(scope_rows::SCOPES, k))
                     .chain(bucket_keys.iter().map(|k| WriteOp::delete(BUCKETS, k)))
                     .collect();
                 if !stale.is_empty() {
@@ -264,7 +265,6 @@ impl Actor for ReflectorActor {
                     Reflector::new(ReflectorConfig::default()),
                     AdaptiveStrategies::new(args.adaptive.clone())?,
                     Applied::default(),
-                    BTreeMap::new(),
                 )
             }
         };
@@ -283,7 +283,7 @@ impl Actor for ReflectorActor {
             verifier: args.verifier,
             chaos: args.chaos,
             ablate: args.ablate,
-            sent,
+            sent: BTreeMap::new(),
             sent_to: None,
             unsent: BTreeSet::new(),
         };
@@ -599,10 +599,13 @@ impl ReflectorState {
             .chain(&report.updated)
             .filter_map(|id| self.reflector.lesson(id).cloned())
             .collect();
+        for l in &fresh {
+            self.unwritten_lessons
+                .insert(l.lesson_id.clone(), l.clone());
+        }
         // The strategies that changed since they were last sent, in the scopes changed since,
-        // are sent to memory (and written with the next snapshot); a memory that has started
-        // again since (it may have lost what it was sent after its last snapshot) is sent all
-        // of them.
+        // are sent to memory; a memory that has started again since (it may have lost what it
+        // was sent after its last snapshot) is sent all of them.
         self.note_scope_changes();
         let memory_now = self.memory.current().map(|a| a.get_id());
         let all = memory_now.is_none() || memory_now != self.sent_to;
@@ -616,7 +619,7 @@ impl ReflectorState {
         // ones, and those gone from the scopes written since.
         let mut gone: Vec<String> = report.superseded.clone();
         // Memory hears of a strategy's lesson when it reads differently; one that only decayed
-        // or was reinforced is written with the next snapshot and indexed as it was.
+        // or was reinforced is indexed as it was.
         let mut resent: Vec<Lesson> = Vec::new();
         for scope in scopes {
             let now_lessons = self.adaptive.lessons(&scope);
@@ -637,11 +640,7 @@ impl ReflectorState {
                         }
                         sent.push(b);
                     }
-                    Some(b) if reads_the_same(&b, l) && !all => {
-                        self.unwritten_lessons
-                            .insert(l.lesson_id.clone(), l.clone());
-                        sent.push(l.clone());
-                    }
+                    Some(b) if reads_the_same(&b, l) && !all => sent.push(l.clone()),
                     _ => {
                         fresh.push(l.clone());
                         sent.push(l.clone());
@@ -652,10 +651,6 @@ impl ReflectorState {
             self.sent.insert(scope, sent);
         }
         self.sent_to = memory_now;
-        for l in &fresh {
-            self.unwritten_lessons
-                .insert(l.lesson_id.clone(), l.clone());
-        }
         fresh.append(&mut resent);
         if persist {
             // Committed by the group-commit writer in the order queued (before anything memory
@@ -709,9 +704,18 @@ impl ReflectorState {
     fn snapshot_ops(&mut self) -> Result<Vec<WriteOp>, hindsight::store::StoreError> {
         let mut ops = Vec::new();
         self.note_scope_changes();
+        // A changed lesson is in a changed scope; one that left its scope since is not written.
+        let changed = self.adaptive.take_changed_lessons();
         for scope in std::mem::take(&mut self.unwritten_scopes) {
             if let Some(state) = self.adaptive.scope(&scope) {
-                ops.push(WriteOp::put(SCOPES, &scope, state)?);
+                for lesson in state
+                    .lessons
+                    .iter()
+                    .filter(|l| changed.contains(&l.lesson_id))
+                {
+                    ops.push(scope_rows::put_lesson(lesson)?);
+                }
+                ops.push(scope_rows::put(&scope, state)?);
             }
         }
         for (id, lesson) in std::mem::take(&mut self.unwritten_lessons) {
@@ -826,36 +830,6 @@ pub enum StoredLessonsError {
     Missing,
 }
 
-/// The strategies of each scope that the lessons table holds as they are, read at start: the
-/// first consolidation then writes only what changed since, while memory (which may have lost
-/// what it was sent after its last snapshot) is still sent them all. A table that cannot be
-/// read counts as holding none (all are written again).
-fn lessons_on_disk(store: &Store, adaptive: &AdaptiveStrategies) -> BTreeMap<String, Vec<Lesson>> {
-    let rows = match store.scan::<LessonRecord>(LESSONS) {
-        Ok(rows) => rows,
-        Err(e) => {
-            tracing::warn!(error = %e, "the lessons table cannot be read; every lesson is written again");
-            return BTreeMap::new();
-        }
-    };
-    let stored: std::collections::HashMap<String, Lesson> = rows
-        .into_iter()
-        .filter_map(|(id, r)| Some((id, r.ok()?.lesson)))
-        .collect();
-    adaptive
-        .scopes()
-        .map(|scope| {
-            let held = adaptive
-                .lessons(scope)
-                .iter()
-                .filter(|l| stored.get(&l.lesson_id) == Some(*l))
-                .cloned()
-                .collect();
-            (scope.to_string(), held)
-        })
-        .collect()
-}
-
 /// Adds lessons to the stored adaptive strategies, for a store prepared offline (an import, or
 /// the overhead bench's): each joins its scope's lessons (`lesson.scope`) in the persisted
 /// snapshot, and the lesson table, in one transaction; the reflector reads them at the next
@@ -868,25 +842,22 @@ pub async fn add_stored_lessons(
     if store.get::<Persisted>(REFLECTOR, SNAPSHOT_KEY)?.is_none() {
         return Err(StoredLessonsError::Missing);
     }
-    let mut scopes: BTreeMap<String, ScopeState> = BTreeMap::new();
+    scope_rows::move_inline_rows(store).await?;
+    let mut scopes: BTreeMap<String, ScopeState<String>> = BTreeMap::new();
     let mut ops = Vec::with_capacity(lessons.len() + 1);
     for lesson in lessons {
-        ops.push(WriteOp::put(
-            LESSONS,
-            &lesson.lesson_id,
-            &LessonRecord::from(lesson),
-        )?);
+        ops.push(scope_rows::put_lesson(lesson)?);
         let scope = match scopes.entry(lesson.scope.clone()) {
             std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::btree_map::Entry::Vacant(e) => {
-                let stored = store.get::<ScopeState>(SCOPES, &lesson.scope)?;
+                let stored = scope_rows::get_named(store, &lesson.scope)?;
                 e.insert(stored.unwrap_or_default())
             }
         };
-        scope.lessons.push(lesson.clone());
+        scope.lessons.push(lesson.lesson_id.clone());
     }
     for (key, scope) in &scopes {
-        ops.push(WriteOp::put(SCOPES, key, scope)?);
+        ops.push(WriteOp::put(scope_rows::SCOPES, key, scope)?);
     }
     store.write_batch(ops).await?;
     Ok(())

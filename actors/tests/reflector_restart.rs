@@ -1,19 +1,21 @@
 //! The reflector across restarts: each scope of the adaptive strategies (a user's failures,
-//! lessons and lease) and each bucket of the reflection's statistics is written as a row of its
-//! own as it changes, so a consolidation writes what changed rather than every user's lessons
-//! and every count, and a new tree reads the rows back. A store an earlier build wrote, with
-//! the scopes and buckets inside the snapshot, loses nothing either.
+//! lessons named, and lease), each lesson, and each bucket of the reflection's statistics is
+//! written as a row of its own as it changes, so a consolidation writes what changed rather
+//! than every user's lessons and every count, and a new tree reads the rows back. A store an
+//! earlier build wrote, with the scopes and buckets inside the snapshot, or with scope rows
+//! that carried their lessons, loses nothing either.
 
 mod correction_support;
 
 use hindsight::learn::adaptive::{AdaptiveSnapshot, ScopeState};
 use hindsight::learn::reflector::{Bucket, ReflectorSnapshot};
-use hindsight::store::{Durability, Store, WriteOp};
+use hindsight::store::{Durability, KvTable, Store, WriteOp};
 use hindsight::tools::sim::SimEnv;
 use hindsight::tools::sim::agent::AgentEnv;
 use hindsight_actors::app::workload;
 use hindsight_actors::applied::Applied;
-use hindsight_actors::reflector::{BUCKETS, REFLECTOR, ReflectorMsg, SCOPES};
+use hindsight_actors::reflector::{BUCKETS, LESSONS, REFLECTOR, ReflectorMsg};
+use hindsight_actors::scope_rows::{self, SCOPES};
 use hindsight_actors::{Runtime, RuntimeOptions};
 use serde::{Deserialize, Serialize};
 
@@ -81,20 +83,17 @@ async fn a_scope_is_its_own_row_and_comes_back_after_a_restart_and_an_upgrade() 
     assert!(on_the_board(&rt, &env, &accepted));
     rt.shutdown().await;
 
-    // On disk: the scope's row holds the correction; the snapshot holds no scope.
+    // On disk: the scope's row names the correction, whose row holds it; the snapshot holds
+    // no scope.
     let store = Store::open(dir.path(), Default::default()).unwrap();
-    let rows: Vec<(String, ScopeState)> = store
-        .scan::<ScopeState>(SCOPES)
+    let row = store
+        .get::<ScopeState<String>>(SCOPES, SCOPE)
         .unwrap()
-        .into_iter()
-        .map(|(k, v)| (k, v.unwrap()))
-        .collect();
-    let (_, row) = rows.iter().find(|(k, _)| k == SCOPE).unwrap();
-    assert!(
-        row.lessons
-            .iter()
-            .any(|l| l.lesson_id == accepted.lesson_id)
-    );
+        .unwrap();
+    assert!(row.lessons.contains(&accepted.lesson_id));
+    let lesson: hindsight_actors::reflector::LessonRecord =
+        store.get(LESSONS, &accepted.lesson_id).unwrap().unwrap();
+    assert_eq!(lesson.lesson, accepted);
     let mut snapshot: Snapshot = store.get(REFLECTOR, "state").unwrap().unwrap();
     assert!(snapshot.adaptive.scopes.is_empty());
     drop(store);
@@ -105,13 +104,43 @@ async fn a_scope_is_its_own_row_and_comes_back_after_a_restart_and_an_upgrade() 
         "a started reflector publishes the lessons it read back"
     );
 
+    // A store the build before wrote: scope rows that carry their lessons, in a table of their
+    // own, and no lesson rows. Nothing is lost, and the rows name their lessons again.
+    let store = Store::open(dir.path(), Default::default()).unwrap();
+    let scopes: Vec<(String, ScopeState)> = scope_rows::read_all(&store)
+        .unwrap()
+        .into_iter()
+        .map(|(k, v)| (k, v.unwrap()))
+        .collect();
+    const INLINE: KvTable = KvTable::new("reflector_scopes");
+    let mut ops = Vec::new();
+    for (key, state) in &scopes {
+        ops.push(WriteOp::put(INLINE, key, state).unwrap());
+        ops.push(WriteOp::delete(SCOPES, key));
+        for l in &state.lessons {
+            ops.push(WriteOp::delete(LESSONS, &l.lesson_id));
+        }
+    }
+    store.write_batch(ops).await.unwrap();
+    drop(store);
+    let (held, shown) = lessons_after_start(dir.path(), &env, &accepted).await;
+    assert!(held.contains(&accepted.lesson_id), "{held:?}");
+    assert!(shown);
+    let store = Store::open(dir.path(), Default::default()).unwrap();
+    assert!(store.scan::<ScopeState>(INLINE).unwrap().is_empty());
+    let back: Vec<(String, ScopeState)> = scope_rows::read_all(&store)
+        .unwrap()
+        .into_iter()
+        .map(|(k, v)| (k, v.unwrap()))
+        .collect();
+    assert_eq!(back, scopes);
+
     // A store an earlier build wrote: the scopes inside the snapshot, no rows. Nothing is lost,
     // and the scopes are rows again.
-    let store = Store::open(dir.path(), Default::default()).unwrap();
     let mut ops = Vec::new();
-    for (key, row) in store.scan::<ScopeState>(SCOPES).unwrap() {
-        snapshot.adaptive.scopes.insert(key.clone(), row.unwrap());
+    for (key, state) in back {
         ops.push(WriteOp::delete(SCOPES, &key));
+        snapshot.adaptive.scopes.insert(key, state);
     }
 
     ops.push(WriteOp::put(REFLECTOR, "state", &snapshot).unwrap());
@@ -123,7 +152,7 @@ async fn a_scope_is_its_own_row_and_comes_back_after_a_restart_and_an_upgrade() 
     let store = Store::open(dir.path(), Default::default()).unwrap();
     assert!(
         store
-            .scan::<ScopeState>(SCOPES)
+            .scan::<ScopeState<String>>(SCOPES)
             .unwrap()
             .iter()
             .any(|(k, _)| k == SCOPE)

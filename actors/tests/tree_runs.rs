@@ -1411,3 +1411,61 @@ async fn a_restart_writes_back_only_changed_lessons_and_memory_is_sent_them_all(
     rt.shutdown().await;
     assert!(found.contains(&"stored-0".to_string()), "{found:?}");
 }
+
+/// A scope's row names its lessons, each written to the lessons table when it is made or
+/// changes: a restart brings back every strategy as it last was (made, reinforced, decayed or
+/// borne out), read from the lessons table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_brings_back_each_strategy_as_it_last_changed() {
+    use hindsight::learn::adaptive::ScopeState;
+    use hindsight_actors::scope_rows::SCOPES;
+    let dir = tempfile::tempdir().unwrap();
+    let env = SimEnv::load(&env_path("flaky_ocr.toml")).unwrap();
+    let opts = || {
+        let mut opts = options_on(dir.path(), env.clone(), 5);
+        opts.adaptive.synthesis_threshold = 2;
+        opts
+    };
+    let strategies = |lessons: Vec<hindsight::Lesson>| -> Vec<hindsight::Lesson> {
+        let mut s: Vec<_> = lessons
+            .into_iter()
+            .filter(|l| l.lesson_id.starts_with("adaptive-"))
+            .collect();
+        s.sort_by(|a, b| a.lesson_id.cmp(&b.lesson_id));
+        s
+    };
+    let rt = Runtime::start(opts()).await.unwrap();
+    workload::run_tasks(&rt, &env, 5, 60, 1, |_| {})
+        .await
+        .unwrap();
+    rt.shutdown().await;
+    // A second start changes the lessons the first wrote (later cycles decay them, runs bear
+    // them out): what it writes of them is what changed.
+    let rt = Runtime::start(opts()).await.unwrap();
+    let first = strategies(all_lessons(&rt).await);
+    workload::run_tasks(&rt, &env, 5, 60, 1, |_| {})
+        .await
+        .unwrap();
+    let held = strategies(all_lessons(&rt).await);
+    rt.shutdown().await;
+    assert!(first.len() >= 2, "{first:?}");
+    assert!(
+        first
+            .iter()
+            .any(|l| held.iter().any(|m| m.lesson_id == l.lesson_id && m != l)),
+        "some lesson changed in the second start: {first:?} {held:?}"
+    );
+    // The third start reads what the second held, from scope rows that name the lessons.
+    let rt = Runtime::start(opts()).await.unwrap();
+    let read = strategies(all_lessons(&rt).await);
+    let rows = rt.store().scan::<ScopeState<String>>(SCOPES).unwrap();
+    rt.shutdown().await;
+    assert_eq!(read, held);
+    let mut named: Vec<String> = rows
+        .into_iter()
+        .flat_map(|(_, row)| row.unwrap().lessons)
+        .collect();
+    named.sort();
+    let ids: Vec<String> = held.iter().map(|l| l.lesson_id.clone()).collect();
+    assert_eq!(named, ids);
+}

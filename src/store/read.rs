@@ -255,6 +255,32 @@ impl Store {
         }
     }
 
+    /// The records of `keys` in a generic table, read in one transaction, in the order of
+    /// `keys`: `None` where there is none, an `Err` in the place of a damaged one.
+    pub fn get_many<'k, T: DeserializeOwned>(
+        &self,
+        table: KvTable,
+        keys: impl IntoIterator<Item = &'k str>,
+    ) -> Result<Vec<Option<Result<T, StoreError>>>, StoreError> {
+        let name = table.redb_name();
+        let txn = self.read_txn()?;
+        let def: TableDefinition<&str, &[u8]> = TableDefinition::new(&name);
+        let t = match txn.open_table(def) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => {
+                return Ok(keys.into_iter().map(|_| None).collect());
+            }
+            Err(e) => return Err(read_err(&name)(e)),
+        };
+        keys.into_iter()
+            .map(|key| {
+                Ok(t.get(key)
+                    .map_err(read_err(&name))?
+                    .map(|g| decode(&name, key, g.value())))
+            })
+            .collect()
+    }
+
     /// Every record of a generic table, by key; a damaged record is an `Err` in its place.
     pub fn scan<T: DeserializeOwned>(
         &self,

@@ -184,6 +184,16 @@ async fn a_record_of_the_wrong_type_is_corrupt_not_a_panic() {
     assert_eq!(scanned[0].0, "n");
     assert_eq!(scanned[0].1, Ok(7));
     assert!(scanned[1].1.is_err());
+    // Read by keys: in their order, none where there is none, the damaged one in its place.
+    let got = store.get_many::<u8>(T, ["s", "gone", "n"]).unwrap();
+    assert!(matches!(&got[0], Some(Err(StoreError::Corrupt { key, .. })) if key == "s"));
+    assert_eq!(got[1], None);
+    assert_eq!(got[2], Some(Ok(7)));
+    const NONE: KvTable = KvTable::new("never_written");
+    assert_eq!(
+        store.get_many::<u8>(NONE, ["a", "b"]).unwrap(),
+        vec![None, None]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

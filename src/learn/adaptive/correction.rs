@@ -531,6 +531,7 @@ impl AdaptiveStrategies {
             superseded_by: None,
         };
         let max = self.state.config.max_strategies;
+        self.changed_lessons.insert(lesson.lesson_id.clone());
         let s = self.scope_mut(&prepared.scope);
         s.lessons.push(lesson.clone());
         if s.lessons.len() > max {

@@ -241,7 +241,11 @@ impl AdaptiveStrategies {
         let s = self.scope_mut(&job.input.scope);
         for l in s.lessons.iter_mut() {
             if !touched.contains(&l.lesson_id) {
-                l.confidence = (l.confidence - cfg.decay_per_cycle).max(0.0);
+                let decayed = (l.confidence - cfg.decay_per_cycle).max(0.0);
+                if decayed != l.confidence {
+                    l.confidence = decayed;
+                    touched.insert(l.lesson_id.clone());
+                }
             }
         }
         // Floating-point: 0.8 - 5 * 0.1 must count as below 0.3.
@@ -268,6 +272,8 @@ impl AdaptiveStrategies {
             }
         }
         report.removed = removed;
+        self.changed_lessons.extend(touched);
+        let s = self.scope_mut(&job.input.scope);
         let used: BTreeSet<u64> = job.input.failures.iter().map(|f| f.id).collect();
         let mut consumed = Vec::new();
         let mut kept = Vec::new();
@@ -335,6 +341,7 @@ impl AdaptiveStrategies {
         }
         if !changed.is_empty() {
             self.touch(scope);
+            self.changed_lessons.extend(changed.iter().cloned());
         }
         changed
     }

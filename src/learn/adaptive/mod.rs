@@ -43,15 +43,17 @@ pub const DEFAULT_LESSON_MAX_CHARS: usize = 300;
 /// Version of [`AdaptiveSnapshot`].
 pub const SNAPSHOT_VERSION: u32 = 1;
 
-/// Everything kept for one scope.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct ScopeState {
+/// Everything kept for one scope: its lessons themselves (`L` = [`Lesson`]), or named by id
+/// (`L` = `String`) where an owner keeps each lesson apart ([`ScopeState::named`],
+/// [`ScopeState::resolve`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScopeState<L = Lesson> {
     /// Failures not yet used by a synthesis, oldest first.
     pub pending: Vec<FailureRecord>,
     /// Failures a synthesis used, kept as evidence for verifying corrections, oldest first.
     pub evidence: Vec<FailureRecord>,
     /// The scope's lessons.
-    pub lessons: Vec<Lesson>,
+    pub lessons: Vec<L>,
     /// The synthesis lease, if one is held.
     pub lease: Option<Lease>,
     /// Synthesis cycles completed.
@@ -60,10 +62,70 @@ pub struct ScopeState {
     pub dropped_infrastructure: u64,
 }
 
-impl ScopeState {
+/// A scope with nothing in it yet.
+impl<L> Default for ScopeState<L> {
+    fn default() -> ScopeState<L> {
+        ScopeState {
+            pending: Vec::new(),
+            evidence: Vec::new(),
+            lessons: Vec::new(),
+            lease: None,
+            cycles: 0,
+            dropped_infrastructure: 0,
+        }
+    }
+}
+
+impl<L> ScopeState<L> {
     /// Strategy failures pending.
     pub fn pending_strategy(&self) -> usize {
         self.pending.iter().filter(|f| f.is_strategy()).count()
+    }
+}
+
+impl ScopeState {
+    /// The state with its lessons named by id, for an owner that writes each lesson apart
+    /// (and only those that changed: [`AdaptiveStrategies::take_changed_lessons`]).
+    pub fn named(&self) -> ScopeState<String> {
+        ScopeState {
+            pending: self.pending.clone(),
+            evidence: self.evidence.clone(),
+            lessons: self.lessons.iter().map(|l| l.lesson_id.clone()).collect(),
+            lease: self.lease.clone(),
+            cycles: self.cycles,
+            dropped_infrastructure: self.dropped_infrastructure,
+        }
+    }
+}
+
+impl ScopeState<String> {
+    /// The state with each named lesson looked up by `lesson`; a name it has no lesson for is
+    /// returned apart (the lesson is not in the state).
+    pub fn resolve(
+        self,
+        mut lesson: impl FnMut(&str) -> Option<Lesson>,
+    ) -> (ScopeState, Vec<String>) {
+        let mut missing = Vec::new();
+        let lessons = self
+            .lessons
+            .into_iter()
+            .filter_map(|id| {
+                let found = lesson(&id);
+                if found.is_none() {
+                    missing.push(id);
+                }
+                found
+            })
+            .collect();
+        let state = ScopeState {
+            pending: self.pending,
+            evidence: self.evidence,
+            lessons,
+            lease: self.lease,
+            cycles: self.cycles,
+            dropped_infrastructure: self.dropped_infrastructure,
+        };
+        (state, missing)
     }
 }
 
@@ -160,6 +222,9 @@ pub struct AdaptiveStrategies {
     /// Scopes changed since they were last published
     /// ([`AdaptiveStrategies::take_unpublished_scopes`]).
     unpublished: BTreeSet<String>,
+    /// Lessons made or changed since they were last taken
+    /// ([`AdaptiveStrategies::take_changed_lessons`]).
+    changed_lessons: BTreeSet<String>,
 }
 
 /// Equal when the states are (what is still to persist aside).
@@ -184,6 +249,7 @@ impl AdaptiveStrategies {
             },
             changed: BTreeSet::new(),
             unpublished: BTreeSet::new(),
+            changed_lessons: BTreeSet::new(),
         })
     }
 
@@ -241,13 +307,23 @@ impl AdaptiveStrategies {
         std::mem::take(&mut self.changed)
     }
 
-    /// Notes `scope` as changed, so that the next [`AdaptiveStrategies::take_changed_scopes`]
-    /// hands it over: for an owner that must write a scope again (one it read from a snapshot
-    /// that held its scopes inline).
+    /// Notes `scope` and each of its lessons as changed, so that the next
+    /// [`AdaptiveStrategies::take_changed_scopes`] and
+    /// [`AdaptiveStrategies::take_changed_lessons`] hand them over: for an owner that must
+    /// write a scope again (one it read from a snapshot that held its scopes inline).
     pub fn note_changed(&mut self, scope: &str) {
-        if self.state.scopes.contains_key(scope) {
+        if let Some(s) = self.state.scopes.get(scope) {
+            self.changed_lessons
+                .extend(s.lessons.iter().map(|l| l.lesson_id.clone()));
             self.changed.insert(scope.to_string());
         }
+    }
+
+    /// The ids of the lessons made or changed since the last call (a lesson that left its
+    /// scope since may be among them), and forgets them: for an owner that writes each lesson
+    /// apart from its scope ([`ScopeState::named`]), only when it changed.
+    pub fn take_changed_lessons(&mut self) -> BTreeSet<String> {
+        std::mem::take(&mut self.changed_lessons)
     }
 
     /// The names of the scopes changed since the last call, and forgets them: for an owner that
@@ -276,6 +352,7 @@ impl AdaptiveStrategies {
             state: snapshot,
             changed: BTreeSet::new(),
             unpublished: BTreeSet::new(),
+            changed_lessons: BTreeSet::new(),
         })
     }
 
