@@ -3,8 +3,11 @@
 //!
 //! ractor gives a restarted actor a new `ActorRef`, and a call whose callee dies mid-message ends
 //! with its reply port dropped. A [`Slot`] lets callers wait for the successor instead of failing
-//! the run, and bounds every call with a timeout (ractor's `call` has none by default).
+//! the run, and bounds every call with a timeout (ractor's `call` has none by default). A slot
+//! closed as its tree stops ([`Slot::close`]) has no successor to wait for: a caller of an actor
+//! that stopped fails at once.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ractor::rpc::CallResult;
@@ -53,13 +56,19 @@ pub enum CallError {
 pub struct Slot<M: Message> {
     role: &'static str,
     tx: watch::Sender<Option<ActorRef<M>>>,
+    /// Set as the tree stops: no actor will be published again.
+    closed: AtomicBool,
 }
 
 impl<M: Message> Slot<M> {
     /// An empty slot for `role`.
     pub fn new(role: &'static str) -> Slot<M> {
         let (tx, _rx) = watch::channel(None);
-        Slot { role, tx }
+        Slot {
+            role,
+            tx,
+            closed: AtomicBool::new(false),
+        }
     }
 
     /// The role's name.
@@ -72,12 +81,32 @@ impl<M: Message> Slot<M> {
         self.tx.send_replace(Some(actor));
     }
 
+    /// Closes the slot as its tree stops: a caller no longer waits for a successor of an actor
+    /// that stopped (nor for a first actor), and those waiting give up now; a running actor is
+    /// still called.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        // Wakes the callers waiting for a successor, which then see the slot closed.
+        self.tx.send_modify(|_| {});
+    }
+
+    /// Resolves once the slot is closed ([`Slot::close`]).
+    pub async fn closed(&self) {
+        let mut rx = self.tx.subscribe();
+        while !self.closed.load(Ordering::SeqCst) {
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
     /// The current actor, if one is running.
     pub fn current(&self) -> Option<ActorRef<M>> {
         self.tx.borrow().clone()
     }
 
-    /// Waits until the slot holds an actor other than `dead` (or any actor when `dead` is None).
+    /// Waits until the slot holds an actor other than `dead` (or any actor when `dead` is None);
+    /// a closed slot's caller waits for none.
     async fn successor(
         &self,
         dead: Option<ActorId>,
@@ -94,6 +123,9 @@ impl<M: Message> Slot<M> {
                             return Some(actor.clone());
                         }
                     }
+                }
+                if self.closed.load(Ordering::SeqCst) {
+                    return None;
                 }
                 if rx.changed().await.is_err() {
                     return None;
@@ -229,5 +261,76 @@ where
         Ok(Ok(reply)) => Ok(CallResult::Success(reply)),
         Ok(Err(_)) => Ok(CallResult::SenderError),
         Err(_) => Ok(CallResult::Timeout),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ractor::{Actor, ActorProcessingErr};
+    use std::sync::Arc;
+
+    struct Echo;
+
+    impl Actor for Echo {
+        type Msg = RpcReplyPort<u32>;
+        type State = ();
+        type Arguments = ();
+
+        async fn pre_start(
+            &self,
+            _myself: ActorRef<Self::Msg>,
+            _args: (),
+        ) -> Result<(), ActorProcessingErr> {
+            Ok(())
+        }
+
+        async fn handle(
+            &self,
+            _myself: ActorRef<Self::Msg>,
+            reply: Self::Msg,
+            _state: &mut (),
+        ) -> Result<(), ActorProcessingErr> {
+            let _ = reply.send(7);
+            Ok(())
+        }
+    }
+
+    /// A caller waiting for a successor gives up as the slot closes, without waiting out the
+    /// restart wait (the clock is tokio's paused one: it moves only when every task waits on
+    /// it), while a running actor is still called through a closed slot.
+    #[tokio::test(start_paused = true)]
+    async fn a_closed_slot_has_no_successor_to_wait_for_and_still_calls_a_running_actor() {
+        let slot: Arc<Slot<RpcReplyPort<u32>>> = Arc::new(Slot::new("echo"));
+        let started = tokio::time::Instant::now();
+        let waiting = tokio::spawn({
+            let slot = slot.clone();
+            async move { slot.call(|reply| reply).await }
+        });
+        tokio::task::yield_now().await;
+        slot.close();
+        let answer = waiting.await.unwrap();
+        assert!(
+            matches!(answer, Err(CallError::Unavailable { role: "echo", .. })),
+            "{answer:?}"
+        );
+        assert!(
+            started.elapsed() < DEFAULT_RESTART_WAIT,
+            "it waited for a successor"
+        );
+        let (actor, handle) = Actor::spawn(None, Echo, ()).await.unwrap();
+        slot.publish(actor.clone());
+        assert_eq!(slot.call(|reply| reply).await.unwrap(), 7);
+        actor.stop(None);
+        handle.await.unwrap();
+        let gone = slot.call(|reply| reply).await;
+        assert!(
+            matches!(gone, Err(CallError::Unavailable { .. })),
+            "{gone:?}"
+        );
+        assert!(
+            started.elapsed() < DEFAULT_RESTART_WAIT,
+            "it waited for a successor"
+        );
     }
 }

@@ -1,5 +1,5 @@
 //! The Executor actor: runs one tool call or model turn per message, each on a worker task of
-//! its own. A tool call goes through the tool layer's resilience (validation, timeout, backoff,
+//! its own, which outlives a restart of the actor and is dropped as the tree stops. A tool call goes through the tool layer's resilience (validation, timeout, backoff,
 //! circuit breaker, bulkhead, budget, idempotency keys) and reports every attempt's latency,
 //! cost and error class; a model turn goes to the agent's model endpoint.
 
@@ -52,6 +52,8 @@ pub struct ExecutorArgs {
 
 /// State: the tool caller.
 pub struct ExecutorState {
+    /// Its slot, closed as the tree stops: the calls in flight are then dropped.
+    slot: Arc<Slot<ExecutorMsg>>,
     journal: Option<crate::journal::CallJournal>,
     runner: Arc<ToolRunner>,
     models: Models,
@@ -70,6 +72,7 @@ impl Actor for Executor {
     ) -> Result<Self::State, ActorProcessingErr> {
         args.slot.publish(myself);
         Ok(ExecutorState {
+            slot: args.slot,
             journal: args.journal,
             runner: args.runner,
             models: args.models,
@@ -89,12 +92,17 @@ impl Actor for Executor {
         match msg {
             ExecutorMsg::Execute { call, reply } => {
                 // A worker per call: the actor stays free, and a call in flight survives a
-                // restart of the actor (its reply goes straight to the run's driver).
+                // restart of the actor (its reply goes straight to the run's driver). As the
+                // tree stops it is dropped, as a crash would: the run resumes at the next start.
                 let runner = state.runner.clone();
                 let journal = state.journal.clone();
+                let slot = state.slot.clone();
                 tokio::spawn(async move {
                     let key = call.idempotency_key.clone();
-                    let outcome = execute(&runner, *call).await;
+                    let outcome = tokio::select! {
+                        outcome = execute(&runner, *call) => outcome,
+                        () = slot.closed() => return,
+                    };
                     if let (Some(j), Ok(_), false) = (&journal, &outcome.result, outcome.replayed) {
                         // The runner records the result before it returns.
                         j.line("recorded", &key);
@@ -104,10 +112,12 @@ impl Actor for Executor {
             }
             ExecutorMsg::Turn { turn, reply } => {
                 let (models, runner) = (state.models.clone(), state.runner.clone());
+                let slot = state.slot.clone();
                 tokio::spawn(async move {
-                    let outcome =
-                        hindsight::run::agent::perform(&models, &turn, runner.clock().as_ref())
-                            .await;
+                    let outcome = tokio::select! {
+                        outcome = hindsight::run::agent::perform(&models, &turn, runner.clock().as_ref()) => outcome,
+                        () = slot.closed() => return,
+                    };
                     let _ = reply.send(outcome);
                 });
             }

@@ -492,6 +492,7 @@ impl Runtime {
         self.ctx
             .stopping
             .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.ctx.dir.close();
         drop(self.compactor.take());
         let _ = self
             .ctx
@@ -504,10 +505,15 @@ impl Runtime {
             .await;
         self.root.stop(Some("shutdown".to_string()));
         let _ = self.join.await;
+        // The actors have stopped and persisted what they own; a run still driven is let go of
+        // as a crash would leave it, and resumes at the next start.
+        self.ctx.live.abort_all();
     }
 
     /// Stops the tree: children stop in reverse start order (the orchestrator first), each
-    /// persisting what it owns; runs in flight stay checkpointed and resume at the next start.
+    /// persisting what it owns; runs in flight are let go of as a crash would leave them (the
+    /// tool calls and model turns they wait on dropped), checkpointed, and resume at the next
+    /// start.
     pub async fn shutdown(self) {
         let ctx = self.ctx.clone();
         self.stop().await;

@@ -6,7 +6,7 @@
 
 mod finish;
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use hindsight::run::{Command, Event, PluginAnswer, RunError, RunMachine, RunProgress};
@@ -113,33 +113,53 @@ impl Gate {
     }
 }
 
-/// The set of runs that have a live driver, so that no run is ever driven twice.
+/// The runs that have a live driver, so that no run is ever driven twice, each with a handle
+/// on its driver's task once it started, so that a stopping tree can let go of them all.
 #[derive(Clone, Default)]
-pub struct LiveRuns(Arc<Mutex<HashSet<String>>>);
+pub struct LiveRuns(Arc<Mutex<HashMap<String, Option<tokio::task::AbortHandle>>>>);
 
 impl LiveRuns {
+    fn runs(&self) -> std::sync::MutexGuard<'_, HashMap<String, Option<tokio::task::AbortHandle>>> {
+        match self.0.lock() {
+            Ok(runs) => runs,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
     /// Marks `run_id` as driven; false if it already was.
     pub fn claim(&self, run_id: &str) -> bool {
-        match self.0.lock() {
-            Ok(mut set) => set.insert(run_id.to_string()),
-            Err(poisoned) => poisoned.into_inner().insert(run_id.to_string()),
+        let mut runs = self.runs();
+        if runs.contains_key(run_id) {
+            return false;
+        }
+        runs.insert(run_id.to_string(), None);
+        true
+    }
+
+    /// Keeps the handle on the task driving `run_id` (claimed before), for [`LiveRuns::abort_all`].
+    pub fn started(&self, run_id: &str, driver: tokio::task::AbortHandle) {
+        if let Some(handle) = self.runs().get_mut(run_id) {
+            *handle = Some(driver);
         }
     }
 
     /// Marks `run_id` as no longer driven.
     pub fn release(&self, run_id: &str) {
-        match self.0.lock() {
-            Ok(mut set) => set.remove(run_id),
-            Err(poisoned) => poisoned.into_inner().remove(run_id),
-        };
+        self.runs().remove(run_id);
+    }
+
+    /// Cancels every driver still going, as the tree stops: a run waiting on a tool or a model
+    /// is left as a crash leaves it, checkpointed, and resumes at the next start (a call in
+    /// flight that is not idempotent is then in doubt and recovered as such).
+    pub fn abort_all(&self) {
+        for driver in self.runs().values().flatten() {
+            driver.abort();
+        }
     }
 
     /// How many runs are being driven.
     pub fn len(&self) -> usize {
-        match self.0.lock() {
-            Ok(set) => set.len(),
-            Err(poisoned) => poisoned.into_inner().len(),
-        }
+        self.runs().len()
     }
 
     /// Whether no run is being driven.
@@ -182,6 +202,7 @@ pub fn spawn_driver(ctx: Arc<TreeCtx>, run: Run, task: Task, start: Start) {
             let ctx = ctx.clone();
             async move { drive(&ctx, run, task, start).await }
         });
+        ctx.live.started(&run_id, driver.abort_handle());
         let outcome = match driver.await {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(DriveError::NotAccepted(e))) => {
@@ -223,6 +244,9 @@ pub fn spawn_driver(ctx: Arc<TreeCtx>, run: Run, task: Task, start: Start) {
             .await;
         match finished {
             Ok(Ok(())) => {}
+            Ok(Err(_)) | Err(_) if ctx.stopping.load(std::sync::atomic::Ordering::SeqCst) => {
+                tracing::debug!(run_id = %run_id, "the tree stopped before the end of the run was recorded; the run resumes at the next start");
+            }
             Ok(Err(e)) => {
                 tracing::error!(run_id = %run_id, error = %e, "the end of the run was not recorded")
             }
