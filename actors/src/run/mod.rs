@@ -195,14 +195,17 @@ pub enum Start {
 /// once. A driver cancelled because the process is stopping leaves its run to be resumed; one
 /// whose run could not be recorded ends quietly (the orchestrator answers its callers).
 pub fn spawn_driver(ctx: Arc<TreeCtx>, run: Run, task: Task, start: Start) {
+    let ended = run.clone();
+    let run_id = run.run_id.clone();
+    // Spawned here rather than by the supervising task below, whose state then need not hold
+    // room for the driver's future: with 10,000 runs resumed at once, each byte of the tasks
+    // waiting on their drivers is 10 KB of fresh memory to fault in and zero.
+    let driver = tokio::spawn({
+        let ctx = ctx.clone();
+        async move { drive(&ctx, run, task, start).await }
+    });
+    ctx.live.started(&run_id, driver.abort_handle());
     tokio::spawn(async move {
-        let ended = run.clone();
-        let run_id = run.run_id.clone();
-        let driver = tokio::spawn({
-            let ctx = ctx.clone();
-            async move { drive(&ctx, run, task, start).await }
-        });
-        ctx.live.started(&run_id, driver.abort_handle());
         let outcome = match driver.await {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(DriveError::NotAccepted(e))) => {
@@ -230,18 +233,16 @@ pub fn spawn_driver(ctx: Arc<TreeCtx>, run: Run, task: Task, start: Start) {
                 return;
             }
         };
-        let finished = ctx
-            .gates
-            .orchestrator
-            .run(ctx.dir.orchestrator.call_with(
-                |reply| OrchestratorMsg::Finished {
-                    outcome: Box::new(outcome.clone()),
-                    reply,
-                },
-                crate::directory::DEFAULT_CALL_TIMEOUT,
-                1_000,
-            ))
-            .await;
+        // Boxed: its state is allocated once the run has ended, not held while it runs.
+        let finished = Box::pin(ctx.gates.orchestrator.run(ctx.dir.orchestrator.call_with(
+            |reply| OrchestratorMsg::Finished {
+                outcome: Box::new(outcome.clone()),
+                reply,
+            },
+            crate::directory::DEFAULT_CALL_TIMEOUT,
+            1_000,
+        )))
+        .await;
         match finished {
             Ok(Ok(())) => {}
             Ok(Err(_)) | Err(_) if ctx.stopping.load(std::sync::atomic::Ordering::SeqCst) => {
