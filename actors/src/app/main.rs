@@ -16,16 +16,27 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// which `libmimalloc-sys` does not name).
 const PURGE_DECOMMITS: libmimalloc_sys::mi_option_t = 5;
 
-/// Memory mimalloc has held unused for a second is handed back to the kernel to take when it
-/// needs it (`MADV_FREE`) instead of being decommitted: decommitted pages were faulted in and
-/// zeroed again by the next burst of runs, a fifth of the process's system time in `bench
-/// overhead` (docs/benchmarks.md, "The allocator"). `MIMALLOC_PURGE_DECOMMITS` in the
-/// environment still decides when it is set.
-fn purge_lazily() {
+/// Two of mimalloc's defaults cost the tree's bursts (docs/benchmarks.md, "The allocator"); the
+/// environment's `MIMALLOC_PURGE_DECOMMITS` and `MIMALLOC_ALLOW_THP` still decide when set.
+/// - Memory held unused for a second is handed back to the kernel to take when it needs it
+///   (`MADV_FREE`) instead of being decommitted, then faulted in and zeroed again by the next
+///   burst of runs: a fifth of the process's system time in `bench overhead`.
+/// - No transparent huge pages (mimalloc asks for them on its arenas, which it has reserved
+///   before `main` runs, so the process declines them): each first touch of one zeroed 2 MB,
+///   mostly for nothing while the process grows and shrinks with its runs in flight; the
+///   system time of `bench overhead` 2.9-3.2 s with them, 0.6-0.7 s without.
+fn tune_allocator() {
     if std::env::var_os("MIMALLOC_PURGE_DECOMMITS").is_none() {
         // SAFETY: mimalloc's options may not be set while other threads allocate; this runs
         // first in `main`, before any thread is started.
         unsafe { libmimalloc_sys::mi_option_set(PURGE_DECOMMITS, 0) };
+    }
+    #[cfg(target_os = "linux")]
+    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
+        // SAFETY: `prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0)` takes plain integers and touches no
+        // memory of the process. A kernel that refuses it leaves things as they were, which
+        // is only slower: the result is not needed.
+        let _ = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
     }
 }
 
@@ -95,7 +106,7 @@ async fn dispatch(global: cli::Global, command: Command) -> Result<(), cli::Fail
 }
 
 fn main() -> ExitCode {
-    purge_lazily();
+    tune_allocator();
     let cli = Cli::parse();
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
