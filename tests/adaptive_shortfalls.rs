@@ -713,25 +713,20 @@ fn changed_lessons_are_handed_over_once_and_a_named_scope_resolves_back() {
     let mut a = adaptive();
     fill(&mut a, 5, "pdfminer", 1);
     a.synthesise_offline(SCOPE, "w", 2).unwrap();
-    let first: Vec<String> = a
-        .lessons(SCOPE)
-        .iter()
-        .map(|l| l.lesson_id.clone())
-        .collect();
+    let ids = |a: &AdaptiveStrategies| -> BTreeSet<String> {
+        a.lessons(SCOPE)
+            .iter()
+            .map(|l| l.lesson_id.clone())
+            .collect()
+    };
+    let first = ids(&a);
     assert!(!first.is_empty());
-    assert_eq!(
-        a.take_changed_lessons(),
-        first.iter().cloned().collect::<BTreeSet<_>>()
-    );
+    assert_eq!(a.take_changed_lessons(), first);
     assert!(a.take_changed_lessons().is_empty(), "handed over once");
     // A cycle about another tool adds its lesson and decays the first ones.
     fill(&mut a, 5, "camelot", 3);
     a.synthesise_offline(SCOPE, "w", 3).unwrap();
-    let all: BTreeSet<String> = a
-        .lessons(SCOPE)
-        .iter()
-        .map(|l| l.lesson_id.clone())
-        .collect();
+    let all = ids(&a);
     assert!(all.len() > first.len());
     assert_eq!(a.take_changed_lessons(), all);
     // A run that bears out the decayed lesson changes that one alone.
@@ -755,7 +750,7 @@ fn changed_lessons_are_handed_over_once_and_a_named_scope_resolves_back() {
     assert_eq!(back, scope);
     assert!(missing.is_empty());
     // A name with no lesson is handed back, the others kept.
-    let gone = first[0].clone();
+    let gone = first.iter().next().cloned().unwrap();
     let (partial, missing) = named.resolve(|id| if id == gone { None } else { by_id(id) });
     assert_eq!(missing, vec![gone]);
     assert_eq!(partial.lessons.len(), scope.lessons.len() - 1);

@@ -71,6 +71,30 @@ async fn lessons_after_start(
     (lessons.into_iter().map(|l| l.lesson_id).collect(), shown)
 }
 
+/// Starts a tree on `dir` and checks that it holds `lesson` in user `u`'s scope and shows it on
+/// its board.
+async fn assert_back_after_start(
+    dir: &std::path::Path,
+    env: &AgentEnv,
+    lesson: &hindsight::Lesson,
+) {
+    let (held, shown) = lessons_after_start(dir, env, lesson).await;
+    assert!(held.contains(&lesson.lesson_id), "{held:?}");
+    assert!(
+        shown,
+        "a started reflector publishes the lessons it read back"
+    );
+}
+
+/// Every scope's state as read back from its row and its lessons' rows.
+fn scopes(store: &Store) -> Vec<(String, ScopeState)> {
+    scope_rows::read_all(store)
+        .unwrap()
+        .into_iter()
+        .map(|(k, v)| (k, v.unwrap()))
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scope_is_its_own_row_and_comes_back_after_a_restart_and_an_upgrade() {
     let env = AgentEnv::load(std::path::Path::new("../config/envs/support_desk.toml")).unwrap();
@@ -97,24 +121,15 @@ async fn a_scope_is_its_own_row_and_comes_back_after_a_restart_and_an_upgrade() 
     let mut snapshot: Snapshot = store.get(REFLECTOR, "state").unwrap().unwrap();
     assert!(snapshot.adaptive.scopes.is_empty());
     drop(store);
-    let (held, shown) = lessons_after_start(dir.path(), &env, &accepted).await;
-    assert!(held.contains(&accepted.lesson_id), "{held:?}");
-    assert!(
-        shown,
-        "a started reflector publishes the lessons it read back"
-    );
+    assert_back_after_start(dir.path(), &env, &accepted).await;
 
     // A store the build before wrote: scope rows that carry their lessons, in a table of their
     // own, and no lesson rows. Nothing is lost, and the rows name their lessons again.
     let store = Store::open(dir.path(), Default::default()).unwrap();
-    let scopes: Vec<(String, ScopeState)> = scope_rows::read_all(&store)
-        .unwrap()
-        .into_iter()
-        .map(|(k, v)| (k, v.unwrap()))
-        .collect();
+    let written = scopes(&store);
     const INLINE: KvTable = KvTable::new("reflector_scopes");
     let mut ops = Vec::new();
-    for (key, state) in &scopes {
+    for (key, state) in &written {
         ops.push(WriteOp::put(INLINE, key, state).unwrap());
         ops.push(WriteOp::delete(SCOPES, key));
         for l in &state.lessons {
@@ -123,17 +138,11 @@ async fn a_scope_is_its_own_row_and_comes_back_after_a_restart_and_an_upgrade() 
     }
     store.write_batch(ops).await.unwrap();
     drop(store);
-    let (held, shown) = lessons_after_start(dir.path(), &env, &accepted).await;
-    assert!(held.contains(&accepted.lesson_id), "{held:?}");
-    assert!(shown);
+    assert_back_after_start(dir.path(), &env, &accepted).await;
     let store = Store::open(dir.path(), Default::default()).unwrap();
     assert!(store.scan::<ScopeState>(INLINE).unwrap().is_empty());
-    let back: Vec<(String, ScopeState)> = scope_rows::read_all(&store)
-        .unwrap()
-        .into_iter()
-        .map(|(k, v)| (k, v.unwrap()))
-        .collect();
-    assert_eq!(back, scopes);
+    let back = scopes(&store);
+    assert_eq!(back, written);
 
     // A store an earlier build wrote: the scopes inside the snapshot, no rows. Nothing is lost,
     // and the scopes are rows again.
@@ -146,9 +155,7 @@ async fn a_scope_is_its_own_row_and_comes_back_after_a_restart_and_an_upgrade() 
     ops.push(WriteOp::put(REFLECTOR, "state", &snapshot).unwrap());
     store.write_batch(ops).await.unwrap();
     drop(store);
-    let (held, shown) = lessons_after_start(dir.path(), &env, &accepted).await;
-    assert!(held.contains(&accepted.lesson_id), "{held:?}");
-    assert!(shown);
+    assert_back_after_start(dir.path(), &env, &accepted).await;
     let store = Store::open(dir.path(), Default::default()).unwrap();
     assert!(
         store

@@ -34,6 +34,13 @@ fn options_on(dir: &std::path::Path, env: SimEnv, seed: u64) -> RuntimeOptions {
     opts
 }
 
+/// Options on `env` (seed 5) whose strategies are synthesised from two failures.
+fn synthesising_early(dir: &std::path::Path, env: &SimEnv) -> RuntimeOptions {
+    let mut opts = options_on(dir, env.clone(), 5);
+    opts.adaptive.synthesis_threshold = 2;
+    opts
+}
+
 fn options(dir: &std::path::Path) -> RuntimeOptions {
     options_on(dir, env(), 11)
 }
@@ -907,11 +914,7 @@ async fn outputs_of_a_run_that_failed_later_are_validated_for_the_learners() {
 async fn damaged_snapshots_are_rebuilt_from_the_experience_log() {
     let dir = tempfile::tempdir().unwrap();
     let env = SimEnv::load(&env_path("flaky_ocr.toml")).unwrap();
-    let opts = || {
-        let mut o = options_on(dir.path(), env.clone(), 5);
-        o.adaptive.synthesis_threshold = 2;
-        o
-    };
+    let opts = || synthesising_early(dir.path(), &env);
     // One task at a time: the reflector sees the experiences in the log's order, as the
     // rebuild replays them (the synthesis depends on the order the failures come in).
     let rt = Runtime::start(opts()).await.unwrap();
@@ -1421,11 +1424,7 @@ async fn a_restart_brings_back_each_strategy_as_it_last_changed() {
     use hindsight_actors::scope_rows::SCOPES;
     let dir = tempfile::tempdir().unwrap();
     let env = SimEnv::load(&env_path("flaky_ocr.toml")).unwrap();
-    let opts = || {
-        let mut opts = options_on(dir.path(), env.clone(), 5);
-        opts.adaptive.synthesis_threshold = 2;
-        opts
-    };
+    let opts = || synthesising_early(dir.path(), &env);
     let strategies = |lessons: Vec<hindsight::Lesson>| -> Vec<hindsight::Lesson> {
         let mut s: Vec<_> = lessons
             .into_iter()
