@@ -1,7 +1,8 @@
 //! The Executor actor: runs one tool call or model turn per message, each on a worker task of
-//! its own, which outlives a restart of the actor and is dropped as the tree stops. A tool call goes through the tool layer's resilience (validation, timeout, backoff,
-//! circuit breaker, bulkhead, budget, idempotency keys) and reports every attempt's latency,
-//! cost and error class; a model turn goes to the agent's model endpoint.
+//! its own, which outlives a restart of the actor and is dropped as the tree stops. A tool call
+//! goes through the tool layer's resilience (validation, timeout, backoff, circuit breaker,
+//! bulkhead, budget, idempotency keys) and reports every attempt's latency, cost and error
+//! class; a model turn goes to the agent's model endpoint.
 
 use std::sync::Arc;
 

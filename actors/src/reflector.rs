@@ -857,7 +857,7 @@ pub async fn add_stored_lessons(
         scope.lessons.push(lesson.lesson_id.clone());
     }
     for (key, scope) in &scopes {
-        ops.push(WriteOp::put(scope_rows::SCOPES, key, scope)?);
+        ops.push(scope_rows::put_named(key, scope)?);
     }
     store.write_batch(ops).await?;
     Ok(())

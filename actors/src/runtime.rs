@@ -505,9 +505,6 @@ impl Runtime {
             .await;
         self.root.stop(Some("shutdown".to_string()));
         let _ = self.join.await;
-        // The actors have stopped and persisted what they own; a run still driven is let go of
-        // as a crash would leave it, and resumes at the next start.
-        self.ctx.live.abort_all();
     }
 
     /// Stops the tree: children stop in reverse start order (the orchestrator first), each

@@ -18,7 +18,12 @@ const INLINE_SCOPES: KvTable = KvTable::new("reflector_scopes");
 
 /// The write of a scope's row (its lessons are written apart, as they change).
 pub fn put(scope: &str, state: &ScopeState) -> Result<WriteOp, StoreError> {
-    WriteOp::put(SCOPES, scope, &state.named())
+    put_named(scope, &state.named())
+}
+
+/// The write of a scope's row as stored, its lessons named.
+pub fn put_named(scope: &str, row: &ScopeState<String>) -> Result<WriteOp, StoreError> {
+    WriteOp::put(SCOPES, scope, row)
 }
 
 /// The write of a lesson's row.

@@ -241,18 +241,7 @@ impl Store {
         table: KvTable,
         key: &str,
     ) -> Result<Option<T>, StoreError> {
-        let name = table.redb_name();
-        let txn = self.read_txn()?;
-        let def: TableDefinition<&str, &[u8]> = TableDefinition::new(&name);
-        let t = match txn.open_table(def) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
-            Err(e) => return Err(read_err(&name)(e)),
-        };
-        match t.get(key).map_err(read_err(&name))? {
-            Some(g) => decode(&name, key, g.value()).map(Some),
-            None => Ok(None),
-        }
+        self.get_many(table, [key])?.pop().flatten().transpose()
     }
 
     /// The records of `keys` in a generic table, read in one transaction, in the order of

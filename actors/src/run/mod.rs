@@ -6,7 +6,7 @@
 
 mod finish;
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use hindsight::run::{Command, Event, PluginAnswer, RunError, RunMachine, RunProgress};
@@ -113,13 +113,12 @@ impl Gate {
     }
 }
 
-/// The runs that have a live driver, so that no run is ever driven twice, each with a handle
-/// on its driver's task once it started, so that a stopping tree can let go of them all.
+/// The set of runs that have a live driver, so that no run is ever driven twice.
 #[derive(Clone, Default)]
-pub struct LiveRuns(Arc<Mutex<HashMap<String, Option<tokio::task::AbortHandle>>>>);
+pub struct LiveRuns(Arc<Mutex<HashSet<String>>>);
 
 impl LiveRuns {
-    fn runs(&self) -> std::sync::MutexGuard<'_, HashMap<String, Option<tokio::task::AbortHandle>>> {
+    fn runs(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
         match self.0.lock() {
             Ok(runs) => runs,
             Err(poisoned) => poisoned.into_inner(),
@@ -128,33 +127,12 @@ impl LiveRuns {
 
     /// Marks `run_id` as driven; false if it already was.
     pub fn claim(&self, run_id: &str) -> bool {
-        let mut runs = self.runs();
-        if runs.contains_key(run_id) {
-            return false;
-        }
-        runs.insert(run_id.to_string(), None);
-        true
-    }
-
-    /// Keeps the handle on the task driving `run_id` (claimed before), for [`LiveRuns::abort_all`].
-    pub fn started(&self, run_id: &str, driver: tokio::task::AbortHandle) {
-        if let Some(handle) = self.runs().get_mut(run_id) {
-            *handle = Some(driver);
-        }
+        self.runs().insert(run_id.to_string())
     }
 
     /// Marks `run_id` as no longer driven.
     pub fn release(&self, run_id: &str) {
         self.runs().remove(run_id);
-    }
-
-    /// Cancels every driver still going, as the tree stops: a run waiting on a tool or a model
-    /// is left as a crash leaves it, checkpointed, and resumes at the next start (a call in
-    /// flight that is not idempotent is then in doubt and recovered as such).
-    pub fn abort_all(&self) {
-        for driver in self.runs().values().flatten() {
-            driver.abort();
-        }
     }
 
     /// How many runs are being driven.
@@ -204,7 +182,6 @@ pub fn spawn_driver(ctx: Arc<TreeCtx>, run: Run, task: Task, start: Start) {
         let ctx = ctx.clone();
         async move { drive(&ctx, run, task, start).await }
     });
-    ctx.live.started(&run_id, driver.abort_handle());
     tokio::spawn(async move {
         let outcome = match driver.await {
             Ok(Ok(outcome)) => outcome,

@@ -272,8 +272,6 @@ impl AdaptiveStrategies {
             }
         }
         report.removed = removed;
-        self.changed_lessons.extend(touched);
-        let s = self.scope_mut(&job.input.scope);
         let used: BTreeSet<u64> = job.input.failures.iter().map(|f| f.id).collect();
         let mut consumed = Vec::new();
         let mut kept = Vec::new();
@@ -293,6 +291,7 @@ impl AdaptiveStrategies {
         report.consumed = consumed;
         s.cycles += 1;
         s.lease = None;
+        self.changed_lessons.extend(touched);
         Ok(report)
     }
 
