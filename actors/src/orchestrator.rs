@@ -1,5 +1,6 @@
 //! The Orchestrator actor: accepts tasks, owns every run's state machine (the single source of
-//! truth of run state transitions, each persisted before it is acknowledged), starts a driver per
+//! truth of run state transitions, each answered with its write on the way to disk, which the
+//! driver awaits before anything a crash could not repeat), starts a driver per
 //! run, and answers callers once their run has ended. At start it resumes every run that is not
 //! terminal from its last checkpoint. It holds in memory only the runs under way (and a finished
 //! one until its end is on disk); the store answers for every run that ended, so a long-lived
@@ -15,6 +16,17 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::chaos_hook::ChaosHook;
 use crate::run::{Acceptance, RunOutcome, Start, TreeCtx};
+
+/// A write queued to the store: resolves once it is on disk, or with why it could not be.
+pub type Written = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+
+/// A transition applied: the run as it now is, and its write on the way to disk.
+pub struct Transitioned {
+    /// The run after the transition.
+    pub run: Run,
+    /// The transition's write (with the checkpoint given with it).
+    pub written: Written,
+}
 
 /// A task's input object as it is stored.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -107,7 +119,8 @@ pub enum OrchestratorMsg {
         /// Where the outcome goes.
         reply: RpcReplyPort<SubmitResult>,
     },
-    /// A driver asks to move its run to `next`; answered once the transition is on disk.
+    /// A driver asks to move its run to `next`; answered once the transition is applied, with
+    /// its write, queued to the store in the order of the orchestrator's messages.
     Transition {
         /// The run.
         run_id: String,
@@ -121,8 +134,8 @@ pub enum OrchestratorMsg {
         then: Option<RunState>,
         /// The write of a checkpoint of the run to make in the same transaction, if any.
         checkpoint: Option<WriteOp>,
-        /// `Err` when the state machine forbids it.
-        reply: RpcReplyPort<Result<Run, String>>,
+        /// `Err` when the state machine forbids it or the write cannot be queued.
+        reply: RpcReplyPort<Result<Transitioned, String>>,
     },
     /// A driver reports its run's final outcome; answered once it is on disk.
     Finished {
@@ -456,7 +469,7 @@ impl OrchestratorState {
         (next, then): (RunState, Option<RunState>),
         patch: RunPatch,
         checkpoint: Option<WriteOp>,
-        reply: RpcReplyPort<Result<Run, String>>,
+        reply: RpcReplyPort<Result<Transitioned, String>>,
     ) {
         if !self.runs.contains_key(&run_id) {
             // Written by an earlier incarnation after this one loaded its runs.
@@ -506,17 +519,19 @@ impl OrchestratorState {
             ops.extend(checkpoint);
             self.ctx.store.queue_batch(ops, Commit::Synced)
         });
-        tokio::spawn(async move {
-            let written = match queued {
-                Ok(commit) => commit.await,
-                Err(e) => Err(e),
-            };
-            let answer = match written {
-                Ok(_) => Ok(snapshot),
-                Err(e) => Err(format!("cannot persist run {}: {e}", snapshot.run_id)),
-            };
-            let _ = reply.send(answer);
-        });
+        let answer = match queued {
+            Ok(commit) => Ok(Transitioned {
+                written: Box::pin(async move {
+                    commit
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| format!("cannot persist run {run_id}: {e}"))
+                }),
+                run: snapshot,
+            }),
+            Err(e) => Err(format!("cannot persist run {run_id}: {e}")),
+        };
+        let _ = reply.send(answer);
     }
 
     fn finished(&mut self, outcome: RunOutcome, reply: RpcReplyPort<Result<(), String>>) {

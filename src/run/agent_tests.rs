@@ -160,6 +160,9 @@ fn drive_planned(
         let Some(command) = m.poll() else {
             panic!("the machine stalled");
         };
+        // A model turn and an idempotent call may go on before the writes ahead of them are on
+        // disk; the non-idempotent `charge` waits for the checkpoint that marks it in flight.
+        let ahead = m.may_run_ahead(&command);
         let event = match command {
             Command::Prepare => Event::Prepared {
                 citations: Vec::new(),
@@ -174,6 +177,7 @@ fn drive_planned(
             Command::Transition { next, .. } => Event::Transitioned(next),
             Command::Checkpoint | Command::Notify(_) | Command::LearnFirstAttempt(_) => continue,
             Command::Turn(turn) => {
+                assert!(ahead);
                 let result = model(turn.context.attempt, turn.context.turn, &turn.request);
                 requests.push(turn.request.clone());
                 Event::Turned {
@@ -186,6 +190,7 @@ fn drive_planned(
                 }
             }
             Command::Call(c) => {
+                assert_eq!(ahead, c.tool != "charge", "{}", c.tool);
                 let result = tool(&c);
                 calls.push(*c);
                 Event::Called {

@@ -626,3 +626,55 @@ fn a_checkpoint_leaves_out_what_is_empty_and_reads_back_the_same() {
     let back: RunProgress = serde_json::from_value(cp.state).unwrap();
     assert_eq!(back, set);
 }
+
+/// What may go on before the writes asked for ahead of it are on disk: reads, and calls a
+/// crash may repeat; never a write-ahead call, a transition, a validation or the end.
+#[test]
+fn only_reads_and_repeatable_calls_run_ahead_of_the_writes_before_them() {
+    let mut m = machine();
+    let mut seen = Vec::new();
+    let prepare = m.poll().unwrap();
+    assert!(m.may_run_ahead(&prepare));
+    m.handle(prepared()).unwrap();
+    let choose = next(&mut m, &mut seen);
+    assert!(m.may_run_ahead(&choose));
+    m.handle(Event::Planned(Ok(plan("search")))).unwrap();
+    let transition = next(&mut m, &mut seen);
+    assert!(matches!(transition, Command::Transition { .. }));
+    assert!(!m.may_run_ahead(&transition));
+    let Command::Transition { next: to, .. } = transition else {
+        unreachable!()
+    };
+    m.handle(Event::Transitioned(to)).unwrap();
+    // `search` is idempotent: a crash that loses the transition may have it called again.
+    let search = through_transitions(&mut m, &mut seen);
+    assert!(matches!(&search, Command::Call(c) if c.tool == "search"));
+    assert!(m.may_run_ahead(&search));
+    m.handle(Event::Called {
+        outcome: ok(json!("page")),
+        at_ms: 1,
+    })
+    .unwrap();
+    // `post` is not: its checkpoint, which marks it in flight, must be on disk first.
+    seen.clear();
+    let post = through_transitions(&mut m, &mut seen);
+    assert!(matches!(&post, Command::Call(c) if c.tool == "post"));
+    assert!(!m.may_run_ahead(&post));
+    // Its checkpoint is queued behind the writes before it, as the store keeps their order.
+    assert_eq!(seen.last(), Some(&Command::Checkpoint));
+    assert!(m.may_run_ahead(&Command::Checkpoint));
+    assert!(
+        seen.iter()
+            .filter(|c| !matches!(c, Command::Checkpoint))
+            .all(|c| !m.may_run_ahead(c)),
+        "a notice and a lesson wait: {seen:?}"
+    );
+    m.handle(Event::Called {
+        outcome: ok(json!("posted")),
+        at_ms: 2,
+    })
+    .unwrap();
+    let validate = through_transitions(&mut m, &mut seen);
+    assert!(matches!(validate, Command::Validate(_)));
+    assert!(!m.may_run_ahead(&validate));
+}

@@ -8,7 +8,10 @@
 //! when a run first calls it and answers at once. A run's overhead is the time from its
 //! submission to that first call, one run at a time, through the tree's own code (ingress guard,
 //! run record, retrieval, lesson relevance, policy choice, transitions and checkpoint): nothing
-//! is measured on a copy of the loop. Then 10,000 runs are left unfinished as a crash right after
+//! is measured on a copy of the loop. It is measured twice: with probe tools that are not
+//! idempotent, whose first call waits for the checkpoint that marks it in flight to be on disk,
+//! and with idempotent ones, whose call starts while the run's writes are synced (as a model
+//! turn does). Then 10,000 runs are left unfinished as a crash right after
 //! their acceptance leaves them, and a new tree is started on the store: the resume time is from
 //! the start to the last of them calling its first tool again (or ending without one, which the
 //! figures count apart).
@@ -61,19 +64,43 @@ impl Default for Load {
 /// Lessons per user's scope (the adaptive strategies' default cap on a scope's lessons).
 pub const LESSONS_PER_SCOPE: u64 = 20;
 
+/// The time from a run's submission to its first tool call, over runs measured one at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct FirstCall {
+    /// Runs measured.
+    pub runs: u64,
+    /// Median, in milliseconds.
+    pub p50_ms: f64,
+    /// 99th percentile.
+    pub p99_ms: f64,
+    /// The slowest.
+    pub max_ms: f64,
+}
+
+impl FirstCall {
+    /// The figures of `took` (milliseconds, in any order).
+    fn of(mut took: Vec<f64>) -> FirstCall {
+        took.sort_by(f64::total_cmp);
+        FirstCall {
+            runs: took.len() as u64,
+            p50_ms: quantile(&took, 0.5),
+            p99_ms: quantile(&took, 0.99),
+            max_ms: took.last().copied().unwrap_or(0.0),
+        }
+    }
+}
+
 /// Figures of `hindsight bench overhead`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct OverheadBench {
     /// What the store held.
     pub load: Load,
-    /// Runs measured, one at a time.
-    pub runs: u64,
-    /// Median time from a run's submission to its first tool call, in milliseconds.
-    pub p50_ms: f64,
-    /// 99th percentile of it.
-    pub p99_ms: f64,
-    /// The slowest.
-    pub max_ms: f64,
+    /// Runs whose first tool is not idempotent: its call waits until the checkpoint that marks
+    /// it in flight is on disk (with the run's record and transition).
+    pub write_ahead: FirstCall,
+    /// Runs whose first tool is idempotent (as a model turn is): its call starts while the
+    /// run's writes are being synced, which a crash may have it repeat.
+    pub repeatable: FirstCall,
     /// Time from the start of a tree on the store to every unfinished run's first tool call
     /// (or its end, if it ended before one), in seconds.
     pub resume_seconds: f64,
@@ -150,16 +177,24 @@ impl Tool for ProbeTool {
     }
 }
 
-/// The runtime options of the bench's tree on `dir`: `env`'s stages over probe tools.
-fn options(env: &SimEnv, dir: &Path, probe: &Arc<Probe>) -> Result<RuntimeOptions, RuntimeError> {
+/// The runtime options of the bench's tree on `dir`: `env`'s stages over probe tools, each
+/// declared `idempotent` or not.
+fn options(
+    env: &SimEnv,
+    dir: &Path,
+    probe: &Arc<Probe>,
+    idempotent: bool,
+) -> Result<RuntimeOptions, RuntimeError> {
     let mut registry = ToolRegistry::new();
     let mut stages = Vec::new();
     for stage in env.stages() {
         let mut arms = Vec::new();
         for arm in &stage.arms {
             if registry.get(&arm.tool).is_none() {
+                let mut spec = ToolSpec::new(arm.tool.clone(), "records when a run first calls it");
+                spec.idempotent = idempotent;
                 let tool = ProbeTool {
-                    spec: ToolSpec::new(arm.tool.clone(), "records when a run first calls it"),
+                    spec,
                     probe: probe.clone(),
                 };
                 registry
@@ -363,7 +398,7 @@ async fn prepare(
         "experience log written; the first start learns it"
     );
     // The first start learns the log and writes the actors' snapshots.
-    let rt = Runtime::start(options(env, dir, probe)?).await?;
+    let rt = Runtime::start(options(env, dir, probe, false)?).await?;
     rt.shutdown().await;
     tracing::info!("log learned; adding lessons and SOPs");
     let lessons: Vec<Lesson> = (0..load.lessons).map(|i| lesson(env, i)).collect();
@@ -379,7 +414,7 @@ async fn prepare(
     }
     tracing::info!("lessons and SOPs added; memory indexes them");
     // Memory indexes the SOPs from their table at start, and the lessons as it is sent them.
-    let rt = Runtime::start(options(env, dir, probe)?).await?;
+    let rt = Runtime::start(options(env, dir, probe, false)?).await?;
     for chunk in lessons.chunks(1_000) {
         rt.ctx()
             .dir
@@ -411,8 +446,39 @@ fn quantile(xs: &[f64], q: f64) -> f64 {
     xs[rank - 1]
 }
 
+/// `runs` runs one at a time on a tree on `dir` whose tools are declared `idempotent` or not:
+/// the time from each submission to its first tool call.
+async fn first_calls(
+    env: &SimEnv,
+    dir: &Path,
+    probe: &Arc<Probe>,
+    runs: u64,
+    idempotent: bool,
+) -> Result<FirstCall, RuntimeError> {
+    let rt = Runtime::start(options(env, dir, probe, idempotent)?).await?;
+    let prefix = if idempotent { "repeatable" } else { "run" };
+    // Warm-up outside the measurement (first allocations, caches).
+    for i in 0..20 {
+        rt.orchestrate(task(env, &format!("warm-{prefix}"), i))
+            .await?;
+    }
+    let mut took = Vec::with_capacity(runs as usize);
+    for i in 0..runs {
+        let task = task(env, prefix, i);
+        let run_id = crate::run::run_id_for(&task);
+        let submitted = Instant::now();
+        rt.orchestrate(task).await?;
+        if let Some(first) = probe.first_call(&run_id) {
+            took.push(first.duration_since(submitted).as_secs_f64() * 1e3);
+        }
+    }
+    rt.shutdown().await;
+    Ok(FirstCall::of(took))
+}
+
 /// `hindsight bench overhead`: `runs` runs measured one at a time on a store prepared with
-/// `load`, then the resume of `load.unfinished` runs.
+/// `load`, with tools that are not idempotent and then with tools that are, then the resume of
+/// `load.unfinished` runs (tools not idempotent).
 pub async fn overhead(env: &SimEnv, runs: u64, load: Load) -> Result<OverheadBench, RuntimeError> {
     let temp = crate::app::bench::TempDir::new()
         .map_err(|e| RuntimeError::Setup(format!("cannot create a temporary directory: {e}")))?;
@@ -423,23 +489,8 @@ pub async fn overhead(env: &SimEnv, runs: u64, load: Load) -> Result<OverheadBen
     let prepare_seconds = t.elapsed().as_secs_f64();
 
     tracing::info!(runs, "store prepared; measuring runs one at a time");
-    let rt = Runtime::start(options(env, dir, &probe)?).await?;
-    // Warm-up outside the measurement (first allocations, caches).
-    for i in 0..20 {
-        rt.orchestrate(task(env, "warm", i)).await?;
-    }
-    let mut took = Vec::with_capacity(runs as usize);
-    for i in 0..runs {
-        let task = task(env, "run", i);
-        let run_id = crate::run::run_id_for(&task);
-        let submitted = Instant::now();
-        rt.orchestrate(task).await?;
-        if let Some(first) = probe.first_call(&run_id) {
-            took.push(first.duration_since(submitted).as_secs_f64() * 1e3);
-        }
-    }
-    rt.shutdown().await;
-    took.sort_by(f64::total_cmp);
+    let write_ahead = first_calls(env, dir, &probe, runs, false).await?;
+    let repeatable = first_calls(env, dir, &probe, runs, true).await?;
 
     // Runs left as a crash right after their acceptance leaves them: the task and the run
     // record on disk, nothing else.
@@ -471,7 +522,7 @@ pub async fn overhead(env: &SimEnv, runs: u64, load: Load) -> Result<OverheadBen
     let before = probe.runs.load(Ordering::SeqCst);
     let called = || probe.runs.load(Ordering::SeqCst) - before;
     let t = Instant::now();
-    let rt = Runtime::start(options(env, dir, &probe)?).await?;
+    let rt = Runtime::start(options(env, dir, &probe, false)?).await?;
     let start_seconds = t.elapsed().as_secs_f64();
     // Resumed: every run's driver has made its first tool call (and waits there) or ended
     // (a run that fails before its first call, a call to an actor timing out say); the drivers
@@ -499,10 +550,8 @@ pub async fn overhead(env: &SimEnv, runs: u64, load: Load) -> Result<OverheadBen
     rt.shutdown().await;
     Ok(OverheadBench {
         load,
-        runs: took.len() as u64,
-        p50_ms: quantile(&took, 0.5),
-        p99_ms: quantile(&took, 0.99),
-        max_ms: took.last().copied().unwrap_or(0.0),
+        write_ahead,
+        repeatable,
         resume_seconds,
         resumed_to_first_call,
         ended_before_first_call: load.unfinished.saturating_sub(resumed_to_first_call),

@@ -1,8 +1,14 @@
 //! The tree's run interpreter: performs the commands of one run's [`RunMachine`] by messages to
 //! the actors of the tree (the policy plans, the executor calls, the validator judges, the
-//! orchestrator persists every transition before answering, ReflectRetry and the plugins review
-//! each round) and feeds their answers back, until the run ends; then logs the experience and
-//! feeds the learners. Every decision is the machine's; this module only performs effects.
+//! orchestrator applies every transition and queues its write, ReflectRetry and the plugins
+//! review each round) and feeds their answers back, until the run ends; then logs the experience
+//! and feeds the learners. Every decision is the machine's; this module only performs effects.
+//!
+//! A run's writes (its acceptance, transitions and checkpoints) go to the store in order, and
+//! the driver waits for them to land only before a command that a crash losing them could not
+//! repeat ([`RunMachine::may_run_ahead`]): a model turn or an idempotent tool's call starts
+//! while the write before it is being synced, and nothing a crash could not repeat (a
+//! non-idempotent call, a transition, a validation, the end) follows until it is on disk.
 
 mod finish;
 
@@ -10,7 +16,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use hindsight::run::{Command, Event, PluginAnswer, RunError, RunMachine, RunProgress};
-use hindsight::store::{KvTable, Store};
+use hindsight::store::{Commit, KvTable, Store};
 use hindsight::{Run, Task, now_ms};
 
 use crate::directory::CallError;
@@ -257,11 +263,25 @@ pub enum DriveError {
     Machine(#[from] RunError),
 }
 
-/// Writes the checkpoint of `progress`.
-async fn checkpoint(ctx: &TreeCtx, run_id: &str, progress: &RunProgress) -> Result<(), DriveError> {
-    let write = RunMachine::checkpoint_write(run_id, progress, now_ms())?;
-    ctx.store.write_batch(vec![write]).await?;
+/// A run's write on its way to disk: resolves once it is there, or with why it could not be.
+type Pending = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), DriveError>> + Send>>;
+
+/// Waits until every write in `pending` is on disk (they land in the order queued).
+async fn settle(pending: &mut Vec<Pending>) -> Result<(), DriveError> {
+    for write in pending.drain(..) {
+        write.await?;
+    }
     Ok(())
+}
+
+/// Queues the checkpoint of `progress`, in order behind the run's earlier writes.
+fn checkpoint(ctx: &TreeCtx, run_id: &str, progress: &RunProgress) -> Result<Pending, DriveError> {
+    let write = RunMachine::checkpoint_write(run_id, progress, now_ms())?;
+    let commit = ctx.store.queue_batch(vec![write], Commit::Synced);
+    Ok(Box::pin(async move {
+        commit.await?;
+        Ok(())
+    }))
 }
 
 /// Drives one run to its end: the machine decides, this performs. The futures it awaits that
@@ -274,12 +294,24 @@ async fn drive(
     task: Task,
     start: Start,
 ) -> Result<RunOutcome, DriveError> {
-    let (resume, mut acceptance) = match start {
-        Start::New(acceptance) => (false, Some(acceptance)),
+    // Writes on their way to disk: a new run's starts with its record's. Only what a crash
+    // that loses them may repeat goes on before they land (`RunMachine::may_run_ahead`).
+    let mut pending: Vec<Pending> = Vec::new();
+    let (resume, forced) = match start {
+        Start::New(acceptance) => {
+            let written = acceptance.written;
+            pending.push(Box::pin(async move {
+                written
+                    .await
+                    .map_err(|_| DriveError::NotAccepted("the writer did not answer".to_string()))?
+                    .map_err(DriveError::NotAccepted)
+            }));
+            (false, Some(acceptance.forced))
+        }
         Start::Resume => (true, None),
     };
     // A new run's plan given with the task comes with it; a resumed one's is read back.
-    let mut forced = acceptance.as_mut().map(|a| a.forced.take());
+    let mut forced = forced;
     let run_id = run.run_id.clone();
     let task = Arc::new(task);
     let rules = Arc::new(ctx.config.rules.clone());
@@ -305,16 +337,8 @@ async fn drive(
         let Some(command) = machine.poll() else {
             return Err(RunError::Stalled(run_id).into());
         };
-        // Retrieval and planning go on while a new run's record is written; nothing else
-        // (a transition, a call, a checkpoint, a notice) before it is on disk.
-        if !matches!(command, Command::Prepare | Command::Choose { .. })
-            && let Some(acceptance) = acceptance.take()
-        {
-            acceptance
-                .written
-                .await
-                .map_err(|_| DriveError::NotAccepted("the writer did not answer".to_string()))?
-                .map_err(DriveError::NotAccepted)?;
+        if !machine.may_run_ahead(&command) {
+            settle(&mut pending).await?;
         }
         let event = match command {
             Command::Prepare => {
@@ -366,10 +390,15 @@ async fn drive(
                             }),
                     );
                 let answer = Box::pin(moving).await?;
-                Event::Transitioned(answer.map_err(DriveError::Transition)?.state)
+                let transitioned = answer.map_err(DriveError::Transition)?;
+                let written = transitioned.written;
+                pending.push(Box::pin(async move {
+                    written.await.map_err(DriveError::Transition)
+                }));
+                Event::Transitioned(transitioned.run.state)
             }
             Command::Checkpoint => {
-                checkpoint(ctx, &run_id, machine.progress()).await?;
+                pending.push(checkpoint(ctx, &run_id, machine.progress())?);
                 continue;
             }
             Command::Notify(event) => {

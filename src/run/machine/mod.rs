@@ -588,6 +588,23 @@ impl RunMachine {
         self.out.pop_front()
     }
 
+    /// Whether `command` may be performed before the writes asked for ahead of it (a
+    /// transition, a checkpoint, the run's acceptance) are on disk. Only what a crash that loses
+    /// those writes may have done again: a retrieval and a choice, which read; a model turn;
+    /// the call of an idempotent tool (a non-idempotent one is marked in flight by a checkpoint
+    /// that must be on disk first, so that a crash leaves it in doubt instead of repeated); and
+    /// a checkpoint, which the store writes after them. An answer to one of these is not acted
+    /// on until the writes are on disk: every later command that is not one of them waits.
+    pub fn may_run_ahead(&self, command: &Command) -> bool {
+        match command {
+            Command::Prepare | Command::Choose { .. } | Command::Turn(_) | Command::Checkpoint => {
+                true
+            }
+            Command::Call(call) => self.workflow.is_idempotent(&call.tool),
+            _ => false,
+        }
+    }
+
     /// Whether the run is over (its [`Command::Finish`] was issued).
     pub fn is_done(&self) -> bool {
         matches!(self.phase, Phase::Done)

@@ -59,13 +59,18 @@ pub async fn run(_global: &Global, args: Args) -> Result<(), Failure> {
         b.load.sops,
         b.prepare_seconds
     )?;
-    outln!(
-        "submission to first tool call ({} runs, one at a time): p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
-        b.runs,
-        b.p50_ms,
-        b.p99_ms,
-        b.max_ms
-    )?;
+    for (kind, f) in [
+        ("not idempotent, written ahead", b.write_ahead),
+        ("idempotent", b.repeatable),
+    ] {
+        outln!(
+            "submission to first tool call, {kind} ({} runs, one at a time): p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+            f.runs,
+            f.p50_ms,
+            f.p99_ms,
+            f.max_ms
+        )?;
+    }
     outln!(
         "start to {} unfinished runs resumed: {:.3} s (the start itself {:.3} s); {} made their first tool call again, {} ended before it",
         b.load.unfinished,
