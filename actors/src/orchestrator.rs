@@ -482,9 +482,9 @@ impl OrchestratorState {
             return;
         };
         // A driver re-sending a transition that already happened (its first answer was lost in
-        // a restart) gets the run as it is. A driver's `from` was acknowledged, hence written:
-        // this incarnation may have loaded the run before that write landed, so the driver's
-        // acknowledged history is what the transition is checked against.
+        // a restart) gets the run as it is. A driver's `from` was acknowledged, hence queued
+        // for the writer: this incarnation may have loaded the run before that write landed, so
+        // the driver's acknowledged history is what the transition is checked against.
         if run.state != next && Some(run.state) != then {
             if run.state != from && from.can_transition_to(next) {
                 run.state = from;

@@ -7,8 +7,8 @@
 //! A run's writes (its acceptance, transitions and checkpoints) go to the store in order, and
 //! the driver waits for them to land only before a command that a crash losing them could not
 //! repeat ([`RunMachine::may_run_ahead`]): a model turn or an idempotent tool's call starts
-//! while the write before it is being synced, and nothing a crash could not repeat (a
-//! non-idempotent call, a transition, a validation, the end) follows until it is on disk.
+//! while the writes before it are being synced, and nothing a crash could not repeat (a
+//! non-idempotent call, a validation, the end) follows until they are on disk.
 
 mod finish;
 

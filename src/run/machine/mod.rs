@@ -588,18 +588,21 @@ impl RunMachine {
         self.out.pop_front()
     }
 
-    /// Whether `command` may be performed before the writes asked for ahead of it (a
-    /// transition, a checkpoint, the run's acceptance) are on disk. Only what a crash that loses
-    /// those writes may have done again: a retrieval and a choice, which read; a model turn;
-    /// the call of an idempotent tool (a non-idempotent one is marked in flight by a checkpoint
-    /// that must be on disk first, so that a crash leaves it in doubt instead of repeated); and
-    /// a checkpoint, which the store writes after them. An answer to one of these is not acted
-    /// on until the writes are on disk: every later command that is not one of them waits.
+    /// Whether `command` may be performed before the writes asked for ahead of it (the run's
+    /// acceptance, transitions, checkpoints) are on disk. Only what a crash that loses those
+    /// writes may have done again: a retrieval and a choice, which read; a model turn; the call
+    /// of an idempotent tool (a non-idempotent one is marked in flight by a checkpoint that
+    /// must be on disk first, so that a crash leaves it in doubt instead of repeated); and a
+    /// transition or a checkpoint, which the store writes after them. Whatever else follows
+    /// (a non-idempotent call, a notice, a lesson taught, a validation, a review, the end) waits
+    /// until they are on disk.
     pub fn may_run_ahead(&self, command: &Command) -> bool {
         match command {
-            Command::Prepare | Command::Choose { .. } | Command::Turn(_) | Command::Checkpoint => {
-                true
-            }
+            Command::Prepare
+            | Command::Choose { .. }
+            | Command::Turn(_)
+            | Command::Transition { .. }
+            | Command::Checkpoint => true,
             Command::Call(call) => self.workflow.is_idempotent(&call.tool),
             _ => false,
         }
