@@ -4,12 +4,12 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use hindsight::run::workflow::{OutputCheck, WorkflowArm, WorkflowStage};
-use hindsight::store::{Durability, Store};
-use hindsight::tools::sim::RewardConfig;
-use hindsight::tools::{CallContext, Tool, ToolFuture, ToolOutput, ToolRegistry, ToolSpec};
+use hindsight::store::Store;
+use hindsight::tools::{CallContext, Tool, ToolFuture, ToolOutput, ToolSpec};
 use hindsight::{RunState, Task};
-use hindsight_actors::runtime::{Runtime, RuntimeOptions, WorkflowSource};
+use hindsight_actors::runtime::{Runtime, RuntimeOptions};
+
+mod tools_support;
 
 /// What a tool found on disk as it was called: the run's state and the call its latest
 /// checkpoint marks in flight.
@@ -51,44 +51,18 @@ impl Tool for Looking {
 
 /// Two stages: `lookup` (idempotent) then `charge` (not).
 fn options(dir: &std::path::Path, store: &Arc<OnceLock<Store>>, seen: &Seen) -> RuntimeOptions {
-    let mut registry = ToolRegistry::new();
-    let mut stages = Vec::new();
+    let mut tools: Vec<(&str, Arc<dyn Tool>)> = Vec::new();
     for (stage, tool, idempotent) in [("find", "lookup", true), ("pay", "charge", false)] {
         let mut spec = ToolSpec::new(tool, "reads the store as it is called");
         spec.idempotent = idempotent;
-        registry
-            .register(Arc::new(Looking {
-                spec,
-                store: store.clone(),
-                seen: seen.clone(),
-            }))
-            .unwrap();
-        let arm = WorkflowArm {
-            tool: tool.into(),
-            strategy: "default".into(),
-            params: serde_json::Map::new(),
+        let looking = Looking {
+            spec,
+            store: store.clone(),
+            seen: seen.clone(),
         };
-        stages.push(WorkflowStage::tools(stage, vec![arm]));
+        tools.push((stage, Arc::new(looking)));
     }
-    let check: OutputCheck = Arc::new(|_, _, _| Ok(()));
-    let mut opts = RuntimeOptions::new(
-        dir,
-        WorkflowSource::Custom {
-            name: "ahead".into(),
-            stages,
-            check,
-            reward: RewardConfig {
-                success: 1.0,
-                latency: 0.0,
-                cost: 0.0,
-                max_cost: 1.0,
-                sla_ms: 60_000.0,
-            },
-        },
-    );
-    opts.registry = registry;
-    opts.durability = Durability::Immediate;
-    opts
+    tools_support::tool_stages(dir, "ahead", tools)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

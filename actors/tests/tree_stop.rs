@@ -5,12 +5,11 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use hindsight::run::workflow::{OutputCheck, WorkflowArm, WorkflowStage};
-use hindsight::store::Durability;
-use hindsight::tools::sim::RewardConfig;
-use hindsight::tools::{CallContext, Tool, ToolFuture, ToolOutput, ToolRegistry, ToolSpec};
+use hindsight::tools::{CallContext, Tool, ToolFuture, ToolOutput, ToolSpec};
 use hindsight::{RunState, Task};
-use hindsight_actors::runtime::{Runtime, RuntimeOptions, WorkflowSource};
+use hindsight_actors::runtime::{Runtime, RuntimeOptions};
+
+mod tools_support;
 
 /// A tool whose calls wait until it is opened, counting them.
 struct Held {
@@ -49,39 +48,13 @@ fn options(
 ) -> RuntimeOptions {
     let mut spec = ToolSpec::new("slow", "waits on the world");
     spec.idempotent = true;
-    let mut registry = ToolRegistry::new();
-    registry
-        .register(Arc::new(Held {
-            spec,
-            calls: calls.clone(),
-            called: called.clone(),
-            open,
-        }))
-        .unwrap();
-    let arm = WorkflowArm {
-        tool: "slow".into(),
-        strategy: "default".into(),
-        params: serde_json::Map::new(),
+    let held = Held {
+        spec,
+        calls: calls.clone(),
+        called: called.clone(),
+        open,
     };
-    let check: OutputCheck = Arc::new(|_, _, _| Ok(()));
-    let mut opts = RuntimeOptions::new(
-        dir,
-        WorkflowSource::Custom {
-            name: "held".into(),
-            stages: vec![WorkflowStage::tools("only", vec![arm])],
-            check,
-            reward: RewardConfig {
-                success: 1.0,
-                latency: 0.0,
-                cost: 0.0,
-                max_cost: 1.0,
-                sla_ms: 60_000.0,
-            },
-        },
-    );
-    opts.registry = registry;
-    opts.durability = Durability::Immediate;
-    opts
+    tools_support::tool_stages(dir, "held", vec![("only", Arc::new(held))])
 }
 
 fn task(i: usize) -> Task {
