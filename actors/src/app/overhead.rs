@@ -10,8 +10,9 @@
 //! run record, retrieval, lesson relevance, policy choice, transitions and checkpoint): nothing
 //! is measured on a copy of the loop. It is measured twice: with probe tools that are not
 //! idempotent, whose first call waits for the checkpoint that marks it in flight to be on disk,
-//! and with idempotent ones, whose call starts while the run's writes are synced (as a model
-//! turn does). Then 10,000 runs are left unfinished as a crash right after
+//! and with the first stage an agent's over a probe model, whose first turn starts while the
+//! run's writes are synced (its prompt assembled from what the run retrieved, as any agent's).
+//! Then 10,000 runs are left unfinished as a crash right after
 //! their acceptance leaves them, and a new tree is started on the store: the resume time is from
 //! the start to the last of them calling its first tool again (or ending without one, which the
 //! figures count apart).
@@ -22,7 +23,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hindsight::run::workflow::{OutputCheck, WorkflowStage};
+use hindsight::model::{ChatRequest, LanguageModel, ModelFuture, ModelReply, TurnContext};
+use hindsight::run::workflow::{AgentStage, AgentVariant, OutputCheck, WorkflowStage};
 use hindsight::store::{Durability, Store, StoreOptions, WriteOp};
 use hindsight::taxonomy::Step;
 use hindsight::tools::sim::SimEnv;
@@ -95,12 +97,12 @@ impl FirstCall {
 pub struct OverheadBench {
     /// What the store held.
     pub load: Load,
-    /// Runs whose first tool is not idempotent: its call waits until the checkpoint that marks
-    /// it in flight is on disk (with the run's record and transition).
+    /// Runs whose first call is a tool that is not idempotent: it waits until the checkpoint
+    /// that marks it in flight is on disk (with the run's record and transition).
     pub write_ahead: FirstCall,
-    /// Runs whose first tool is idempotent (as a model turn is): its call starts while the
-    /// run's writes are being synced, which a crash may have it repeat.
-    pub repeatable: FirstCall,
+    /// Runs whose first stage is an agent's: the time to its first model turn, which starts
+    /// while the run's writes are being synced (a crash may have it asked again).
+    pub model_turn: FirstCall,
     /// Time from the start of a tree on the store to every unfinished run's first tool call
     /// (or its end, if it ended before one), in seconds.
     pub resume_seconds: f64,
@@ -177,24 +179,100 @@ impl Tool for ProbeTool {
     }
 }
 
-/// The runtime options of the bench's tree on `dir`: `env`'s stages over probe tools, each
-/// declared `idempotent` or not.
+/// A model that records when a run first asks it for a turn and answers at once, in words.
+struct ProbeModel {
+    probe: Arc<Probe>,
+}
+
+impl LanguageModel for ProbeModel {
+    fn name(&self) -> &str {
+        "probe"
+    }
+
+    fn complete<'a>(&'a self, _request: &'a ChatRequest) -> ModelFuture<'a, String> {
+        Box::pin(async { Ok("done".to_string()) })
+    }
+
+    fn turn<'a>(
+        &'a self,
+        _request: &'a ChatRequest,
+        ctx: &'a TurnContext,
+    ) -> ModelFuture<'a, ModelReply> {
+        Box::pin(async move {
+            self.probe.record(&ctx.run_id);
+            Ok(ModelReply {
+                content: "done".to_string(),
+                ..ModelReply::default()
+            })
+        })
+    }
+}
+
+/// What a run of the bench calls first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum First {
+    /// A tool that is not idempotent: the workflow is the environment's tool stages.
+    WriteAhead,
+    /// A model: the environment's first stage is an agent's, whose variants are that stage's
+    /// arms (each arm's tool names the variant's model, its strategy the variant), so that the
+    /// policy, the SOPs and the lessons the store holds apply to it as to the tool stage.
+    ModelTurn,
+}
+
+/// The runtime options of the bench's tree on `dir`: `env`'s stages over probe tools (not
+/// idempotent), the first one an agent's over a probe model when `first` is a model turn.
 fn options(
     env: &SimEnv,
     dir: &Path,
     probe: &Arc<Probe>,
-    idempotent: bool,
+    first: First,
 ) -> Result<RuntimeOptions, RuntimeError> {
     let mut registry = ToolRegistry::new();
+    let mut models = hindsight::model::Models::new();
     let mut stages = Vec::new();
-    for stage in env.stages() {
+    for (n, stage) in env.stages().iter().enumerate() {
+        if n == 0 && first == First::ModelTurn {
+            let mut variants: Vec<AgentVariant> = Vec::new();
+            for arm in &stage.arms {
+                if variants.iter().any(|v| v.name == arm.strategy) {
+                    return Err(RuntimeError::Setup(format!(
+                        "stage {} has two arms with the strategy {}: the agent's variants are named after them",
+                        stage.name, arm.strategy
+                    )));
+                }
+                models.insert(
+                    arm.tool.clone(),
+                    Arc::new(ProbeModel {
+                        probe: probe.clone(),
+                    }),
+                );
+                variants.push(AgentVariant {
+                    name: arm.strategy.clone(),
+                    model: arm.tool.clone(),
+                    prompt: None,
+                    tools: Vec::new(),
+                    temperature: None,
+                });
+            }
+            let agent = AgentStage {
+                description: format!("{} as an agent", stage.name),
+                instructions: format!("Do the {} stage of the task.", stage.name),
+                variants,
+                max_turns: 2,
+                answer_schema: None,
+                max_turn_tokens: None,
+                max_tokens: None,
+                max_cost: None,
+                max_wall_ms: None,
+            };
+            stages.push(WorkflowStage::agent(stage.name.clone(), agent));
+            continue;
+        }
         let mut arms = Vec::new();
         for arm in &stage.arms {
             if registry.get(&arm.tool).is_none() {
-                let mut spec = ToolSpec::new(arm.tool.clone(), "records when a run first calls it");
-                spec.idempotent = idempotent;
                 let tool = ProbeTool {
-                    spec,
+                    spec: ToolSpec::new(arm.tool.clone(), "records when a run first calls it"),
                     probe: probe.clone(),
                 };
                 registry
@@ -220,6 +298,7 @@ fn options(
         },
     );
     opts.registry = registry;
+    opts.models = models;
     opts.durability = Durability::Immediate;
     opts.seed = 1;
     Ok(opts)
@@ -398,7 +477,7 @@ async fn prepare(
         "experience log written; the first start learns it"
     );
     // The first start learns the log and writes the actors' snapshots.
-    let rt = Runtime::start(options(env, dir, probe, false)?).await?;
+    let rt = Runtime::start(options(env, dir, probe, First::WriteAhead)?).await?;
     rt.shutdown().await;
     tracing::info!("log learned; adding lessons and SOPs");
     let lessons: Vec<Lesson> = (0..load.lessons).map(|i| lesson(env, i)).collect();
@@ -414,7 +493,7 @@ async fn prepare(
     }
     tracing::info!("lessons and SOPs added; memory indexes them");
     // Memory indexes the SOPs from their table at start, and the lessons as it is sent them.
-    let rt = Runtime::start(options(env, dir, probe, false)?).await?;
+    let rt = Runtime::start(options(env, dir, probe, First::WriteAhead)?).await?;
     for chunk in lessons.chunks(1_000) {
         rt.ctx()
             .dir
@@ -446,17 +525,20 @@ fn quantile(xs: &[f64], q: f64) -> f64 {
     xs[rank - 1]
 }
 
-/// `runs` runs one at a time on a tree on `dir` whose tools are declared `idempotent` or not:
-/// the time from each submission to its first tool call.
+/// `runs` runs one at a time on a tree on `dir` whose runs call `first` first: the time from
+/// each submission to that call.
 async fn first_calls(
     env: &SimEnv,
     dir: &Path,
     probe: &Arc<Probe>,
     runs: u64,
-    idempotent: bool,
+    first: First,
 ) -> Result<FirstCall, RuntimeError> {
-    let rt = Runtime::start(options(env, dir, probe, idempotent)?).await?;
-    let prefix = if idempotent { "repeatable" } else { "run" };
+    let rt = Runtime::start(options(env, dir, probe, first)?).await?;
+    let prefix = match first {
+        First::WriteAhead => "run",
+        First::ModelTurn => "agent",
+    };
     // Warm-up outside the measurement (first allocations, caches).
     for i in 0..20 {
         rt.orchestrate(task(env, &format!("warm-{prefix}"), i))
@@ -477,8 +559,8 @@ async fn first_calls(
 }
 
 /// `hindsight bench overhead`: `runs` runs measured one at a time on a store prepared with
-/// `load`, with tools that are not idempotent and then with tools that are, then the resume of
-/// `load.unfinished` runs (tools not idempotent).
+/// `load`, whose first call is a tool that is not idempotent, then `runs` whose first stage is an
+/// agent's, then the resume of `load.unfinished` runs (tool stages).
 pub async fn overhead(env: &SimEnv, runs: u64, load: Load) -> Result<OverheadBench, RuntimeError> {
     let temp = crate::app::bench::TempDir::new()
         .map_err(|e| RuntimeError::Setup(format!("cannot create a temporary directory: {e}")))?;
@@ -489,8 +571,8 @@ pub async fn overhead(env: &SimEnv, runs: u64, load: Load) -> Result<OverheadBen
     let prepare_seconds = t.elapsed().as_secs_f64();
 
     tracing::info!(runs, "store prepared; measuring runs one at a time");
-    let write_ahead = first_calls(env, dir, &probe, runs, false).await?;
-    let repeatable = first_calls(env, dir, &probe, runs, true).await?;
+    let write_ahead = first_calls(env, dir, &probe, runs, First::WriteAhead).await?;
+    let model_turn = first_calls(env, dir, &probe, runs, First::ModelTurn).await?;
 
     // Runs left as a crash right after their acceptance leaves them: the task and the run
     // record on disk, nothing else.
@@ -522,7 +604,7 @@ pub async fn overhead(env: &SimEnv, runs: u64, load: Load) -> Result<OverheadBen
     let before = probe.runs.load(Ordering::SeqCst);
     let called = || probe.runs.load(Ordering::SeqCst) - before;
     let t = Instant::now();
-    let rt = Runtime::start(options(env, dir, &probe, false)?).await?;
+    let rt = Runtime::start(options(env, dir, &probe, First::WriteAhead)?).await?;
     let start_seconds = t.elapsed().as_secs_f64();
     // Resumed: every run's driver has made its first tool call (and waits there) or ended
     // (a run that fails before its first call, a call to an actor timing out say); the drivers
@@ -551,7 +633,7 @@ pub async fn overhead(env: &SimEnv, runs: u64, load: Load) -> Result<OverheadBen
     Ok(OverheadBench {
         load,
         write_ahead,
-        repeatable,
+        model_turn,
         resume_seconds,
         resumed_to_first_call,
         ended_before_first_call: load.unfinished.saturating_sub(resumed_to_first_call),

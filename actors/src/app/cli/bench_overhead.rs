@@ -60,11 +60,11 @@ pub async fn run(_global: &Global, args: Args) -> Result<(), Failure> {
         b.prepare_seconds
     )?;
     for (kind, f) in [
-        ("not idempotent, written ahead", b.write_ahead),
-        ("idempotent", b.repeatable),
+        ("a tool that is not idempotent", b.write_ahead),
+        ("an agent's model turn", b.model_turn),
     ] {
         outln!(
-            "submission to first tool call, {kind} ({} runs, one at a time): p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+            "submission to the first call, {kind} ({} runs, one at a time): p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
             f.runs,
             f.p50_ms,
             f.p99_ms,
