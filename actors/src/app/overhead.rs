@@ -1,5 +1,6 @@
-//! `hindsight bench overhead`: what the runtime adds to one run before its first tool call, and
-//! how long a start takes to resume every unfinished run, on a store that has been in use.
+//! `hindsight bench overhead`: what the runtime adds to one run before its first model or tool
+//! call, and how long a start takes to resume every unfinished run, on a store that has been in
+//! use.
 //!
 //! The store is prepared first: 100,000 experiences in the log (which the tree learns from at
 //! its first start, as after any restart without snapshots), then 10,000 lessons (20 in each of
@@ -12,10 +13,9 @@
 //! idempotent, whose first call waits for the checkpoint that marks it in flight to be on disk,
 //! and with the first stage an agent's over a probe model, whose first turn starts while the
 //! run's writes are synced (its prompt assembled from what the run retrieved, as any agent's).
-//! Then 10,000 runs are left unfinished as a crash right after
-//! their acceptance leaves them, and a new tree is started on the store: the resume time is from
-//! the start to the last of them calling its first tool again (or ending without one, which the
-//! figures count apart).
+//! Then 10,000 runs are left unfinished as a crash right after their acceptance leaves them, and
+//! a new tree is started on the store: the resume time is from the start to the last of them
+//! calling its first tool again (or ending without one, which the figures count apart).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
