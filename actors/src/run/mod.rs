@@ -8,7 +8,7 @@
 //! the driver waits for them to land only before a command that a crash losing them could not
 //! repeat ([`RunMachine::may_run_ahead`]): a model turn or an idempotent tool's call starts
 //! while the writes before it are being synced, and nothing a crash could not repeat (a
-//! non-idempotent call, a validation, the end) follows until they are on disk.
+//! non-idempotent call, a validation, a review, the end) follows until they are on disk.
 
 mod finish;
 
@@ -274,6 +274,29 @@ async fn settle(pending: &mut Vec<Pending>) -> Result<(), DriveError> {
     Ok(())
 }
 
+/// Adds `write` to `pending`, after letting go of the writes already on disk (a run of only
+/// repeatable steps, an agent's turns and idempotent calls, never settles: its list holds only
+/// what is in flight). Fails with the first of those that could not be written.
+fn queue(pending: &mut Vec<Pending>, write: Pending) -> Result<(), DriveError> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let mut failed = None;
+    pending.retain_mut(|w| match w.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(Ok(())) => false,
+        std::task::Poll::Ready(Err(e)) => {
+            failed.get_or_insert(e);
+            false
+        }
+        std::task::Poll::Pending => true,
+    });
+    match failed {
+        Some(e) => Err(e),
+        None => {
+            pending.push(write);
+            Ok(())
+        }
+    }
+}
+
 /// Queues the checkpoint of `progress`, in order behind the run's earlier writes.
 fn checkpoint(ctx: &TreeCtx, run_id: &str, progress: &RunProgress) -> Result<Pending, DriveError> {
     let write = RunMachine::checkpoint_write(run_id, progress, now_ms())?;
@@ -297,7 +320,8 @@ async fn drive(
     // Writes on their way to disk: a new run's starts with its record's. Only what a crash
     // that loses them may repeat goes on before they land (`RunMachine::may_run_ahead`).
     let mut pending: Vec<Pending> = Vec::new();
-    let (resume, forced) = match start {
+    let (resume, mut forced) = match start {
+        // A new run's plan given with the task comes with it; a resumed one's is read back.
         Start::New(acceptance) => {
             let written = acceptance.written;
             pending.push(Box::pin(async move {
@@ -310,8 +334,6 @@ async fn drive(
         }
         Start::Resume => (true, None),
     };
-    // A new run's plan given with the task comes with it; a resumed one's is read back.
-    let mut forced = forced;
     let run_id = run.run_id.clone();
     let task = Arc::new(task);
     let rules = Arc::new(ctx.config.rules.clone());
@@ -392,13 +414,14 @@ async fn drive(
                 let answer = Box::pin(moving).await?;
                 let transitioned = answer.map_err(DriveError::Transition)?;
                 let written = transitioned.written;
-                pending.push(Box::pin(async move {
-                    written.await.map_err(DriveError::Transition)
-                }));
+                queue(
+                    &mut pending,
+                    Box::pin(async move { written.await.map_err(DriveError::Transition) }),
+                )?;
                 Event::Transitioned(transitioned.run.state)
             }
             Command::Checkpoint => {
-                pending.push(checkpoint(ctx, &run_id, machine.progress())?);
+                queue(&mut pending, checkpoint(ctx, &run_id, machine.progress())?)?;
                 continue;
             }
             Command::Notify(event) => {
@@ -596,5 +619,35 @@ mod tests {
         }
         assert_eq!(done.load(Ordering::SeqCst), 1_000);
         assert_eq!(max.load(Ordering::SeqCst), 64);
+    }
+
+    /// A write that landed leaves the list as the next is queued; one that failed fails the
+    /// queueing; one in flight stays.
+    #[tokio::test]
+    async fn queueing_a_write_lets_go_of_those_on_disk_and_reports_a_failed_one() {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let in_flight: Pending = Box::pin(async move {
+            let _ = rx.await;
+            Ok(())
+        });
+        let mut pending: Vec<Pending> = vec![Box::pin(async { Ok(()) }), in_flight];
+        queue(&mut pending, Box::pin(async { Ok(()) })).unwrap();
+        assert_eq!(
+            pending.len(),
+            2,
+            "the landed write is gone, the one in flight stays"
+        );
+        pending.insert(
+            0,
+            Box::pin(async { Err(DriveError::Transition("disk full".to_string())) }),
+        );
+        let failed = queue(&mut pending, Box::pin(async { Ok(()) }));
+        assert!(
+            matches!(failed, Err(DriveError::Transition(ref e)) if e == "disk full"),
+            "{failed:?}"
+        );
+        let _ = tx.send(());
+        settle(&mut pending).await.unwrap();
+        assert!(pending.is_empty());
     }
 }
