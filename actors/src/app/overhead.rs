@@ -66,7 +66,8 @@ impl Default for Load {
 /// Lessons per user's scope (the adaptive strategies' default cap on a scope's lessons).
 pub const LESSONS_PER_SCOPE: u64 = 20;
 
-/// The time from a run's submission to its first tool call, over runs measured one at a time.
+/// The time from a run's submission to its first model or tool call, over runs measured one at
+/// a time.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct FirstCall {
     /// Runs measured.
@@ -219,6 +220,49 @@ enum First {
     ModelTurn,
 }
 
+/// `stage` as an agent's: a variant per arm, named after its strategy, whose model (named after
+/// its tool, added to `models`) is a probe.
+fn probe_agent(
+    stage: &hindsight::tools::sim::Stage,
+    probe: &Arc<Probe>,
+    models: &mut hindsight::model::Models,
+) -> Result<WorkflowStage, RuntimeError> {
+    let mut variants: Vec<AgentVariant> = Vec::new();
+    for arm in &stage.arms {
+        if variants.iter().any(|v| v.name == arm.strategy) {
+            return Err(RuntimeError::Setup(format!(
+                "stage {} has two arms with the strategy {}: the agent's variants are named after them",
+                stage.name, arm.strategy
+            )));
+        }
+        models.insert(
+            arm.tool.clone(),
+            Arc::new(ProbeModel {
+                probe: probe.clone(),
+            }),
+        );
+        variants.push(AgentVariant {
+            name: arm.strategy.clone(),
+            model: arm.tool.clone(),
+            prompt: None,
+            tools: Vec::new(),
+            temperature: None,
+        });
+    }
+    let agent = AgentStage {
+        description: format!("{} as an agent", stage.name),
+        instructions: format!("Do the {} stage of the task.", stage.name),
+        variants,
+        max_turns: 2,
+        answer_schema: None,
+        max_turn_tokens: None,
+        max_tokens: None,
+        max_cost: None,
+        max_wall_ms: None,
+    };
+    Ok(WorkflowStage::agent(stage.name.clone(), agent))
+}
+
 /// The runtime options of the bench's tree on `dir`: `env`'s stages over probe tools (not
 /// idempotent), the first one an agent's over a probe model when `first` is a model turn.
 fn options(
@@ -232,40 +276,7 @@ fn options(
     let mut stages = Vec::new();
     for (n, stage) in env.stages().iter().enumerate() {
         if n == 0 && first == First::ModelTurn {
-            let mut variants: Vec<AgentVariant> = Vec::new();
-            for arm in &stage.arms {
-                if variants.iter().any(|v| v.name == arm.strategy) {
-                    return Err(RuntimeError::Setup(format!(
-                        "stage {} has two arms with the strategy {}: the agent's variants are named after them",
-                        stage.name, arm.strategy
-                    )));
-                }
-                models.insert(
-                    arm.tool.clone(),
-                    Arc::new(ProbeModel {
-                        probe: probe.clone(),
-                    }),
-                );
-                variants.push(AgentVariant {
-                    name: arm.strategy.clone(),
-                    model: arm.tool.clone(),
-                    prompt: None,
-                    tools: Vec::new(),
-                    temperature: None,
-                });
-            }
-            let agent = AgentStage {
-                description: format!("{} as an agent", stage.name),
-                instructions: format!("Do the {} stage of the task.", stage.name),
-                variants,
-                max_turns: 2,
-                answer_schema: None,
-                max_turn_tokens: None,
-                max_tokens: None,
-                max_cost: None,
-                max_wall_ms: None,
-            };
-            stages.push(WorkflowStage::agent(stage.name.clone(), agent));
+            stages.push(probe_agent(stage, probe, &mut models)?);
             continue;
         }
         let mut arms = Vec::new();

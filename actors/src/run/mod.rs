@@ -157,8 +157,8 @@ pub fn run_id_for(task: &Task) -> String {
     format!("run-{}", task.task_id)
 }
 
-/// A new run's acceptance, which its driver may get ahead of: it retrieves and plans while the
-/// run's record is written, and waits for that write before anything else.
+/// A new run's acceptance, which its driver may get ahead of: it retrieves, plans and does what a
+/// crash may repeat while the run's record is written ([`RunMachine::may_run_ahead`]).
 pub struct Acceptance {
     /// The plan given with the task, if any (the store's copy may not be written yet).
     pub forced: Option<Vec<hindsight::ArmChoice>>,
