@@ -139,8 +139,9 @@ pub enum OrchestratorMsg {
     },
     /// A driver reports its run's final outcome; answered once it is on disk.
     Finished {
-        /// The outcome (its state is terminal).
-        outcome: Box<RunOutcome>,
+        /// The outcome (its state is terminal), shared: a call re-sent to a restarted
+        /// orchestrator sends it again.
+        outcome: Arc<RunOutcome>,
         /// Acknowledgement.
         reply: RpcReplyPort<Result<(), String>>,
     },
@@ -190,7 +191,7 @@ pub struct OrchestratorState {
     runs: HashMap<String, Run>,
     waiters: HashMap<String, Vec<RpcReplyPort<SubmitResult>>>,
     /// Outcomes of the finished runs still in `runs`.
-    outcomes: HashMap<String, RunOutcome>,
+    outcomes: HashMap<String, Arc<RunOutcome>>,
 }
 
 impl Actor for Orchestrator {
@@ -284,7 +285,7 @@ impl Actor for Orchestrator {
                 checkpoint,
                 reply,
             } => state.transition(run_id, from, (next, then), patch, checkpoint, reply),
-            OrchestratorMsg::Finished { outcome, reply } => state.finished(*outcome, reply),
+            OrchestratorMsg::Finished { outcome, reply } => state.finished(outcome, reply),
             OrchestratorMsg::Settled { run_id } => state.settled(&run_id),
             OrchestratorMsg::Held { reply } => {
                 let _ = reply.send(state.runs.len());
@@ -298,7 +299,7 @@ impl Actor for Orchestrator {
             }
             OrchestratorMsg::Outcome { run_id, reply } => {
                 let outcome = match state.outcomes.get(&run_id) {
-                    Some(o) => Some(o.clone()),
+                    Some(o) => Some(RunOutcome::clone(o)),
                     None => read_outcome(&state.ctx.store, &run_id).ok().flatten(),
                 };
                 let _ = reply.send(outcome);
@@ -343,7 +344,7 @@ impl OrchestratorState {
         match ended {
             Some(true) => {
                 let outcome = match self.outcomes.get(&run_id) {
-                    Some(o) => Ok(Some(o.clone())),
+                    Some(o) => Ok(Some(RunOutcome::clone(o))),
                     None => read_outcome(&self.ctx.store, &run_id),
                 };
                 let _ = reply.send(
@@ -450,7 +451,7 @@ impl OrchestratorState {
                 // Nothing was acknowledged: the caller learns the task was not accepted.
                 tracing::error!(task_id = %task.task_id, error = %e, "cannot record a new run");
                 let _ = myself.cast(OrchestratorMsg::Finished {
-                    outcome: Box::new(RunOutcome::rejected(
+                    outcome: Arc::new(RunOutcome::rejected(
                         &run,
                         format!("cannot record the run: {e}"),
                     )),
@@ -534,7 +535,7 @@ impl OrchestratorState {
         let _ = reply.send(answer);
     }
 
-    fn finished(&mut self, outcome: RunOutcome, reply: RpcReplyPort<Result<(), String>>) {
+    fn finished(&mut self, outcome: Arc<RunOutcome>, reply: RpcReplyPort<Result<(), String>>) {
         let run_id = outcome.run_id.clone();
         // The driver's outcome is authoritative: this incarnation may know the run only from
         // the store, in an earlier state, or not at all yet.
@@ -594,7 +595,7 @@ impl OrchestratorState {
             let _ = reply.send(answer.clone());
             for w in waiters {
                 let _ = w.send(match &answer {
-                    Ok(()) => Ok(outcome.clone()),
+                    Ok(()) => Ok(RunOutcome::clone(&outcome)),
                     Err(e) => Err(SubmitError::Store(e.clone())),
                 });
             }
@@ -637,7 +638,7 @@ impl OrchestratorState {
             return;
         };
         let answer = match held {
-            Some(outcome) => Ok(outcome),
+            Some(outcome) => Ok(Arc::unwrap_or_clone(outcome)),
             None => read_outcome(&self.ctx.store, run_id)
                 .and_then(|o| {
                     o.ok_or_else(|| format!("run {run_id} ended but its outcome is not stored"))

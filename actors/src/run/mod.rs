@@ -216,10 +216,11 @@ pub fn spawn_driver(ctx: Arc<TreeCtx>, run: Run, task: Task, start: Start) {
                 return;
             }
         };
+        let outcome = Arc::new(outcome);
         // Boxed: its state is allocated once the run has ended, not held while it runs.
         let finished = Box::pin(ctx.gates.orchestrator.run(ctx.dir.orchestrator.call_with(
             |reply| OrchestratorMsg::Finished {
-                outcome: Box::new(outcome.clone()),
+                outcome: outcome.clone(),
                 reply,
             },
             crate::directory::DEFAULT_CALL_TIMEOUT,

@@ -1339,11 +1339,14 @@ impl RunMachine {
     }
 
     fn finish(&mut self, end: RoundEnd, at_ms: u64) {
+        // The run is over: its outputs and steps move into what it ends with.
+        let outputs = std::mem::take(&mut self.st.outputs);
+        let steps = std::mem::take(&mut self.st.steps);
         let st = &self.st;
         let passed = end.state == RunState::Succeeded;
         let reward = self.workflow.reward(passed, st.latency_ms, st.cost);
         let plan = st.plan.as_ref();
-        let output = passed.then(|| Value::Object(st.outputs.clone().into_iter().collect()));
+        let output = passed.then(|| Value::Object(outputs.into_iter().collect()));
         let outcome = RunOutcome {
             run_id: self.run_id.clone(),
             task_id: self.task.task_id.clone(),
@@ -1375,7 +1378,7 @@ impl RunMachine {
             user_id: self.task.user_id.clone(),
             context_features: self.task.features.clone(),
             arms: st.first_arms.clone(),
-            steps: st.steps.clone(),
+            steps,
             result: RunResult {
                 state: end.state,
                 passed,
