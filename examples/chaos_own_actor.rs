@@ -142,14 +142,14 @@ pub async fn demo(
             .await
             .map_err(|e| format!("the supervisor could not start: {e}"))?;
         for i in 0..n {
-            let txn = RunReport {
+            let txn = Arc::new(RunReport {
                 run_id: format!("txn-{i:05}"),
                 round: 1,
                 passed: true,
                 events: Vec::new(),
-            };
+            });
             // Re-sent to the restarted ledger when the one handling it panicked.
-            slot.call(|reply| PluginMsg::AfterRun(Box::new(txn.clone()), reply))
+            slot.call(|reply| PluginMsg::AfterRun(txn.clone(), reply))
                 .await?;
         }
         sup.stop(Some("done".to_string()));

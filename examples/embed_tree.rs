@@ -234,14 +234,14 @@ pub async fn demo(data_dir: &Path, tasks: u64) -> Result<Summary, BoxError> {
                 RUN_TIMEOUT,
             )
             .await??;
-        let report = RunReport {
+        let report = Arc::new(RunReport {
             run_id: outcome.run_id.clone(),
             round: outcome.reflect_retries + 1,
             passed: outcome.passed,
             events: Vec::new(),
-        };
+        });
         audit_slot
-            .call(|reply| PluginMsg::AfterRun(Box::new(report.clone()), reply))
+            .call(|reply| PluginMsg::AfterRun(report.clone(), reply))
             .await?;
         let line = TaskLine {
             task_id: outcome.task_id.clone(),

@@ -49,12 +49,12 @@ pub trait Plugin: Send + Sync + 'static {
 
 /// Messages of a plugin host actor.
 pub enum PluginMsg {
-    /// `before_run`.
-    BeforeRun(Box<Task>),
+    /// `before_run` (the task shared with the run and the other plugins).
+    BeforeRun(Arc<Task>),
     /// `on_event`.
     Event(String, RunEvent),
-    /// `after_run`, answered with the verdict.
-    AfterRun(Box<RunReport>, RpcReplyPort<Verdict>),
+    /// `after_run`, answered with the verdict (the report shared with the other plugins).
+    AfterRun(Arc<RunReport>, RpcReplyPort<Verdict>),
 }
 
 /// Builds a plugin afresh on every (re)start of its host, reloading whatever it persisted.

@@ -19,8 +19,9 @@ pub enum ValidatorMsg {
     Validate {
         /// The task they are outputs of.
         task: Arc<hindsight::Task>,
-        /// `(stage, output)` pairs.
-        outputs: Vec<(String, Value)>,
+        /// `(stage, output)` pairs (shared: a call re-sent to a restarted validator sends them
+        /// again).
+        outputs: Arc<[(String, Value)]>,
         /// The verdict.
         reply: RpcReplyPort<Validation>,
     },

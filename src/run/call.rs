@@ -91,27 +91,42 @@ pub struct CallOutcome {
 
 /// Runs one call through the resilient tool layer.
 pub async fn execute(runner: &ToolRunner, call: StageCall) -> CallOutcome {
+    let StageCall {
+        run_id,
+        task_index,
+        attempt,
+        stage,
+        tool,
+        args,
+        features,
+        idempotency_key,
+        budget,
+        turn,
+        call,
+        input,
+        tenant,
+    } = call;
     let ctx = CallContext {
-        run_id: call.run_id.clone(),
-        task_index: call.task_index,
-        attempt: call.attempt,
-        stage: call.stage.clone(),
-        call: call.call,
-        features: call.features.clone(),
-        turn: call.turn,
-        input: call.input.clone(),
-        tenant: call.tenant.clone(),
+        run_id,
+        task_index,
+        attempt,
+        stage,
+        call,
+        features,
+        turn,
+        input,
+        tenant,
     };
     let report = runner
         .call(
-            &call.tool,
-            call.args.clone(),
+            &tool,
+            args,
             &ctx,
             &CallOptions {
-                idempotency_key: Some(call.idempotency_key.clone()),
+                idempotency_key: Some(idempotency_key),
                 budget: crate::tools::Budget {
-                    latency_ms: call.budget.latency_ms,
-                    cost: call.budget.cost,
+                    latency_ms: budget.latency_ms,
+                    cost: budget.cost,
                 },
             },
         )

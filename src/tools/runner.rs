@@ -4,6 +4,7 @@
 //! failures with seeded, jittered exponential backoff while the budget can pay for another try.
 //! Strategy failures are returned at once (they go back to triage).
 
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -315,8 +316,8 @@ impl ToolRunner {
             }
         }
 
-        let policy = self.policy(tool).clone();
-        let spec = handle.spec().clone();
+        let policy = self.policy(tool);
+        let spec = handle.spec();
         let mut rng = SeedHasher::new()
             .str("backoff")
             .u64(self.seed)
@@ -337,10 +338,16 @@ impl ToolRunner {
                 self.clock.sleep(rate_wait).await;
             }
             wait_ms += rate_wait;
-            let mut actx = ctx.clone();
-            actx.call = base + k;
+            // A retry is the stage's next call; the first attempt is the call as given.
+            let actx = if k == 0 {
+                Cow::Borrowed(ctx)
+            } else {
+                let mut retry = ctx.clone();
+                retry.call = base + k;
+                Cow::Owned(retry)
+            };
             let result = self
-                .attempt(tool, &handle, args.clone(), &actx, &policy)
+                .attempt(tool, &handle, args.clone(), &actx, policy)
                 .await;
             let (latency_ms, cost) = match &result {
                 Ok(o) => (o.latency_ms, o.cost),
@@ -357,19 +364,38 @@ impl ToolRunner {
             });
             let err = match result {
                 Ok(out) => {
+                    let mut record_error = None;
+                    let out = match &opts.idempotency_key {
+                        Some(key) => {
+                            let ToolOutput {
+                                value,
+                                latency_ms,
+                                cost,
+                            } = out;
+                            let mut record =
+                                json!({"value": value, "latency_ms": latency_ms, "cost": cost});
+                            if let Err(e) = self.idempotency.put(key, &record).await {
+                                record_error = Some(e.to_string());
+                            }
+                            ToolOutput {
+                                value: record
+                                    .get_mut("value")
+                                    .map(Value::take)
+                                    .unwrap_or_default(),
+                                latency_ms,
+                                cost,
+                            }
+                        }
+                        None => out,
+                    };
                     let mut report = CallReport::finish(
                         tool,
-                        Ok(out.clone()),
+                        Ok(out),
                         attempts,
                         StopReason::Succeeded,
                         base,
                     );
-                    if let Some(key) = &opts.idempotency_key {
-                        let record = json!({"value": out.value, "latency_ms": out.latency_ms, "cost": out.cost});
-                        if let Err(e) = self.idempotency.put(key, &record).await {
-                            report.record_error = Some(e.to_string());
-                        }
-                    }
+                    report.record_error = record_error;
                     return report;
                 }
                 Err(e) => e,

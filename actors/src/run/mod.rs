@@ -483,6 +483,7 @@ async fn drive(
                 }
             }
             Command::Validate(outputs) => {
+                let outputs: Arc<[(String, serde_json::Value)]> = outputs.into();
                 let validating = ctx.gates.validator.run(ctx.dir.validator.call(|reply| {
                     ValidatorMsg::Validate {
                         task: task.clone(),
@@ -518,12 +519,12 @@ async fn prepare(
     let _ = ctx
         .dir
         .reflect_retry
-        .cast(PluginMsg::BeforeRun(Box::new((**task).clone())))
+        .cast(PluginMsg::BeforeRun(task.clone()))
         .await;
     for plugin in &ctx.dir.plugins {
         plugin
             .slot
-            .tell(PluginMsg::BeforeRun(Box::new((**task).clone())));
+            .tell(PluginMsg::BeforeRun(task.clone()));
     }
     let mut bundle = ctx
         .gates
@@ -552,11 +553,12 @@ async fn prepare(
 /// one that is down, fails or does not answer in time accepts). A crashing plugin never fails
 /// the run.
 async fn review(ctx: &TreeCtx, report: hindsight::run::RunReport) -> Event {
+    let report = Arc::new(report);
     let reflect_retry = ctx
         .gates
         .reflect_retry
         .run(ctx.dir.reflect_retry.call_with_timeout(
-            |reply| PluginMsg::AfterRun(Box::new(report.clone()), reply),
+            |reply| PluginMsg::AfterRun(report.clone(), reply),
             PLUGIN_TIMEOUT,
         ))
         .await
@@ -569,7 +571,7 @@ async fn review(ctx: &TreeCtx, report: hindsight::run::RunReport) -> Event {
         let verdict = plugin
             .slot
             .call_with(
-                |reply| PluginMsg::AfterRun(Box::new(report.clone()), reply),
+                |reply| PluginMsg::AfterRun(report.clone(), reply),
                 PLUGIN_TIMEOUT,
                 1,
             )

@@ -202,7 +202,8 @@ impl Backend for TreeBackend {
             }
         }
         let task = std::sync::Arc::new(task);
-        let outputs = vec![(request.stage.clone(), request.output.clone())];
+        let outputs: std::sync::Arc<[(String, serde_json::Value)]> =
+            std::sync::Arc::new([(request.stage.clone(), request.output.clone())]);
         let verdict = self
             .ctx
             .dir
