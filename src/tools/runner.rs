@@ -378,23 +378,15 @@ impl ToolRunner {
                                 record_error = Some(e.to_string());
                             }
                             ToolOutput {
-                                value: record
-                                    .get_mut("value")
-                                    .map(Value::take)
-                                    .unwrap_or_default(),
+                                value: record.get_mut("value").map(Value::take).unwrap_or_default(),
                                 latency_ms,
                                 cost,
                             }
                         }
                         None => out,
                     };
-                    let mut report = CallReport::finish(
-                        tool,
-                        Ok(out),
-                        attempts,
-                        StopReason::Succeeded,
-                        base,
-                    );
+                    let mut report =
+                        CallReport::finish(tool, Ok(out), attempts, StopReason::Succeeded, base);
                     report.record_error = record_error;
                     return report;
                 }

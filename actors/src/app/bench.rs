@@ -21,6 +21,14 @@ pub struct RuntimeBench {
     pub runs_per_sec_durable: f64,
     /// Full runs per second, no fsync.
     pub runs_per_sec_no_fsync: f64,
+    /// CPU time per run, durable store: the process's user and system time over the measured
+    /// runs (every thread: the tree, its store's writer, the bench's driver), in milliseconds;
+    /// absent where the platform does not tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_ms_per_run_durable: Option<f64>,
+    /// CPU time per run, no fsync, as above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_ms_per_run_no_fsync: Option<f64>,
     /// Runs measured per configuration.
     pub runs: u64,
     /// Runs in flight at once.
@@ -113,25 +121,60 @@ pub async fn tokio_baseline(messages: u64) -> f64 {
     messages as f64 / t.elapsed().as_secs_f64()
 }
 
-/// Full runs per second through a fresh tree in `dir`.
-pub async fn tree_throughput(
+/// What one configuration of the tree did: full runs per second, and the CPU time per run
+/// where the platform tells.
+struct Throughput {
+    runs_per_sec: f64,
+    cpu_ms_per_run: Option<f64>,
+}
+
+/// Full runs per second through a fresh tree in `dir`, and their CPU time.
+async fn tree_throughput(
     dir: &Path,
     env: &SimEnv,
     durability: Durability,
     runs: u64,
     concurrency: usize,
-) -> Result<f64, RuntimeError> {
+) -> Result<Throughput, RuntimeError> {
     let mut opts = RuntimeOptions::new(dir, env.clone());
     opts.durability = durability;
     opts.seed = 1;
     let rt = Runtime::start(opts).await?;
     // Warm up (first allocations, table creation) outside the measurement.
     workload::run_tasks(&rt, env, 1, 50.min(runs), concurrency, |_| {}).await?;
-    let t = Instant::now();
+    let (t, cpu) = (Instant::now(), process_cpu());
     workload::run_tasks(&rt, env, 1, runs, concurrency, |_| {}).await?;
-    let rate = runs as f64 / t.elapsed().as_secs_f64();
+    let runs_per_sec = runs as f64 / t.elapsed().as_secs_f64();
+    let cpu_ms_per_run = cpu
+        .zip(process_cpu())
+        .map(|(before, after)| after.saturating_sub(before).as_secs_f64() * 1e3 / runs as f64);
     rt.shutdown().await;
-    Ok(rate)
+    Ok(Throughput {
+        runs_per_sec,
+        cpu_ms_per_run,
+    })
+}
+
+/// The CPU time the process has used so far (user and system, every thread).
+#[cfg(target_os = "linux")]
+fn process_cpu() -> Option<Duration> {
+    // SAFETY: `rusage` is plain integers, for which all zeroes is a value; `getrusage` writes
+    // one into the pointer it is given, which points at `usage`.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return None;
+    }
+    let time = |t: libc::timeval| {
+        Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
+            + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
+    };
+    Some(time(usage.ru_utime) + time(usage.ru_stime))
+}
+
+/// The CPU time the process has used so far: not told on this platform.
+#[cfg(not(target_os = "linux"))]
+fn process_cpu() -> Option<Duration> {
+    None
 }
 
 /// `hindsight bench runtime`.
@@ -143,7 +186,7 @@ pub async fn runtime(
     let (ractor_casts_per_sec, ractor_calls_per_sec) = ractor_baseline(2_000_000).await?;
     let tokio_channel_msgs_per_sec = tokio_baseline(2_000_000).await;
     let durable_dir = tempdir()?;
-    let runs_per_sec_durable = tree_throughput(
+    let durable = tree_throughput(
         durable_dir.path(),
         env,
         Durability::Immediate,
@@ -152,11 +195,12 @@ pub async fn runtime(
     )
     .await?;
     let fast_dir = tempdir()?;
-    let runs_per_sec_no_fsync =
-        tree_throughput(fast_dir.path(), env, Durability::None, runs, concurrency).await?;
+    let fast = tree_throughput(fast_dir.path(), env, Durability::None, runs, concurrency).await?;
     Ok(RuntimeBench {
-        runs_per_sec_durable,
-        runs_per_sec_no_fsync,
+        runs_per_sec_durable: durable.runs_per_sec,
+        runs_per_sec_no_fsync: fast.runs_per_sec,
+        cpu_ms_per_run_durable: durable.cpu_ms_per_run,
+        cpu_ms_per_run_no_fsync: fast.cpu_ms_per_run,
         runs,
         concurrency,
         ractor_casts_per_sec,
@@ -572,5 +616,28 @@ pub fn repeat_error_rate(records: &[TaskRecord]) -> f64 {
         0.0
     } else {
         repeats as f64 / chances as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_configuration_s_throughput_comes_with_its_cpu_time_per_run() {
+        let env = crate::app::demo::load_env(None).unwrap();
+        let dir = tempdir().unwrap();
+        let measured = tree_throughput(dir.path(), &env, Durability::None, 40, 8)
+            .await
+            .unwrap();
+        assert!(measured.runs_per_sec > 0.0);
+        // A run is actor messages, a policy choice, store writes: more than nothing, less than
+        // the whole second a run of the debug build would need to be that slow.
+        if cfg!(target_os = "linux") {
+            let cpu = measured.cpu_ms_per_run.unwrap();
+            assert!(cpu > 0.0 && cpu < 1_000.0, "{cpu} ms of CPU a run");
+        } else {
+            assert!(measured.cpu_ms_per_run.is_none());
+        }
     }
 }

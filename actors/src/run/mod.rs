@@ -522,9 +522,7 @@ async fn prepare(
         .cast(PluginMsg::BeforeRun(task.clone()))
         .await;
     for plugin in &ctx.dir.plugins {
-        plugin
-            .slot
-            .tell(PluginMsg::BeforeRun(task.clone()));
+        plugin.slot.tell(PluginMsg::BeforeRun(task.clone()));
     }
     let mut bundle = ctx
         .gates

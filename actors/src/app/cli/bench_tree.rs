@@ -48,6 +48,11 @@ pub async fn runtime(_global: &Global, args: RuntimeArgs) -> Result<(), Failure>
         "  no fsync:                         {:>10.0} runs/s",
         b.runs_per_sec_no_fsync
     )?;
+    if let (Some(durable), Some(fast)) = (b.cpu_ms_per_run_durable, b.cpu_ms_per_run_no_fsync) {
+        outln!(
+            "  CPU per run (every thread):       {durable:>10.3} ms durable, {fast:.3} ms no fsync"
+        )?;
+    }
     outln!("baselines measured in the same run:")?;
     outln!(
         "  ractor casts:                     {:>10.0} msgs/s",
