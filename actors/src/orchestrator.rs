@@ -572,7 +572,7 @@ impl OrchestratorState {
         let orchestrator = self.ctx.dir.orchestrator.clone();
         // Queued now, in the order of the orchestrator's messages (see `submit`).
         let queued = (|| {
-            let text = serde_json::to_string(&outcome)
+            let text = serde_json::to_string(outcome.as_ref())
                 .map_err(|e| format!("cannot encode the outcome of run {run_id}: {e}"))?;
             // The run's end (`finish_run`) removes its calls' idempotency records in the same
             // commit: once it is on disk they are never repeated, and the table would otherwise
