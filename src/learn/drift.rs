@@ -18,6 +18,7 @@ fn xlnx(x: u32) -> f64 {
     }
 }
 
+/// `x ln x` of a count (0 at 0), worked out.
 fn xlnx_computed(x: u32) -> f64 {
     if x == 0 {
         0.0

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::Semaphore;
 
 use super::breaker::{BreakerState, CircuitBreaker};
@@ -372,8 +372,13 @@ impl ToolRunner {
                                 latency_ms,
                                 cost,
                             } = out;
-                            let mut record =
-                                json!({"value": value, "latency_ms": latency_ms, "cost": cost});
+                            // Built by hand: `json!` would copy the output (`to_value`), and
+                            // the record hands it back once written.
+                            let mut record = Value::Object(serde_json::Map::from_iter([
+                                ("value".to_string(), value),
+                                ("latency_ms".to_string(), Value::from(latency_ms)),
+                                ("cost".to_string(), Value::from(cost)),
+                            ]));
                             if let Err(e) = self.idempotency.put(key, &record).await {
                                 record_error = Some(e.to_string());
                             }
