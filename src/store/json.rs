@@ -15,9 +15,13 @@ pub(crate) enum JsonTree {
     String(String),
     Array(Vec<JsonTree>),
     Object(Vec<(String, JsonTree)>),
-    /// A value kept as its JSON text, parsed when read: a run's checkpointed state, written
-    /// straight from the run's progress without building a value first.
+    /// A value kept as its JSON text, parsed when read: a run's checkpointed state as it was
+    /// written before [`JsonTree::Encoded`] (read, no longer written).
     Text(String),
+    /// A value kept as the postcard bytes of its tree, decoded when read: a run's checkpointed
+    /// state, written straight from the run's progress ([`super::transcode`]) without building
+    /// a value or its text first.
+    Encoded(Vec<u8>),
 }
 
 /// A JSON value written exactly as its [`JsonTree`] would be, without building the tree (the
@@ -50,13 +54,22 @@ impl Serialize for JsonRef<'_> {
     }
 }
 
-/// JSON text written as its [`JsonTree::Text`] would be.
+/// A tree's postcard bytes written as its [`JsonTree::Encoded`] would be.
 #[derive(Clone, Copy)]
-pub(crate) struct JsonText<'a>(pub(crate) &'a str);
+pub(crate) struct JsonEncoded<'a>(pub(crate) &'a [u8]);
 
-impl Serialize for JsonText<'_> {
+impl Serialize for JsonEncoded<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_newtype_variant(NAME, 8, "Text", self.0)
+        s.serialize_newtype_variant(NAME, 9, "Encoded", &Bytes(self.0))
+    }
+}
+
+/// Bytes, as `Vec<u8>` is written (postcard writes both as a length and the bytes).
+struct Bytes<'a>(&'a [u8]);
+
+impl Serialize for Bytes<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(self.0)
     }
 }
 
@@ -105,6 +118,12 @@ impl JsonTree {
             }
             JsonTree::Text(t) => serde_json::from_str(&t)
                 .map_err(|e| format!("the JSON text does not parse: {e}"))?,
+            JsonTree::Encoded(bytes) => match postcard::from_bytes::<JsonTree>(&bytes) {
+                // A tree holds no encoded tree: one inside would be a corrupt record's.
+                Ok(JsonTree::Encoded(_)) => return Err("an encoded tree holds another".into()),
+                Ok(tree) => tree.into_value()?,
+                Err(e) => return Err(format!("the encoded tree does not decode: {e}")),
+            },
         })
     }
 }
@@ -131,11 +150,28 @@ mod tests {
     fn json_text_reads_back_as_its_value_and_bad_text_is_refused() {
         let v = json!({"a": [1, 2.5, "x"], "b": {"c": null}});
         let text = serde_json::to_string(&v).unwrap();
-        let bytes = postcard::to_allocvec(&JsonText(&text)).unwrap();
+        let bytes = postcard::to_allocvec(&JsonTree::Text(text.clone())).unwrap();
         let back: JsonTree = postcard::from_bytes(&bytes).unwrap();
         assert_eq!(back, JsonTree::Text(text));
         assert_eq!(back.into_value().unwrap(), v);
         assert!(JsonTree::Text("{\"a\":".into()).into_value().is_err());
+    }
+
+    #[test]
+    fn an_encoded_tree_reads_back_as_its_value_and_bad_bytes_are_refused() {
+        let v = json!({"a": [1, 2.5, "x"], "b": {"c": null}});
+        let inner = super::super::transcode::tree_bytes(&v).unwrap();
+        let bytes = postcard::to_allocvec(&JsonEncoded(&inner)).unwrap();
+        let back: JsonTree = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!(back, JsonTree::Encoded(inner.clone()));
+        assert_eq!(back.into_value().unwrap(), v);
+        assert!(
+            JsonTree::Encoded(inner[..inner.len() - 1].to_vec())
+                .into_value()
+                .is_err()
+        );
+        let nested = postcard::to_allocvec(&JsonTree::Encoded(inner)).unwrap();
+        assert!(JsonTree::Encoded(nested).into_value().is_err());
     }
 
     #[test]

@@ -46,6 +46,7 @@ mod read;
 mod shrink;
 mod stored;
 mod tables;
+mod transcode;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -169,20 +170,21 @@ impl WriteOp {
         WriteOp::put_checkpoint(&cp.run_id, &stored::CheckpointRef::from(cp))
     }
 
-    /// Writes an unnamed checkpoint of `run_id` at `step_index` whose state is `state`, kept as
-    /// the JSON text it serializes to: no JSON value is built, and it reads back as one.
+    /// Writes an unnamed checkpoint of `run_id` at `step_index` whose state is `state`, encoded
+    /// straight into the stored form of its JSON value: no JSON value or text is built, and it
+    /// reads back as the value `serde_json::to_value` makes of it.
     pub fn checkpoint_of_state<T: Serialize + ?Sized>(
         run_id: &str,
         step_index: u32,
         state: &T,
         created_ms: u64,
     ) -> Result<WriteOp, StoreError> {
-        let text = serde_json::to_string(state).map_err(|e| StoreError::Encode {
+        let tree = transcode::tree_bytes(state).map_err(|e| StoreError::Encode {
             table: "checkpoints".to_string(),
             key: run_id.to_string(),
             reason: e.to_string(),
         })?;
-        let cp = stored::CheckpointRef::of_text(run_id, step_index, &text, created_ms);
+        let cp = stored::CheckpointRef::of_tree(run_id, step_index, &tree, created_ms);
         WriteOp::put_checkpoint(run_id, &cp)
     }
 

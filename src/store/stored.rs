@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::json::{JsonRef, JsonText, JsonTree};
+use super::json::{JsonEncoded, JsonRef, JsonTree};
 use crate::record::{ArmChoice, Checkpoint, ExperienceTuple, RunResult, RunState};
 use crate::taxonomy::{ErrorClass, Step};
 
@@ -136,7 +136,7 @@ pub(crate) struct StoredCheckpoint {
 }
 
 /// Write form of [`Checkpoint`]: written as [`StoredCheckpoint`] is, straight from the record
-/// or from a state's JSON text (no JSON tree is built).
+/// or from a state's encoded tree (no JSON value is built).
 #[derive(Serialize)]
 pub(crate) struct CheckpointRef<'a> {
     run_id: &'a str,
@@ -147,17 +147,17 @@ pub(crate) struct CheckpointRef<'a> {
     created_ms: u64,
 }
 
-/// A checkpoint's state as it is written: a value, or JSON text.
+/// A checkpoint's state as it is written: a value, or its encoded tree.
 enum StateRef<'a> {
     Value(JsonRef<'a>),
-    Text(JsonText<'a>),
+    Encoded(JsonEncoded<'a>),
 }
 
 impl Serialize for StateRef<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
             StateRef::Value(v) => v.serialize(s),
-            StateRef::Text(t) => t.serialize(s),
+            StateRef::Encoded(t) => t.serialize(s),
         }
     }
 }
@@ -176,18 +176,19 @@ impl<'a> From<&'a Checkpoint> for CheckpointRef<'a> {
 }
 
 impl<'a> CheckpointRef<'a> {
-    /// An unnamed checkpoint without completed steps whose state is the JSON text `state`.
-    pub(crate) fn of_text(
+    /// An unnamed checkpoint without completed steps whose state is `state`, the postcard
+    /// bytes of a [`JsonTree`] ([`super::transcode::tree_bytes`]).
+    pub(crate) fn of_tree(
         run_id: &'a str,
         step_index: u32,
-        state: &'a str,
+        state: &'a [u8],
         created_ms: u64,
     ) -> CheckpointRef<'a> {
         CheckpointRef {
             run_id,
             step_index,
             name: None,
-            state: StateRef::Text(JsonText(state)),
+            state: StateRef::Encoded(JsonEncoded(state)),
             completed_steps: Steps(&[]),
             created_ms,
         }

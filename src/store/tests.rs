@@ -123,7 +123,7 @@ async fn every_record_type_round_trips() {
     assert_eq!(store.latest_checkpoint("r1").unwrap(), Some(cp.clone()));
     assert_eq!(store.checkpoint_named("r1", "cp2").unwrap(), Some(cp));
     assert_eq!(store.checkpoint_named("r1", "other").unwrap(), None);
-    // A checkpoint written from a state's JSON text reads back as the one with its value.
+    // A checkpoint written straight from a state reads back as the one with its value.
     let state = BTreeMap::from([("stage", json!(3)), ("vars", json!({"big": u64::MAX}))]);
     let write = WriteOp::checkpoint_of_state("r2", 3, &state, 1003).unwrap();
     store.write_batch(vec![write]).await.unwrap();
