@@ -169,9 +169,10 @@ pub struct ReflectorState {
     since_persist: u64,
     /// Scopes changed since the last snapshot (which writes each as it is then).
     unwritten_scopes: BTreeSet<String>,
-    /// The reflection's lessons made or changed since the last snapshot (the strategies'
-    /// are written from their scopes: [`AdaptiveStrategies::take_changed_lessons`]).
-    unwritten_lessons: BTreeMap<String, Lesson>,
+    /// The reflection's lessons made or changed since the last snapshot, written as they are
+    /// then (the strategies' are written from their scopes:
+    /// [`AdaptiveStrategies::take_changed_lessons`]).
+    unwritten_lessons: BTreeSet<String>,
     synthesiser: Option<Arc<dyn Synthesiser>>,
     verifier: Option<Arc<dyn Verifier>>,
     chaos: Option<ChaosHook>,
@@ -278,7 +279,7 @@ impl Actor for ReflectorActor {
             since_consolidation: 0,
             since_persist: 0,
             unwritten_scopes: BTreeSet::new(),
-            unwritten_lessons: BTreeMap::new(),
+            unwritten_lessons: BTreeSet::new(),
             synthesiser: args.synthesiser,
             verifier: args.verifier,
             chaos: args.chaos,
@@ -599,10 +600,8 @@ impl ReflectorState {
             .chain(&report.updated)
             .filter_map(|id| self.reflector.lesson(id).cloned())
             .collect();
-        for l in &fresh {
-            self.unwritten_lessons
-                .insert(l.lesson_id.clone(), l.clone());
-        }
+        self.unwritten_lessons
+            .extend(fresh.iter().map(|l| l.lesson_id.clone()));
         // The strategies that changed since they were last sent, in the scopes changed since,
         // are sent to memory; a memory that has started again since (it may have lost what it
         // was sent after its last snapshot) is sent all of them.
@@ -718,8 +717,10 @@ impl ReflectorState {
                 ops.push(scope_rows::put(&scope, state)?);
             }
         }
-        for (id, lesson) in std::mem::take(&mut self.unwritten_lessons) {
-            ops.push(WriteOp::put(LESSONS, &id, &LessonRecord { lesson })?);
+        for id in std::mem::take(&mut self.unwritten_lessons) {
+            if let Some(lesson) = self.reflector.lesson(&id) {
+                ops.push(scope_rows::put_lesson(lesson)?);
+            }
         }
         for (key, bucket) in self.reflector.take_bucket_changes() {
             ops.push(WriteOp::put(BUCKETS, &key, &bucket)?);
@@ -788,11 +789,7 @@ impl ReflectorState {
         let persisted = async {
             let mut ops = self.snapshot_ops()?;
             if let Ok(lesson) = &result {
-                ops.push(WriteOp::put(
-                    LESSONS,
-                    &lesson.lesson_id,
-                    &LessonRecord::from(lesson),
-                )?);
+                ops.push(scope_rows::put_lesson(lesson)?);
             }
             self.store.write_batch(ops).await
         }
@@ -883,8 +880,9 @@ pub struct LessonRecord {
     pub lesson: Lesson,
 }
 
-impl From<&Lesson> for LessonRecord {
-    fn from(l: &Lesson) -> LessonRecord {
-        LessonRecord { lesson: l.clone() }
-    }
+/// [`LessonRecord`] as it is written: the same bytes, from the lesson where it is kept.
+#[derive(Serialize)]
+pub(crate) struct LessonRecordRef<'a> {
+    /// The lesson.
+    pub(crate) lesson: &'a Lesson,
 }

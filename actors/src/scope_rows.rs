@@ -9,7 +9,7 @@ use hindsight::Lesson;
 use hindsight::learn::adaptive::ScopeState;
 use hindsight::store::{Entries, KvTable, Store, StoreError, WriteOp};
 
-use crate::reflector::{LESSONS, LessonRecord};
+use crate::reflector::{LESSONS, LessonRecord, LessonRecordRef};
 
 /// A scope's row, by scope: its state with its lessons named, each a row of [`LESSONS`].
 pub const SCOPES: KvTable = KvTable::new("reflector_scope_rows");
@@ -28,7 +28,7 @@ pub fn put_named(scope: &str, row: &ScopeState<String>) -> Result<WriteOp, Store
 
 /// The write of a lesson's row.
 pub fn put_lesson(lesson: &Lesson) -> Result<WriteOp, StoreError> {
-    WriteOp::put(LESSONS, &lesson.lesson_id, &LessonRecord::from(lesson))
+    WriteOp::put(LESSONS, &lesson.lesson_id, &LessonRecordRef { lesson })
 }
 
 /// A scope's row as stored (its lessons named), if it has one.

@@ -1391,7 +1391,14 @@ async fn a_restart_writes_back_only_changed_lessons_and_memory_is_sent_them_all(
     marked.action = "marker".into();
     rt.store()
         .write_batch(vec![
-            WriteOp::put(LESSONS, "stored-0", &LessonRecord::from(&marked)).unwrap(),
+            WriteOp::put(
+                LESSONS,
+                "stored-0",
+                &LessonRecord {
+                    lesson: marked.clone(),
+                },
+            )
+            .unwrap(),
         ])
         .await
         .unwrap();

@@ -2,6 +2,7 @@
 //! SSN-like numbers, IPv4/IPv6 addresses, URLs with credentials, API keys and bearer tokens are
 //! replaced by typed placeholders (`[EMAIL]`, `[CARD]`, ...).
 
+use std::borrow::Cow;
 use std::fmt;
 use std::net::Ipv6Addr;
 use std::sync::LazyLock;
@@ -139,14 +140,15 @@ pub fn iban_valid(s: &str) -> bool {
     rem == 1
 }
 
-/// Replaces the matches of `re` for which `keep` says yes, counting them.
-fn replace(
-    text: &str,
+/// Replaces the matches of `re` for which `keep` says yes, counting them (`text` itself when
+/// there are none: most texts hold no PII, and each kind's pass then copies nothing).
+fn replace<'t>(
+    text: &'t str,
     re: &Regex,
     kind: PiiKind,
     found: &mut Vec<PiiKind>,
     mut accept: impl FnMut(&Captures<'_>) -> Option<String>,
-) -> String {
+) -> Cow<'t, str> {
     re.replace_all(text, |c: &Captures<'_>| match accept(c) {
         Some(replacement) => {
             found.push(kind);
@@ -154,7 +156,6 @@ fn replace(
         }
         None => c[0].to_string(),
     })
-    .into_owned()
 }
 
 /// Redacts every kind of PII and secret from `text`.
@@ -199,7 +200,10 @@ pub fn redact(text: &str) -> Redaction {
         ((9..=15).contains(&digits) && separated && !looks_like_date(m))
             .then(|| PiiKind::Phone.placeholder().to_string())
     });
-    Redaction { text: t, found }
+    Redaction {
+        text: t.into_owned(),
+        found,
+    }
 }
 
 /// Whether the IPv6 candidate at `start..end` of `text` stands alone (no word character or
@@ -213,20 +217,25 @@ fn is_ipv6_at(text: &str, start: usize, end: usize) -> bool {
         && candidate.parse::<Ipv6Addr>().is_ok()
 }
 
-/// Replaces stand-alone IPv6 addresses.
-fn redact_ipv6(text: &str, found: &mut Vec<PiiKind>) -> String {
-    let mut out = String::with_capacity(text.len());
+/// Replaces stand-alone IPv6 addresses (`text` itself when there are none).
+fn redact_ipv6<'t>(text: &'t str, found: &mut Vec<PiiKind>) -> Cow<'t, str> {
+    let mut out = String::new();
     let mut last = 0;
+    let mut replaced = false;
     for m in IPV6.find_iter(text) {
         if is_ipv6_at(text, m.start(), m.end()) {
             out.push_str(&text[last..m.start()]);
             out.push_str(PiiKind::Ip.placeholder());
             found.push(PiiKind::Ip);
             last = m.end();
+            replaced = true;
         }
     }
+    if !replaced {
+        return Cow::Borrowed(text);
+    }
     out.push_str(&text[last..]);
-    out
+    Cow::Owned(out)
 }
 
 /// Whether a digit run is a date or time (`2024-01-15`, `2024.01.15 10.30`), not a phone.
