@@ -330,6 +330,44 @@ async fn only_the_last_k_checkpoints_are_kept_and_finish_keeps_the_final_one() {
     );
 }
 
+/// The step indices of the checkpoints `store` keeps of `run_id`.
+fn kept_steps(store: &Store, run_id: &str) -> Vec<u32> {
+    store
+        .checkpoints(run_id)
+        .unwrap()
+        .into_iter()
+        .map(|(_, c)| c.unwrap().step_index)
+        .collect()
+}
+
+#[tokio::test]
+async fn retention_holds_for_runs_accepted_here_and_for_runs_resumed_from_an_earlier_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = StoreOptions {
+        checkpoints_per_run: 3,
+        ..opts()
+    };
+    let store = open_with(dir.path(), options.clone());
+    // Accepted by this writer: it knows the run has no checkpoints and scans none.
+    store.put_run(&run("a", RunState::Executing)).await.unwrap();
+    for i in 0..5 {
+        store.put_checkpoint(&checkpoint("a", i)).await.unwrap();
+    }
+    assert_eq!(kept_steps(&store, "a"), vec![2, 3, 4]);
+    drop(store);
+    // The next writer has not seen the run: it scans it once, then goes on from what it found.
+    let store = open_with(dir.path(), options);
+    for i in 5..7 {
+        store.put_checkpoint(&checkpoint("a", i)).await.unwrap();
+    }
+    assert_eq!(kept_steps(&store, "a"), vec![4, 5, 6]);
+    store
+        .finish_run(&run("a", RunState::Succeeded))
+        .await
+        .unwrap();
+    assert_eq!(kept_steps(&store, "a"), vec![6]);
+}
+
 /// The ids of the store's unfinished runs (every record readable).
 fn unfinished_ids(store: &Store) -> Vec<String> {
     store

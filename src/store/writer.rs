@@ -4,6 +4,7 @@
 //! learners' snapshots, which the experience log can rebuild) is not, and reaches the disk with
 //! the next synced one, or when the writer falls idle for [`SYNC_BEHIND_AFTER`].
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
@@ -36,6 +37,40 @@ const GATHER_MAX_WAIT: Duration = Duration::from_micros(50);
 /// since the last synced one: a crash loses at most what the learners wrote in that time after
 /// the last run's write, which they replay from the experience log at their next start.
 pub(crate) const SYNC_BEHIND_AFTER: Duration = Duration::from_millis(100);
+
+/// Most runs whose checkpoints [`Retained`] keeps track of; past it, it starts again.
+const MAX_RETAINED_RUNS: usize = 1 << 16;
+
+/// The sequence numbers of the checkpoints of the runs accepted since the writer started, oldest
+/// first, so that a new checkpoint drops the oldest past the retention without scanning the
+/// run's checkpoints. A run not in it (resumed from an earlier process) is scanned once. It only
+/// ever holds fewer checkpoints than the table (a run's end scans the table, and removes what a
+/// stale entry missed); it is cleared when a transaction fails, as what it learned from that
+/// transaction was not committed.
+#[derive(Debug, Default)]
+struct Retained {
+    runs: HashMap<String, VecDeque<u64>>,
+}
+
+impl Retained {
+    /// Notes a run just accepted (it has no checkpoints yet).
+    fn accepted(&mut self, run_id: &str) {
+        self.scanned(run_id, VecDeque::new());
+    }
+
+    /// Notes the checkpoints a run has, as a scan of the table found them.
+    fn scanned(&mut self, run_id: &str, seqs: VecDeque<u64>) {
+        if self.runs.len() >= MAX_RETAINED_RUNS {
+            self.runs.clear();
+        }
+        self.runs.insert(run_id.to_string(), seqs);
+    }
+
+    /// Forgets a run that ended.
+    fn ended(&mut self, run_id: &str) {
+        self.runs.remove(run_id);
+    }
+}
 
 /// One encoded write.
 #[derive(Debug, Clone)]
@@ -159,6 +194,7 @@ pub(crate) fn run(
     let mut previous = 0;
     // Whether write-behind transactions were committed since the last synced one.
     let mut unsynced = false;
+    let mut retained = Retained::default();
     loop {
         let first = if unsynced {
             match rx.recv_timeout(config.sync_behind_after) {
@@ -178,7 +214,7 @@ pub(crate) fn run(
                 Err(_) => break,
             }
         };
-        let (batch, outcome) = gather_and_commit(&db, first, &rx, config, previous);
+        let (batch, outcome) = gather_and_commit(&db, first, &rx, config, previous, &mut retained);
         previous = batch.len();
         match outcome {
             Ok((results, synced)) => {
@@ -196,6 +232,7 @@ pub(crate) fn run(
                 }
             }
             Err(e) => {
+                retained.runs.clear();
                 counters.failed_transactions.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(error = %e, requests = batch.len(), "store batch failed");
                 for req in batch {
@@ -250,6 +287,7 @@ fn gather_and_commit(
     rx: &Receiver<Request>,
     config: WriterConfig,
     previous: usize,
+    retained: &mut Retained,
 ) -> (Vec<Request>, Committed) {
     let mut batch = Vec::with_capacity(previous.max(1));
     batch.push(first);
@@ -260,7 +298,7 @@ fn gather_and_commit(
         Ok(txn) => txn,
         Err(e) => return (batch, Err(e)),
     };
-    let outcome = gather(&txn, &mut batch, rx, config, previous);
+    let outcome = gather(&txn, &mut batch, rx, config, previous, retained);
     let sync = config.durability == Durability::Immediate && batch.iter().any(|r| r.sync);
     let outcome = outcome.and_then(|results| {
         txn.set_durability(if sync {
@@ -284,9 +322,10 @@ fn gather(
     rx: &Receiver<Request>,
     config: WriterConfig,
     previous: usize,
+    retained: &mut Retained,
 ) -> Outcome {
     let max_batch = config.max_batch.max(1);
-    let mut tables = Tables::open(txn, config)?;
+    let mut tables = Tables::open(txn, config, retained)?;
     let mut results = Vec::with_capacity(previous.max(1));
     results.push(tables.apply(txn, &batch[0].ops)?);
     let mut idle = 0;
@@ -352,10 +391,15 @@ struct Tables<'t> {
     next: [u64; 3],
     start: [u64; 3],
     keep: usize,
+    retained: &'t mut Retained,
 }
 
 impl<'t> Tables<'t> {
-    fn open(txn: &'t WriteTransaction, config: WriterConfig) -> Result<Tables<'t>, StoreError> {
+    fn open(
+        txn: &'t WriteTransaction,
+        config: WriterConfig,
+        retained: &'t mut Retained,
+    ) -> Result<Tables<'t>, StoreError> {
         let meta = open_table(txn, META)?;
         let next = [
             next(&meta, NEXT_DIARY)?,
@@ -373,6 +417,7 @@ impl<'t> Tables<'t> {
             next,
             start: next,
             keep: config.checkpoints_per_run.max(1),
+            retained,
         })
     }
 
@@ -400,20 +445,40 @@ impl<'t> Tables<'t> {
                         let held = self.open_runs.get(run_id.as_str()).map(|v| v.is_some());
                         match held {
                             Ok(true) => Ok(()),
-                            Ok(false) => self.open_runs.insert(run_id.as_str(), ()).map(|_| ()),
+                            Ok(false) => {
+                                self.retained.accepted(run_id);
+                                self.open_runs.insert(run_id.as_str(), ()).map(|_| ())
+                            }
                             Err(e) => Err(e),
                         }
                     } else {
+                        self.retained.ended(run_id);
                         self.open_runs.remove(run_id.as_str()).map(|_| ())
                     }
                     .map_err(fail("cannot write to the table open_runs"))?;
                 }
                 Op::PutCheckpoint { run_id, bytes } => {
+                    let seq = self.next[2];
                     self.cps
-                        .insert((run_id.as_str(), self.next[2]), bytes.as_slice())
+                        .insert((run_id.as_str(), seq), bytes.as_slice())
                         .map_err(fail("cannot write to the table checkpoints"))?;
                     self.next[2] += 1;
-                    prune_checkpoints(&mut self.cps, run_id, self.keep)?;
+                    match self.retained.runs.get_mut(run_id.as_str()) {
+                        Some(seqs) => {
+                            seqs.push_back(seq);
+                            while seqs.len() > self.keep {
+                                if let Some(old) = seqs.pop_front() {
+                                    self.cps.remove((run_id.as_str(), old)).map_err(fail(
+                                        "cannot delete from the table checkpoints",
+                                    ))?;
+                                }
+                            }
+                        }
+                        None => {
+                            let seqs = prune_checkpoints(&mut self.cps, run_id, self.keep)?;
+                            self.retained.scanned(run_id, seqs);
+                        }
+                    }
                 }
                 Op::FinishRun { run_id, bytes } => {
                     self.runs
@@ -422,6 +487,7 @@ impl<'t> Tables<'t> {
                     self.open_runs
                         .remove(run_id.as_str())
                         .map_err(fail("cannot write to the table open_runs"))?;
+                    self.retained.ended(run_id);
                     prune_checkpoints(&mut self.cps, run_id, 1)?;
                     forget_calls(&mut self.idem, &self.runs, run_id)?;
                 }
@@ -523,27 +589,28 @@ fn open_kv<'t>(
     Ok((name, t))
 }
 
-/// Keeps only the newest `keep` checkpoints of `run_id`.
+/// Keeps only the newest `keep` checkpoints of `run_id`; returns their sequence numbers, oldest
+/// first.
 fn prune_checkpoints(
     cps: &mut redb::Table<(&str, u64), &[u8]>,
     run_id: &str,
     keep: usize,
-) -> Result<(), StoreError> {
-    let mut seqs = Vec::new();
+) -> Result<VecDeque<u64>, StoreError> {
+    let mut seqs = VecDeque::new();
     for entry in cps
         .range((run_id, 0u64)..=(run_id, u64::MAX))
         .map_err(fail("cannot scan the table checkpoints"))?
     {
         let (k, _) = entry.map_err(fail("cannot scan the table checkpoints"))?;
-        seqs.push(k.value().1);
+        seqs.push_back(k.value().1);
     }
-    if seqs.len() > keep {
-        for seq in &seqs[..seqs.len() - keep] {
-            cps.remove((run_id, *seq))
+    while seqs.len() > keep {
+        if let Some(seq) = seqs.pop_front() {
+            cps.remove((run_id, seq))
                 .map_err(fail("cannot delete from the table checkpoints"))?;
         }
     }
-    Ok(())
+    Ok(seqs)
 }
 
 #[cfg(test)]
