@@ -327,14 +327,14 @@ fn gather(
     let max_batch = config.max_batch.max(1);
     let mut tables = Tables::open(txn, config, retained)?;
     let mut results = Vec::with_capacity(previous.max(1));
-    results.push(tables.apply(txn, &batch[0].ops)?);
+    results.push(tables.apply(&batch[0].ops)?);
     let mut idle = 0;
     let mut waiting: Option<Instant> = None;
     while batch.len() < max_batch {
         match rx.try_recv() {
             Ok(req) => {
                 idle = 0;
-                let written = tables.apply(txn, &req.ops);
+                let written = tables.apply(&req.ops);
                 batch.push(req);
                 results.push(written?);
             }
@@ -378,6 +378,9 @@ fn next(meta: &redb::Table<&str, u64>, key: &str) -> Result<u64, StoreError> {
         .unwrap_or(1))
 }
 
+/// A generic table open in a write transaction.
+type KvRows<'t> = redb::Table<'t, &'static str, &'static [u8]>;
+
 /// The open tables of one write transaction and the sequence numbers it hands out.
 struct Tables<'t> {
     meta: redb::Table<'t, &'static str, u64>,
@@ -392,6 +395,10 @@ struct Tables<'t> {
     start: [u64; 3],
     keep: usize,
     retained: &'t mut Retained,
+    /// The generic tables opened so far in this transaction (a few: opening one per write
+    /// looked it up in the table tree each time).
+    kv: Vec<(KvTable, String, KvRows<'t>)>,
+    txn: &'t WriteTransaction,
 }
 
 impl<'t> Tables<'t> {
@@ -418,15 +425,13 @@ impl<'t> Tables<'t> {
             start: next,
             keep: config.checkpoints_per_run.max(1),
             retained,
+            kv: Vec::new(),
+            txn,
         })
     }
 
     /// Writes one request's ops; returns the sequence number of each append.
-    fn apply(
-        &mut self,
-        txn: &WriteTransaction,
-        ops: &[Op],
-    ) -> Result<Vec<Option<u64>>, StoreError> {
+    fn apply(&mut self, ops: &[Op]) -> Result<Vec<Option<u64>>, StoreError> {
         let mut acks = Vec::with_capacity(ops.len());
         for op in ops {
             let mut seq = None;
@@ -487,8 +492,22 @@ impl<'t> Tables<'t> {
                     self.open_runs
                         .remove(run_id.as_str())
                         .map_err(fail("cannot write to the table open_runs"))?;
-                    self.retained.ended(run_id);
-                    prune_checkpoints(&mut self.cps, run_id, 1)?;
+                    match self.retained.runs.remove(run_id.as_str()) {
+                        // The writer holds the database's file lock: what it knows of a run it
+                        // accepted is every checkpoint the run has.
+                        Some(mut seqs) => {
+                            while seqs.len() > 1 {
+                                if let Some(old) = seqs.pop_front() {
+                                    self.cps.remove((run_id.as_str(), old)).map_err(fail(
+                                        "cannot delete from the table checkpoints",
+                                    ))?;
+                                }
+                            }
+                        }
+                        None => {
+                            prune_checkpoints(&mut self.cps, run_id, 1)?;
+                        }
+                    }
                     forget_calls(&mut self.idem, &self.runs, run_id)?;
                 }
                 Op::AppendDiary { bytes } => {
@@ -534,14 +553,14 @@ impl<'t> Tables<'t> {
                     seq = Some(code as u64);
                 }
                 Op::Put { table, key, bytes } => {
-                    let (name, mut t) = open_kv(txn, *table)?;
+                    let (name, t) = self.kv(*table)?;
                     t.insert(key.as_str(), bytes.as_slice())
                         .map_err(|e| StoreError::Write {
                             reason: format!("cannot write the key {key} to the table {name}: {e}"),
                         })?;
                 }
                 Op::Delete { table, key } => {
-                    let (name, mut t) = open_kv(txn, *table)?;
+                    let (name, t) = self.kv(*table)?;
                     t.remove(key.as_str()).map_err(|e| StoreError::Write {
                         reason: format!("cannot delete the key {key} from the table {name}: {e}"),
                     })?;
@@ -550,6 +569,21 @@ impl<'t> Tables<'t> {
             acks.push(seq);
         }
         Ok(acks)
+    }
+
+    /// The generic table `table` (its redb name, for errors), opened in `txn` once.
+    fn kv(&mut self, table: KvTable) -> Result<(&str, &mut KvRows<'t>), StoreError> {
+        let i = match self.kv.iter().position(|(t, _, _)| *t == table) {
+            Some(i) => i,
+            None => {
+                let name = table.redb_name();
+                let t = open_table(self.txn, TableDefinition::<&str, &[u8]>::new(&name))?;
+                self.kv.push((table, name, t));
+                self.kv.len() - 1
+            }
+        };
+        let (_, name, t) = &mut self.kv[i];
+        Ok((name.as_str(), t))
     }
 
     /// Writes the sequence counters that moved (an unchanged one would dirty pages for nothing)
@@ -569,7 +603,6 @@ impl<'t> Tables<'t> {
     }
 }
 
-/// Opens the redb table of `table` in `txn`; returns its name (for errors) and the table.
 /// Opens `def` in `txn`; the error names the table.
 fn open_table<'t, K: redb::Key + 'static, V: redb::Value + 'static>(
     txn: &'t WriteTransaction,
@@ -578,15 +611,6 @@ fn open_table<'t, K: redb::Key + 'static, V: redb::Value + 'static>(
     txn.open_table(def).map_err(|e| StoreError::Write {
         reason: format!("cannot open the table {}: {e}", def.name()),
     })
-}
-
-fn open_kv<'t>(
-    txn: &'t WriteTransaction,
-    table: KvTable,
-) -> Result<(String, redb::Table<'t, &'static str, &'static [u8]>), StoreError> {
-    let name = table.redb_name();
-    let t = open_table(txn, TableDefinition::<&str, &[u8]>::new(&name))?;
-    Ok((name, t))
 }
 
 /// Keeps only the newest `keep` checkpoints of `run_id`; returns their sequence numbers, oldest
