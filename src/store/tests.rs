@@ -341,31 +341,40 @@ fn kept_steps(store: &Store, run_id: &str) -> Vec<u32> {
 }
 
 #[tokio::test]
-async fn retention_holds_for_runs_accepted_here_and_for_runs_resumed_from_an_earlier_writer() {
+async fn retention_holds_for_runs_written_here_and_for_runs_resumed_from_an_earlier_writer() {
     let dir = tempfile::tempdir().unwrap();
     let options = StoreOptions {
         checkpoints_per_run: 3,
         ..opts()
     };
     let store = open_with(dir.path(), options.clone());
-    // Accepted by this writer: it knows the run has no checkpoints and scans none.
+    // Checkpoints before the run's record, then the record (new to the open-runs index), then
+    // more: the writer goes by what the table holds, not by when the run was accepted.
+    for i in 0..2 {
+        store.put_checkpoint(&checkpoint("a", i)).await.unwrap();
+    }
     store.put_run(&run("a", RunState::Executing)).await.unwrap();
-    for i in 0..5 {
+    for i in 2..5 {
         store.put_checkpoint(&checkpoint("a", i)).await.unwrap();
     }
     assert_eq!(kept_steps(&store, "a"), vec![2, 3, 4]);
+    // A run that ended and is under way again keeps its last checkpoint among the three.
+    store.put_run(&run("a", RunState::Failed)).await.unwrap();
+    store.put_run(&run("a", RunState::Executing)).await.unwrap();
+    store.put_checkpoint(&checkpoint("a", 5)).await.unwrap();
+    assert_eq!(kept_steps(&store, "a"), vec![3, 4, 5]);
     drop(store);
     // The next writer has not seen the run: it scans it once, then goes on from what it found.
     let store = open_with(dir.path(), options);
-    for i in 5..7 {
+    for i in 6..8 {
         store.put_checkpoint(&checkpoint("a", i)).await.unwrap();
     }
-    assert_eq!(kept_steps(&store, "a"), vec![4, 5, 6]);
+    assert_eq!(kept_steps(&store, "a"), vec![5, 6, 7]);
     store
         .finish_run(&run("a", RunState::Succeeded))
         .await
         .unwrap();
-    assert_eq!(kept_steps(&store, "a"), vec![6]);
+    assert_eq!(kept_steps(&store, "a"), vec![7]);
 }
 
 /// The ids of the store's unfinished runs (every record readable).

@@ -41,23 +41,19 @@ pub(crate) const SYNC_BEHIND_AFTER: Duration = Duration::from_millis(100);
 /// Most runs whose checkpoints [`Retained`] keeps track of; past it, it starts again.
 const MAX_RETAINED_RUNS: usize = 1 << 16;
 
-/// The sequence numbers of the checkpoints of the runs accepted since the writer started, oldest
-/// first, so that a new checkpoint drops the oldest past the retention without scanning the
-/// run's checkpoints. A run not in it (resumed from an earlier process) is scanned once. It only
-/// ever holds fewer checkpoints than the table (a run's end scans the table, and removes what a
-/// stale entry missed); it is cleared when a transaction fails, as what it learned from that
-/// transaction was not committed.
+/// The sequence numbers of the checkpoints of runs under way, oldest first, as a scan of the
+/// table found them at the run's first checkpoint in this writer and the writer added to them
+/// since: a later checkpoint drops the oldest past the retention, and the run's end all but the
+/// last, without scanning the run's checkpoints again. The writer holds the database's file
+/// lock and every write goes through it, so an entry is every checkpoint its run has (only
+/// `Store::overwrite_raw`, a repair tool's, writes around it). It is cleared when a transaction
+/// fails, as what it learned from that transaction was not committed.
 #[derive(Debug, Default)]
 struct Retained {
     runs: HashMap<String, VecDeque<u64>>,
 }
 
 impl Retained {
-    /// Notes a run just accepted (it has no checkpoints yet).
-    fn accepted(&mut self, run_id: &str) {
-        self.scanned(run_id, VecDeque::new());
-    }
-
     /// Notes the checkpoints a run has, as a scan of the table found them.
     fn scanned(&mut self, run_id: &str, seqs: VecDeque<u64>) {
         if self.runs.len() >= MAX_RETAINED_RUNS {
@@ -450,10 +446,7 @@ impl<'t> Tables<'t> {
                         let held = self.open_runs.get(run_id.as_str()).map(|v| v.is_some());
                         match held {
                             Ok(true) => Ok(()),
-                            Ok(false) => {
-                                self.retained.accepted(run_id);
-                                self.open_runs.insert(run_id.as_str(), ()).map(|_| ())
-                            }
+                            Ok(false) => self.open_runs.insert(run_id.as_str(), ()).map(|_| ()),
                             Err(e) => Err(e),
                         }
                     } else {
@@ -493,8 +486,8 @@ impl<'t> Tables<'t> {
                         .remove(run_id.as_str())
                         .map_err(fail("cannot write to the table open_runs"))?;
                     match self.retained.runs.remove(run_id.as_str()) {
-                        // The writer holds the database's file lock: what it knows of a run it
-                        // accepted is every checkpoint the run has.
+                        // What the writer knows of a run is every checkpoint the run has
+                        // (`Retained`).
                         Some(mut seqs) => {
                             while seqs.len() > 1 {
                                 if let Some(old) = seqs.pop_front() {
