@@ -4,7 +4,7 @@
 //! message from the goal, features, input and earlier outputs), the text a tool's result goes
 //! back as, the plan a model declares, and the values of an answer that no tool returned.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use serde_json::Value;
 
@@ -102,7 +102,10 @@ pub fn system_message(
 }
 
 /// The user message: the goal, the features, the input and the outputs of earlier stages.
-pub fn user_message(task: &Task, earlier: &BTreeMap<String, Value>) -> String {
+pub fn user_message<'a>(
+    task: &Task,
+    earlier: impl IntoIterator<Item = (&'a str, &'a Value)>,
+) -> String {
     let mut out = format!("Goal: {}", task.goal);
     if !task.features.is_empty() {
         let features: Vec<String> = task

@@ -1,5 +1,6 @@
 //! The run machine without actors: scripted answers, and the commands it gives back.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -7,7 +8,7 @@ use serde_json::{Value, json};
 use super::*;
 use crate::tools::sim::RewardConfig;
 use crate::tools::{CallContext, Tool, ToolError, ToolFuture, ToolRegistry, ToolSpec};
-use crate::{ArmChoice, Checkpoint, ErrorClass, FailureCategory, RunState, Task};
+use crate::{ArmChoice, Checkpoint, ErrorClass, FailureCategory, RunState, Step, Task};
 
 /// A tool the machine never calls (the tests answer for it).
 pub(super) struct Named(pub(super) ToolSpec);
@@ -678,4 +679,54 @@ fn only_reads_writes_and_repeatable_calls_run_ahead_of_the_writes_before_them() 
     let validate = through_transitions(&mut m, &mut seen);
     assert!(matches!(validate, Command::Validate(_)));
     assert!(!m.may_run_ahead(&validate));
+}
+
+#[test]
+fn a_stage_s_output_is_kept_once_in_its_step_and_an_earlier_build_s_checkpoint_reads_back() {
+    let table = json!({"rows": [[0, "a", 1.5]]});
+    let progress = RunProgress {
+        steps: vec![Step {
+            index: 0,
+            tool_output: Some(table.clone()),
+            ..Step::default()
+        }],
+        output_step: BTreeMap::from([("search".to_string(), 0)]),
+        ..RunProgress::default()
+    };
+    let cp = RunMachine::checkpoint_of("run-t#1", &progress, 2).unwrap();
+    let state = cp.state.as_object().unwrap();
+    assert_eq!(state["outputs_at"], json!({"search": 0}));
+    assert!(
+        !state.contains_key("outputs"),
+        "the output is in its step only"
+    );
+    let resume = |cp: Checkpoint| {
+        RunMachine::resume(
+            "run-t#1",
+            task(),
+            workflow(),
+            Arc::new(RunRules::default().for_workflow(&workflow())),
+            cp,
+        )
+        .unwrap()
+    };
+    assert_eq!(resume(cp.clone()).progress().output("search"), Some(&table));
+    // An earlier build's checkpoint names the step `output_step` and holds the outputs too.
+    let earlier = |outputs: Option<Value>| {
+        let mut cp = cp.clone();
+        let state = cp.state.as_object_mut().unwrap();
+        let at = state.remove("outputs_at").unwrap();
+        state.insert("output_step".into(), at);
+        if let Some(outputs) = outputs {
+            state.insert("outputs".into(), outputs);
+        }
+        cp
+    };
+    let m = resume(earlier(Some(json!({"search": table.clone()}))));
+    assert_eq!(m.progress().output("search"), Some(&table));
+    // One written after a retried round had cleared its outputs (and not the steps' names):
+    // the stage has no output, as it had none then.
+    let m = resume(earlier(None));
+    assert_eq!(m.progress().output("search"), None);
+    assert!(m.progress().output_step.is_empty());
 }

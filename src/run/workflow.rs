@@ -4,7 +4,7 @@
 //! temperature), which the bandit sees as `(model, variant)`. The planner chooses only among
 //! these arms, and a workflow whose arms name a tool the registry lacks is refused at start.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::Task;
@@ -545,13 +545,7 @@ impl Workflow {
     }
 
     /// The arguments of an arm's call: its strategy and parameters.
-    pub fn args(
-        &self,
-        stage: &str,
-        tool: &str,
-        strategy: &str,
-        _previous: &BTreeMap<String, Value>,
-    ) -> Value {
+    pub fn args(&self, stage: &str, tool: &str, strategy: &str) -> Value {
         let mut args = self
             .stages
             .iter()

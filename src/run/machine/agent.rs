@@ -38,7 +38,7 @@ impl RunMachine {
                 self.st.context.as_deref(),
                 self.st.guidance.as_deref(),
             );
-            let user = user_message(&self.task, &self.st.outputs);
+            let user = user_message(&self.task, self.st.outputs());
             self.st.conversation = opening(system, user);
             self.st.turn = 0;
             self.st.stage_calls = 0;
@@ -282,11 +282,10 @@ impl RunMachine {
             return;
         }
         if let Some(step) = self.st.steps.last_mut() {
-            step.tool_output = Some(output.clone());
+            step.tool_output = Some(output);
         }
         self.record_procedure(&arm.stage, &content);
         let st = &mut self.st;
-        st.outputs.insert(arm.stage.clone(), output);
         st.output_step.insert(arm.stage.clone(), st.steps.len() - 1);
         st.next_stage += 1;
         st.conversation.clear();

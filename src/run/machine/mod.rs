@@ -11,7 +11,7 @@
 mod agent;
 mod procedure;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -281,11 +281,16 @@ pub struct RunProgress {
     pub first_plan_id: String,
     /// The next stage to run in this attempt.
     pub next_stage: usize,
-    /// Outputs of the completed stages of this attempt.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub outputs: BTreeMap<String, Value>,
-    /// The step (index into `steps`) that produced each output.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    /// The step (index into `steps`) that produced each completed stage's output in this
+    /// attempt: the output is that step's `tool_output` ([`RunProgress::output`]), kept once.
+    /// Written as `outputs_at`; a checkpoint of an earlier build has it as `output_step`, next
+    /// to a copy of the outputs ([`decode`]).
+    #[serde(
+        default,
+        rename = "outputs_at",
+        alias = "output_step",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
     pub output_step: BTreeMap<String, usize>,
     /// A stage of a non-idempotent tool whose call was started and not seen to end.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -374,6 +379,22 @@ pub struct Following {
 }
 
 impl RunProgress {
+    /// The output of `stage` in this attempt, if it completed.
+    pub fn output(&self, stage: &str) -> Option<&Value> {
+        self.output_step
+            .get(stage)
+            .and_then(|&i| self.steps.get(i))
+            .and_then(|step| step.tool_output.as_ref())
+    }
+
+    /// The outputs of the completed stages of this attempt, by stage name.
+    pub fn outputs(&self) -> impl Iterator<Item = (&str, &Value)> {
+        self.output_step.iter().filter_map(|(stage, &i)| {
+            let output = self.steps.get(i)?.tool_output.as_ref()?;
+            Some((stage.as_str(), output))
+        })
+    }
+
     /// Goes back to stage `at` of `plan`: the outputs of the stages before it stand.
     fn rewind_to(&mut self, plan: &PlanChoice, at: usize) {
         let later: Vec<&str> = plan
@@ -382,8 +403,6 @@ impl RunProgress {
             .skip(at)
             .map(|a| a.stage.as_str())
             .collect();
-        self.outputs
-            .retain(|stage, _| !later.contains(&stage.as_str()));
         self.output_step
             .retain(|stage, _| !later.contains(&stage.as_str()));
         self.next_stage = at;
@@ -424,17 +443,14 @@ impl RunProgress {
 
     /// Outputs that succeeded and were not validated yet.
     fn unvalidated(&self) -> Vec<(String, Value)> {
-        self.outputs
+        self.output_step
             .iter()
-            .filter(|(stage, _)| {
-                self.output_step
-                    .get(*stage)
-                    .and_then(|&i| self.steps.get(i))
-                    .is_some_and(|step| {
-                        step.metadata.get("outcome").and_then(Value::as_str) == Some("success")
-                    })
+            .filter_map(|(stage, &i)| {
+                let step = self.steps.get(i)?;
+                let succeeded =
+                    step.metadata.get("outcome").and_then(Value::as_str) == Some("success");
+                succeeded.then_some((stage.clone(), step.tool_output.clone()?))
             })
-            .map(|(stage, v)| (stage.clone(), v.clone()))
             .collect()
     }
 }
@@ -692,7 +708,6 @@ impl RunMachine {
                     let saved = decode(cp)?;
                     self.st.plan = saved.plan;
                     self.st.next_stage = saved.next_stage;
-                    self.st.outputs = saved.outputs;
                     self.st.output_step = saved.output_step;
                     self.st.conversation = saved.conversation;
                     self.st.pending_calls = saved.pending_calls;
@@ -871,9 +886,7 @@ impl RunMachine {
             attempt: self.st.attempt,
             stage: arm.stage.clone(),
             tool: arm.tool.clone(),
-            args: self
-                .workflow
-                .args(&arm.stage, &arm.tool, &arm.strategy, &self.st.outputs),
+            args: self.workflow.args(&arm.stage, &arm.tool, &arm.strategy),
             features: self.task.features.clone(),
             idempotency_key: crate::store::idempotency::call_key(
                 &self.run_id,
@@ -909,11 +922,10 @@ impl RunMachine {
         st.in_flight = None;
         match outcome.result {
             Ok(value) => {
-                step.tool_output = Some(value.clone());
+                step.tool_output = Some(value);
                 step.metadata
                     .insert("outcome".into(), Value::from("success"));
                 st.steps.push(step);
-                st.outputs.insert(arm.stage.clone(), value);
                 st.output_step.insert(arm.stage.clone(), st.steps.len() - 1);
                 st.next_stage += 1;
                 self.event(RunEvent::StepSucceeded {
@@ -1033,8 +1045,7 @@ impl RunMachine {
             .iter()
             .filter_map(|a| {
                 self.st
-                    .outputs
-                    .get(&a.stage)
+                    .output(&a.stage)
                     .map(|v| (a.stage.clone(), v.clone()))
             })
             .collect();
@@ -1322,7 +1333,7 @@ impl RunMachine {
                 st.excluded.clear();
                 st.plan = None;
                 st.next_stage = 0;
-                st.outputs.clear();
+                st.output_step.clear();
                 st.conversation.clear();
                 st.pending_calls.clear();
                 if end.state == RunState::Succeeded {
@@ -1339,14 +1350,21 @@ impl RunMachine {
     }
 
     fn finish(&mut self, end: RoundEnd, at_ms: u64) {
-        // The run is over: its outputs and steps move into what it ends with.
-        let outputs = std::mem::take(&mut self.st.outputs);
+        // The run is over: its steps move into what it ends with, its outputs are copied
+        // from them (the steps keep theirs for the experience log).
+        let passed = end.state == RunState::Succeeded;
+        let output = passed.then(|| {
+            Value::Object(
+                self.st
+                    .outputs()
+                    .map(|(stage, v)| (stage.to_string(), v.clone()))
+                    .collect(),
+            )
+        });
         let steps = std::mem::take(&mut self.st.steps);
         let st = &self.st;
-        let passed = end.state == RunState::Succeeded;
         let reward = self.workflow.reward(passed, st.latency_ms, st.cost);
         let plan = st.plan.as_ref();
-        let output = passed.then(|| Value::Object(outputs.into_iter().collect()));
         let outcome = RunOutcome {
             run_id: self.run_id.clone(),
             task_id: self.task.task_id.clone(),
@@ -1403,11 +1421,26 @@ impl RunMachine {
 
 /// Decodes a run's progress from a checkpoint.
 fn decode(cp: Checkpoint) -> Result<RunProgress, RunError> {
-    serde_json::from_value(cp.state).map_err(|e| RunError::Checkpoint {
-        run_id: cp.run_id,
-        step: cp.step_index,
-        reason: e.to_string(),
-    })
+    // A checkpoint of an earlier build names the producing steps `output_step` and holds the
+    // outputs themselves as `outputs` (left out when empty); a retried round cleared those and
+    // not the steps' names, so a stage without an output there has none.
+    let held: Option<BTreeSet<String>> = cp.state.get("output_step").map(|_| {
+        cp.state
+            .get("outputs")
+            .and_then(Value::as_object)
+            .map(|outputs| outputs.keys().cloned().collect())
+            .unwrap_or_default()
+    });
+    let mut st: RunProgress =
+        serde_json::from_value(cp.state).map_err(|e| RunError::Checkpoint {
+            run_id: cp.run_id,
+            step: cp.step_index,
+            reason: e.to_string(),
+        })?;
+    if let Some(held) = held {
+        st.output_step.retain(|stage, _| held.contains(stage));
+    }
+    Ok(st)
 }
 
 impl Phase {
