@@ -47,6 +47,25 @@ const STRING: u8 = 5;
 const ARRAY: u8 = 6;
 const OBJECT: u8 = 7;
 
+/// `Serializer` methods writing integers as the `JsonTree` number they widen to.
+macro_rules! numbers {
+    ($($as:ident: $($method:ident($ty:ty)),*);*) => {$($(
+        fn $method(self, v: $ty) -> Result<(), TranscodeError> {
+            self.$as(v.into());
+            Ok(())
+        }
+    )*)*};
+}
+
+/// `Serializer` methods writing an integer map key as its decimal text.
+macro_rules! key_numbers {
+    ($($method:ident($ty:ty)),*) => {$(
+        fn $method(self, v: $ty) -> Result<(), TranscodeError> {
+            self.text(&v.to_string())
+        }
+    )*};
+}
+
 /// Writes values as postcard writes their `JsonTree`.
 struct TreeWriter {
     out: Vec<u8>,
@@ -166,38 +185,16 @@ impl<'a> ser::Serializer for &'a mut TreeWriter {
         self.out.extend_from_slice(&[BOOL, u8::from(v)]);
         Ok(())
     }
-    fn serialize_i8(self, v: i8) -> Result<(), TranscodeError> {
-        self.i64(v.into());
-        Ok(())
-    }
-    fn serialize_i16(self, v: i16) -> Result<(), TranscodeError> {
-        self.i64(v.into());
-        Ok(())
-    }
-    fn serialize_i32(self, v: i32) -> Result<(), TranscodeError> {
-        self.i64(v.into());
-        Ok(())
-    }
-    fn serialize_i64(self, v: i64) -> Result<(), TranscodeError> {
-        self.i64(v);
-        Ok(())
-    }
-    fn serialize_u8(self, v: u8) -> Result<(), TranscodeError> {
-        self.u64(v.into());
-        Ok(())
-    }
-    fn serialize_u16(self, v: u16) -> Result<(), TranscodeError> {
-        self.u64(v.into());
-        Ok(())
-    }
-    fn serialize_u32(self, v: u32) -> Result<(), TranscodeError> {
-        self.u64(v.into());
-        Ok(())
-    }
-    fn serialize_u64(self, v: u64) -> Result<(), TranscodeError> {
-        self.u64(v);
-        Ok(())
-    }
+    numbers!(
+        i64: serialize_i8(i8),
+        serialize_i16(i16),
+        serialize_i32(i32),
+        serialize_i64(i64);
+        u64: serialize_u8(u8),
+        serialize_u16(u16),
+        serialize_u32(u32),
+        serialize_u64(u64)
+    );
     fn serialize_f32(self, v: f32) -> Result<(), TranscodeError> {
         self.f64(v.into());
         Ok(())
@@ -321,85 +318,50 @@ impl<'a> ser::Serializer for &'a mut TreeWriter {
     }
 }
 
-impl ser::SerializeSeq for Compound<'_> {
-    type Ok = ();
-    type Error = TranscodeError;
-    fn serialize_element<T: Serialize + ?Sized>(
-        &mut self,
-        value: &T,
-    ) -> Result<(), TranscodeError> {
-        self.item(value)
-    }
-    fn end(self) -> Result<(), TranscodeError> {
-        self.close()
-    }
+/// The compound serializers whose every element is an array's item.
+macro_rules! items {
+    ($($part:ident :: $method:ident),*) => {$(
+        impl ser::$part for Compound<'_> {
+            type Ok = ();
+            type Error = TranscodeError;
+            fn $method<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), TranscodeError> {
+                self.item(value)
+            }
+            fn end(self) -> Result<(), TranscodeError> {
+                self.close()
+            }
+        }
+    )*};
 }
 
-impl ser::SerializeTuple for Compound<'_> {
-    type Ok = ();
-    type Error = TranscodeError;
-    fn serialize_element<T: Serialize + ?Sized>(
-        &mut self,
-        value: &T,
-    ) -> Result<(), TranscodeError> {
-        self.item(value)
-    }
-    fn end(self) -> Result<(), TranscodeError> {
-        self.close()
-    }
+items!(
+    SerializeSeq::serialize_element,
+    SerializeTuple::serialize_element,
+    SerializeTupleStruct::serialize_field,
+    SerializeTupleVariant::serialize_field
+);
+
+/// The compound serializers whose every element is an object's field.
+macro_rules! fields {
+    ($($part:ident),*) => {$(
+        impl ser::$part for Compound<'_> {
+            type Ok = ();
+            type Error = TranscodeError;
+            fn serialize_field<T: Serialize + ?Sized>(
+                &mut self,
+                key: &'static str,
+                value: &T,
+            ) -> Result<(), TranscodeError> {
+                self.entry(key, value)
+            }
+            fn end(self) -> Result<(), TranscodeError> {
+                self.close()
+            }
+        }
+    )*};
 }
 
-impl ser::SerializeTupleStruct for Compound<'_> {
-    type Ok = ();
-    type Error = TranscodeError;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), TranscodeError> {
-        self.item(value)
-    }
-    fn end(self) -> Result<(), TranscodeError> {
-        self.close()
-    }
-}
-
-impl ser::SerializeTupleVariant for Compound<'_> {
-    type Ok = ();
-    type Error = TranscodeError;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), TranscodeError> {
-        self.item(value)
-    }
-    fn end(self) -> Result<(), TranscodeError> {
-        self.close()
-    }
-}
-
-impl ser::SerializeStruct for Compound<'_> {
-    type Ok = ();
-    type Error = TranscodeError;
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        key: &'static str,
-        value: &T,
-    ) -> Result<(), TranscodeError> {
-        self.entry(key, value)
-    }
-    fn end(self) -> Result<(), TranscodeError> {
-        self.close()
-    }
-}
-
-impl ser::SerializeStructVariant for Compound<'_> {
-    type Ok = ();
-    type Error = TranscodeError;
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        key: &'static str,
-        value: &T,
-    ) -> Result<(), TranscodeError> {
-        self.entry(key, value)
-    }
-    fn end(self) -> Result<(), TranscodeError> {
-        self.close()
-    }
-}
+fields!(SerializeStruct, SerializeStructVariant);
 
 /// An object being written from a map: each key is written as the string serde_json makes of
 /// it.
@@ -456,36 +418,18 @@ impl ser::Serializer for KeyWriter<'_> {
     fn serialize_bool(self, v: bool) -> Result<(), TranscodeError> {
         self.text(if v { "true" } else { "false" })
     }
-    fn serialize_i8(self, v: i8) -> Result<(), TranscodeError> {
-        self.text(&v.to_string())
-    }
-    fn serialize_i16(self, v: i16) -> Result<(), TranscodeError> {
-        self.text(&v.to_string())
-    }
-    fn serialize_i32(self, v: i32) -> Result<(), TranscodeError> {
-        self.text(&v.to_string())
-    }
-    fn serialize_i64(self, v: i64) -> Result<(), TranscodeError> {
-        self.text(&v.to_string())
-    }
-    fn serialize_u8(self, v: u8) -> Result<(), TranscodeError> {
-        self.text(&v.to_string())
-    }
-    fn serialize_u16(self, v: u16) -> Result<(), TranscodeError> {
-        self.text(&v.to_string())
-    }
-    fn serialize_u32(self, v: u32) -> Result<(), TranscodeError> {
-        self.text(&v.to_string())
-    }
-    fn serialize_u64(self, v: u64) -> Result<(), TranscodeError> {
-        self.text(&v.to_string())
-    }
-    fn serialize_i128(self, v: i128) -> Result<(), TranscodeError> {
-        self.text(&v.to_string())
-    }
-    fn serialize_u128(self, v: u128) -> Result<(), TranscodeError> {
-        self.text(&v.to_string())
-    }
+    key_numbers!(
+        serialize_i8(i8),
+        serialize_i16(i16),
+        serialize_i32(i32),
+        serialize_i64(i64),
+        serialize_i128(i128),
+        serialize_u8(u8),
+        serialize_u16(u16),
+        serialize_u32(u32),
+        serialize_u64(u64),
+        serialize_u128(u128)
+    );
     fn serialize_unit_variant(
         self,
         _: &'static str,
