@@ -63,6 +63,10 @@ pub async fn runtime(_global: &Global, args: RuntimeArgs) -> Result<(), Failure>
         b.ractor_calls_per_sec
     )?;
     outln!(
+        "    from a task on the runtime:     {:>10.0} calls/s",
+        b.ractor_calls_per_sec_from_task
+    )?;
+    outln!(
         "  tokio mpsc:                       {:>10.0} msgs/s",
         b.tokio_channel_msgs_per_sec
     )
