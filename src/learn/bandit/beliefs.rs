@@ -403,16 +403,34 @@ impl Policy {
     }
 
     pub(super) fn plan_value(&self, p: &[f64], eff: &Eff, plan: &[usize]) -> f64 {
+        Self::value_of(self.pass_chance(p, plan), self.passed_value(eff, plan))
+    }
+
+    /// The chance that `plan` passes under the success draws `p` (flat arm order).
+    pub(super) fn pass_chance(&self, p: &[f64], plan: &[usize]) -> f64 {
         let mut prob = 1.0;
+        for (s, &a) in plan.iter().enumerate() {
+            prob *= p[self.offsets[s] + a];
+        }
+        prob
+    }
+
+    /// The reward of `plan` when it passes, from its expected latency and cost (no draw
+    /// changes it).
+    pub(super) fn passed_value(&self, eff: &Eff, plan: &[usize]) -> f64 {
         let mut l = 0.0;
         let mut cst = 0.0;
         for (s, &a) in plan.iter().enumerate() {
             let j = self.offsets[s] + a;
-            prob *= p[j];
             l += eff.latency[j];
             cst += eff.cost[j];
         }
-        (prob * self.config.reward.passed_value(l, cst)).clamp(0.0, 1.0)
+        self.config.reward.passed_value(l, cst)
+    }
+
+    /// A plan's value from its chance of passing and its reward when it does.
+    pub(super) fn value_of(chance: f64, passed: f64) -> f64 {
+        (chance * passed).clamp(0.0, 1.0)
     }
 
     /// The best plan for the success probabilities `p` (flat arm order).

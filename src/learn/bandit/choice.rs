@@ -125,6 +125,8 @@ pub(super) struct Scratch {
     departures: Vec<(usize, usize)>,
     /// Each candidate's value under each draw (draw after draw).
     values: Vec<f64>,
+    /// Each candidate's reward when it passes (the greedy plan's, then each departure's).
+    passed: Vec<f64>,
     /// The plan being valued.
     plan: Vec<usize>,
 }
@@ -146,6 +148,7 @@ impl Scratch {
             p: vec![0.0; policy.n_arms],
             departures,
             values: Vec::new(),
+            passed: Vec::new(),
             plan: Vec::with_capacity(greedy.len()),
         }
     }
@@ -402,20 +405,30 @@ impl Policy {
             p,
             departures,
             values,
+            passed,
             plan,
         } = scratch;
         let k = departures.len() + 1;
         values.clear();
         plan.clear();
         plan.extend_from_slice(greedy);
+        // The candidates' latency and cost do not change from draw to draw: their reward when
+        // they pass is worked out once, and each draw only weighs it by the chance of passing.
+        passed.clear();
+        passed.push(self.passed_value(eff, plan));
+        for &(s, a) in departures.iter() {
+            plan[s] = a;
+            passed.push(self.passed_value(eff, plan));
+            plan[s] = greedy[s];
+        }
         for _ in 0..samples {
             for (j, x) in p.iter_mut().enumerate() {
                 *x = eff.sample_plain(j, rng);
             }
-            values.push(self.plan_value(p, eff, plan));
-            for &(s, a) in departures.iter() {
+            values.push(Self::value_of(self.pass_chance(p, plan), passed[0]));
+            for (&(s, a), &reward) in departures.iter().zip(&passed[1..]) {
                 plan[s] = a;
-                values.push(self.plan_value(p, eff, plan));
+                values.push(Self::value_of(self.pass_chance(p, plan), reward));
                 plan[s] = greedy[s];
             }
         }
