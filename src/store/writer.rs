@@ -62,9 +62,9 @@ impl Retained {
         self.runs.insert(run_id.to_string(), seqs);
     }
 
-    /// Forgets a run that ended.
-    fn ended(&mut self, run_id: &str) {
-        self.runs.remove(run_id);
+    /// Forgets a run that ended; returns what it knew of its checkpoints.
+    fn ended(&mut self, run_id: &str) -> Option<VecDeque<u64>> {
+        self.runs.remove(run_id)
     }
 }
 
@@ -464,16 +464,11 @@ impl<'t> Tables<'t> {
                     match self.retained.runs.get_mut(run_id.as_str()) {
                         Some(seqs) => {
                             seqs.push_back(seq);
-                            while seqs.len() > self.keep {
-                                if let Some(old) = seqs.pop_front() {
-                                    self.cps.remove((run_id.as_str(), old)).map_err(fail(
-                                        "cannot delete from the table checkpoints",
-                                    ))?;
-                                }
-                            }
+                            keep_newest(&mut self.cps, run_id, seqs, self.keep)?;
                         }
                         None => {
-                            let seqs = prune_checkpoints(&mut self.cps, run_id, self.keep)?;
+                            let mut seqs = scan_checkpoints(&self.cps, run_id)?;
+                            keep_newest(&mut self.cps, run_id, &mut seqs, self.keep)?;
                             self.retained.scanned(run_id, seqs);
                         }
                     }
@@ -485,22 +480,12 @@ impl<'t> Tables<'t> {
                     self.open_runs
                         .remove(run_id.as_str())
                         .map_err(fail("cannot write to the table open_runs"))?;
-                    match self.retained.runs.remove(run_id.as_str()) {
-                        // What the writer knows of a run is every checkpoint the run has
-                        // (`Retained`).
-                        Some(mut seqs) => {
-                            while seqs.len() > 1 {
-                                if let Some(old) = seqs.pop_front() {
-                                    self.cps.remove((run_id.as_str(), old)).map_err(fail(
-                                        "cannot delete from the table checkpoints",
-                                    ))?;
-                                }
-                            }
-                        }
-                        None => {
-                            prune_checkpoints(&mut self.cps, run_id, 1)?;
-                        }
-                    }
+                    // What the writer knows of a run is every checkpoint the run has (`Retained`).
+                    let mut seqs = match self.retained.ended(run_id) {
+                        Some(seqs) => seqs,
+                        None => scan_checkpoints(&self.cps, run_id)?,
+                    };
+                    keep_newest(&mut self.cps, run_id, &mut seqs, 1)?;
                     forget_calls(&mut self.idem, &self.runs, run_id)?;
                 }
                 Op::AppendDiary { bytes } => {
@@ -606,12 +591,10 @@ fn open_table<'t, K: redb::Key + 'static, V: redb::Value + 'static>(
     })
 }
 
-/// Keeps only the newest `keep` checkpoints of `run_id`; returns their sequence numbers, oldest
-/// first.
-fn prune_checkpoints(
-    cps: &mut redb::Table<(&str, u64), &[u8]>,
+/// The sequence numbers of the checkpoints of `run_id`, oldest first.
+fn scan_checkpoints(
+    cps: &redb::Table<(&str, u64), &[u8]>,
     run_id: &str,
-    keep: usize,
 ) -> Result<VecDeque<u64>, StoreError> {
     let mut seqs = VecDeque::new();
     for entry in cps
@@ -621,13 +604,23 @@ fn prune_checkpoints(
         let (k, _) = entry.map_err(fail("cannot scan the table checkpoints"))?;
         seqs.push_back(k.value().1);
     }
+    Ok(seqs)
+}
+
+/// Deletes the oldest of `seqs`, checkpoints of `run_id`, until `keep` are left.
+fn keep_newest(
+    cps: &mut redb::Table<(&str, u64), &[u8]>,
+    run_id: &str,
+    seqs: &mut VecDeque<u64>,
+    keep: usize,
+) -> Result<(), StoreError> {
     while seqs.len() > keep {
         if let Some(seq) = seqs.pop_front() {
             cps.remove((run_id, seq))
                 .map_err(fail("cannot delete from the table checkpoints"))?;
         }
     }
-    Ok(seqs)
+    Ok(())
 }
 
 #[cfg(test)]
