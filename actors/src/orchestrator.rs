@@ -39,13 +39,17 @@ pub const FORCED_PLANS: KvTable = KvTable::new("forced_plans");
 /// The input objects of tasks that have one, by task id (JSON text: a task record of an earlier
 /// build has no input, so it is kept apart from [`TASKS`]).
 pub const TASK_INPUTS: KvTable = KvTable::new("task_inputs");
-/// The final outcome of every finished run.
-pub const OUTCOMES: KvTable = KvTable::new("run_outcomes");
+/// The final outcome of every finished run, as the tree of its JSON form
+/// ([`WriteOp::put_json`]).
+pub const OUTCOMES: KvTable = KvTable::new("outcomes");
+/// The outcomes of the runs finished by builds before [`OUTCOMES`], as JSON text: read, no
+/// longer written.
+pub const OUTCOMES_TEXT: KvTable = KvTable::new("run_outcomes");
 
 /// The per-run records that go with a finished run when the store's run TTL removes it
 /// ([`hindsight::store::Store::compact_with`]): its task, its outcome, the plan it was given,
 /// its ReflectRetry count and its experience-logged mark.
-pub const RUN_RECORDS: [RunRecords; 6] = [
+pub const RUN_RECORDS: [RunRecords; 7] = [
     RunRecords {
         table: TASKS,
         key: RunKey::TaskId,
@@ -56,6 +60,10 @@ pub const RUN_RECORDS: [RunRecords; 6] = [
     },
     RunRecords {
         table: OUTCOMES,
+        key: RunKey::RunId,
+    },
+    RunRecords {
+        table: OUTCOMES_TEXT,
         key: RunKey::RunId,
     },
     RunRecords {
@@ -72,13 +80,21 @@ pub const RUN_RECORDS: [RunRecords; 6] = [
     },
 ];
 
-/// Reads a stored outcome (kept as JSON text: outcomes carry JSON outputs, which postcard cannot
-/// decode by themselves).
+/// Reads a stored outcome (kept as the tree of its JSON form: outcomes carry JSON outputs, which
+/// postcard cannot decode by themselves), or one an earlier build kept as JSON text.
 pub fn read_outcome(
     store: &hindsight::store::Store,
     run_id: &str,
 ) -> Result<Option<RunOutcome>, String> {
-    let text: Option<String> = store.get(OUTCOMES, run_id).map_err(|e| e.to_string())?;
+    if let Some(outcome) = store
+        .get_json(OUTCOMES, run_id)
+        .map_err(|e| e.to_string())?
+    {
+        return Ok(Some(outcome));
+    }
+    let text: Option<String> = store
+        .get(OUTCOMES_TEXT, run_id)
+        .map_err(|e| e.to_string())?;
     text.map(|t| {
         serde_json::from_str(&t).map_err(|e| {
             format!("the stored outcome of run {run_id} (table run_outcomes) cannot be read: {e}")
@@ -572,13 +588,12 @@ impl OrchestratorState {
         let orchestrator = self.ctx.dir.orchestrator.clone();
         // Queued now, in the order of the orchestrator's messages (see `submit`).
         let queued = (|| {
-            let text = serde_json::to_string(outcome.as_ref())
-                .map_err(|e| format!("cannot encode the outcome of run {run_id}: {e}"))?;
             // The run's end (`finish_run`) removes its calls' idempotency records in the same
             // commit: once it is on disk they are never repeated, and the table would otherwise
             // grow with every run ever made.
             let ops = vec![
-                WriteOp::put(OUTCOMES, &run_id, &text).map_err(|e| e.to_string())?,
+                WriteOp::put_json(OUTCOMES, &run_id, outcome.as_ref())
+                    .map_err(|e| e.to_string())?,
                 WriteOp::finish_run(&run).map_err(|e| e.to_string())?,
             ];
             Ok::<_, String>(store.queue_batch(ops, Commit::Synced))
@@ -648,5 +663,46 @@ impl OrchestratorState {
         for w in waiters {
             let _ = w.send(answer.clone());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hindsight::store::{Store, StoreOptions};
+
+    fn outcome(run_id: &str) -> RunOutcome {
+        let run = Run::new(run_id, &Task::default(), 1);
+        RunOutcome {
+            state: RunState::Succeeded,
+            passed: true,
+            reward: 0.75,
+            latency_ms: 12.5,
+            output: Some(serde_json::json!({
+                "extract": {"rows": [1, -2, 2.5, "x", null, true], "id": u64::MAX},
+            })),
+            ..RunOutcome::rejected(&run, String::new())
+        }
+    }
+
+    #[tokio::test]
+    async fn an_outcome_reads_back_and_so_does_one_an_earlier_build_kept_as_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), StoreOptions::default()).unwrap();
+        let (now, before) = (outcome("run-now"), outcome("run-before"));
+        let op = WriteOp::put_json(OUTCOMES, "run-now", &now).unwrap();
+        store.queue_batch(vec![op], Commit::Synced).await.unwrap();
+        let text = serde_json::to_string(&before).unwrap();
+        store.put(OUTCOMES_TEXT, "run-before", &text).await.unwrap();
+        assert_eq!(read_outcome(&store, "run-now"), Ok(Some(now)));
+        assert_eq!(read_outcome(&store, "run-before"), Ok(Some(before)));
+        assert_eq!(read_outcome(&store, "run-never"), Ok(None));
+        // A damaged record is an error that names its table and key, not a missing outcome.
+        store.put(OUTCOMES, "run-bad", &"not a tree").await.unwrap();
+        let err = read_outcome(&store, "run-bad").unwrap_err();
+        assert!(
+            err.contains("kv.outcomes") && err.contains("run-bad"),
+            "{err}"
+        );
     }
 }

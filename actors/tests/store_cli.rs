@@ -178,7 +178,7 @@ fn the_run_ttl_removes_finished_runs_with_everything_that_belongs_to_them() {
     );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let before = records(&data);
-    for table in ["runs", "checkpoints", "kv.tasks", "kv.run_outcomes"] {
+    for table in ["runs", "checkpoints", "kv.tasks", "kv.outcomes"] {
         assert_eq!(before.get(table), Some(&30), "{table}: {before:?}");
     }
     // The idempotency records went with each run's end already; nothing is open.
@@ -209,7 +209,7 @@ fn the_run_ttl_removes_finished_runs_with_everything_that_belongs_to_them() {
         "runs",
         "checkpoints",
         "kv.tasks",
-        "kv.run_outcomes",
+        "kv.outcomes",
         "kv.experience_logged",
         "kv.reflect_retry_counts",
     ] {

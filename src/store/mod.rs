@@ -62,7 +62,7 @@ use crate::record::{Checkpoint, ExperienceTuple, Run};
 use compact::index_open_runs;
 pub use envelope::EnvelopeError;
 pub use error::StoreError;
-use json::JsonRef;
+use json::{JsonEncoded, JsonRef};
 pub use shrink::{ShrinkReport, shrink};
 pub use tables::KvTable;
 use tables::{CHECKPOINTS, DIARY, EXPERIENCE, IDEMPOTENCY, META, RUNS};
@@ -246,6 +246,26 @@ impl WriteOp {
             table,
             key: key.to_string(),
             bytes: encode(&table.redb_name(), key, value)?,
+        }))
+    }
+
+    /// Writes a generic record that holds JSON (a `serde_json::Value` somewhere in it, which
+    /// postcard alone cannot decode) as the tree of its JSON form, encoded straight from
+    /// `value` without building the value or its text; read it with [`Store::get_json`].
+    pub fn put_json<T: Serialize + ?Sized>(
+        table: KvTable,
+        key: &str,
+        value: &T,
+    ) -> Result<WriteOp, StoreError> {
+        let tree = transcode::tree_bytes(value).map_err(|e| StoreError::Encode {
+            table: table.redb_name(),
+            key: key.to_string(),
+            reason: e.to_string(),
+        })?;
+        Ok(WriteOp(Op::Put {
+            table,
+            key: key.to_string(),
+            bytes: encode(&table.redb_name(), key, &JsonEncoded(&tree))?,
         }))
     }
 

@@ -244,6 +244,23 @@ impl Store {
         self.get_many(table, [key])?.pop().flatten().transpose()
     }
 
+    /// A record of a generic table written by [`WriteOp::put_json`], read back through its
+    /// JSON form.
+    pub fn get_json<T: DeserializeOwned>(
+        &self,
+        table: KvTable,
+        key: &str,
+    ) -> Result<Option<T>, StoreError> {
+        let Some(tree) = self.get::<JsonTree>(table, key)? else {
+            return Ok(None);
+        };
+        let damaged = |reason: String| corrupt(&table.redb_name(), key, reason);
+        let value = tree.into_value().map_err(damaged)?;
+        serde_json::from_value(value)
+            .map(Some)
+            .map_err(|e| damaged(e.to_string()))
+    }
+
     /// The records of `keys` in a generic table, read in one transaction, in the order of
     /// `keys`: `None` where there is none, an `Err` in the place of a damaged one.
     pub fn get_many<'k, T: DeserializeOwned>(
