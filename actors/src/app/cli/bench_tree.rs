@@ -69,6 +69,12 @@ pub async fn runtime(_global: &Global, args: RuntimeArgs) -> Result<(), Failure>
     outln!(
         "  tokio mpsc:                       {:>10.0} msgs/s",
         b.tokio_channel_msgs_per_sec
+    )?;
+    let share = |calls: f64| 100.0 * b.runs_per_sec_durable / calls.max(f64::MIN_POSITIVE);
+    outln!(
+        "durable runs/s as a share of the call round trips: {:.2}% (from a task: {:.3}%)",
+        share(b.ractor_calls_per_sec),
+        share(b.ractor_calls_per_sec_from_task)
     )
 }
 
