@@ -179,11 +179,7 @@ impl WriteOp {
         state: &T,
         created_ms: u64,
     ) -> Result<WriteOp, StoreError> {
-        let tree = transcode::tree_bytes(state).map_err(|e| StoreError::Encode {
-            table: "checkpoints".to_string(),
-            key: run_id.to_string(),
-            reason: e.to_string(),
-        })?;
+        let tree = encode_tree("checkpoints", run_id, state)?;
         let cp = stored::CheckpointRef::of_tree(run_id, step_index, &tree, created_ms);
         WriteOp::put_checkpoint(run_id, &cp)
     }
@@ -257,15 +253,12 @@ impl WriteOp {
         key: &str,
         value: &T,
     ) -> Result<WriteOp, StoreError> {
-        let tree = transcode::tree_bytes(value).map_err(|e| StoreError::Encode {
-            table: table.redb_name(),
-            key: key.to_string(),
-            reason: e.to_string(),
-        })?;
+        let name = table.redb_name();
+        let tree = encode_tree(&name, key, value)?;
         Ok(WriteOp(Op::Put {
             table,
             key: key.to_string(),
-            bytes: encode(&table.redb_name(), key, &JsonEncoded(&tree))?,
+            bytes: encode(&name, key, &JsonEncoded(&tree))?,
         }))
     }
 
@@ -417,6 +410,20 @@ pub enum Claim {
 
 fn encode<T: Serialize + ?Sized>(table: &str, key: &str, value: &T) -> Result<Vec<u8>, StoreError> {
     envelope::encode(value).map_err(|e| StoreError::Encode {
+        table: table.to_string(),
+        key: key.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+/// The postcard bytes of the JSON tree of `value` ([`transcode::tree_bytes`]), for the record
+/// `key` of `table`.
+fn encode_tree<T: Serialize + ?Sized>(
+    table: &str,
+    key: &str,
+    value: &T,
+) -> Result<Vec<u8>, StoreError> {
+    transcode::tree_bytes(value).map_err(|e| StoreError::Encode {
         table: table.to_string(),
         key: key.to_string(),
         reason: e.to_string(),
